@@ -1,0 +1,41 @@
+"""onnx_optax: the optimizers of ONNX training and DirectML as Optax transforms.
+
+The update rules of ONNX ``Momentum``, ``Adagrad`` and ``Adam``
+(ai.onnx.preview.training, v1) and of DirectML's
+``DML_ADAM_OPTIMIZER_OPERATOR_DESC``, as jittable, pure
+``optax.GradientTransformation``\\ s over pytrees.
+
+Layers, one module each:
+
+* :mod:`onnx_optax.rules`: the update rules, one pure function per rule.
+* :mod:`onnx_optax.transforms`: the Optax transforms (re-exported here).
+* :mod:`onnx_optax.onnx`: the ONNX operators' own calls, ``run_node`` and
+  ``from_node``; the DirectML operator's call.
+* :mod:`onnx_optax.reference`: NumPy expectations written from the spec.
+* :mod:`onnx_optax.conformance`: the conformance suite and report
+  (``python -m onnx_optax.conformance``).
+"""
+
+from onnx_optax.transforms import (
+    AdagradState,
+    AdamState,
+    DirectMLAdamState,
+    MomentumState,
+    adagrad,
+    adam,
+    directml_adam,
+    momentum,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AdagradState",
+    "AdamState",
+    "DirectMLAdamState",
+    "MomentumState",
+    "adagrad",
+    "adam",
+    "directml_adam",
+    "momentum",
+]

@@ -1,0 +1,128 @@
+"""Input checks shared by the Optax transforms and the ONNX interface.
+
+Every check runs in Python before any computation, on static information
+(tree structures, shapes, dtypes) or on concrete values. Traced values (under
+``jax.jit``, ``jax.vmap`` or ``optax.inject_hyperparams``) cannot be compared
+in Python; their value checks are skipped and only their shape is checked.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+INT32_MAX = int(np.iinfo(np.int32).max)
+
+
+def is_traced(value: Any) -> bool:
+  return isinstance(value, jax.core.Tracer)
+
+
+def hyperparameter(
+    name: str,
+    value: Any,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    maximum_exclusive: bool = False,
+) -> Any:
+  """Checks a real scalar hyperparameter; returns it unchanged.
+
+  Raises:
+    TypeError: ``value`` is not a real scalar (a bool, a string, a complex
+      number, an array with more than one element...).
+    ValueError: a concrete ``value`` is not finite or outside the range.
+  """
+  if isinstance(value, bool) or isinstance(value, (str, bytes)) or value is None:
+    raise TypeError(f"{name} must be a real number, got {value!r}")
+  if isinstance(value, numbers.Number):
+    if isinstance(value, numbers.Complex) and not isinstance(value, numbers.Real):
+      raise TypeError(f"{name} must be a real number, got complex {value!r}")
+  else:
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape is None or dtype is None:
+      raise TypeError(f"{name} must be a real number or a scalar array, got {type(value).__name__}")
+    if tuple(shape) != ():
+      raise TypeError(f"{name} must be a scalar, got an array of shape {tuple(shape)}")
+    if dtype == np.bool_ or not (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)):
+      raise TypeError(f"{name} must be a real number, got an array of dtype {dtype}")
+    if is_traced(value):
+      return value
+  x = float(value)
+  if not math.isfinite(x):
+    raise ValueError(f"{name} must be finite, got {x}")
+  if minimum is not None and x < minimum:
+    raise ValueError(f"{name} must be >= {minimum}, got {x}")
+  if maximum is not None and (x > maximum or (maximum_exclusive and x == maximum)):
+    bound = f"< {maximum}" if maximum_exclusive else f"<= {maximum}"
+    raise ValueError(f"{name} must be {bound}, got {x}")
+  return value
+
+
+def count(name: str, value: Any, *, minimum: int) -> int:
+  """Checks a Python integer update count that fits the int32 state."""
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    raise TypeError(f"{name} must be a Python int, got {value!r}")
+  if not minimum <= value <= INT32_MAX:
+    raise ValueError(f"{name} must be in [{minimum}, {INT32_MAX}], got {value}")
+  return int(value)
+
+
+def floating_dtype(name: str, dtype: Any) -> Any:
+  """Checks an optional floating dtype; returns it as a NumPy dtype or None."""
+  if dtype is None:
+    return None
+  try:
+    dtype = jnp.dtype(dtype)
+  except TypeError as e:
+    raise TypeError(f"{name} must be a floating dtype, got {dtype!r}") from e
+  if not jnp.issubdtype(dtype, jnp.floating):
+    raise TypeError(f"{name} must be a floating dtype, got {dtype}")
+  return dtype
+
+
+def _leaves(tree: Any) -> list[tuple[str, Any]]:
+  return [(jax.tree_util.keystr(path), leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+def floating_leaves(name: str, tree: Any) -> None:
+  """Every leaf of ``tree`` must be a real floating array (or array spec)."""
+  for path, leaf in _leaves(tree):
+    dtype = getattr(leaf, "dtype", None)
+    if dtype is None:
+      raise TypeError(f"{name}{path} must be an array, got {type(leaf).__name__}")
+    if not jnp.issubdtype(dtype, jnp.floating):
+      raise TypeError(
+          f"{name}{path} has dtype {dtype}; onnx_optax updates real floating "
+          "tensors only (float16, bfloat16, float32, float64)")
+
+
+def same_trees(updates: Any, others: dict[str, Any]) -> None:
+  """``updates`` and every tree in ``others`` share structure and shapes.
+
+  Gradients must also have the dtype of their parameter (``others['params']``):
+  nothing is broadcast or cast silently.
+  """
+  floating_leaves("updates", updates)
+  structure = jax.tree.structure(updates)
+  for name, tree in others.items():
+    if jax.tree.structure(tree) != structure:
+      raise ValueError(
+          f"updates and {name} have different tree structures:\n"
+          f"  updates: {structure}\n  {name}: {jax.tree.structure(tree)}")
+  grads = _leaves(updates)
+  for name, tree in others.items():
+    for (path, g), (_, x) in zip(grads, _leaves(tree)):
+      if tuple(g.shape) != tuple(x.shape):
+        raise ValueError(
+            f"updates{path} has shape {tuple(g.shape)} but {name}{path} has shape "
+            f"{tuple(x.shape)}; onnx_optax never broadcasts")
+      if name == "params" and g.dtype != x.dtype:
+        raise TypeError(
+            f"updates{path} has dtype {g.dtype} but params{path} has dtype {x.dtype}; "
+            "cast the gradient explicitly")

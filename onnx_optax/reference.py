@@ -1,0 +1,145 @@
+"""NumPy expectations for the four rules, written from SPEC.md alone.
+
+Nothing here imports JAX or calls :mod:`onnx_optax.rules`: these functions are
+an independent transcription of the spec, so that the tests and the
+conformance suite can catch mistakes in the JAX code. They compute in
+``dtype`` (float64 by default, the expectation the tolerance model assumes);
+``dtype=None`` computes in the dtype of ``X``.
+
+Single-step functions take and return NumPy arrays and return the spec's
+outputs in the spec's order (``X_new`` first). :func:`trajectory` runs one
+rule over many steps on a list of tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["RULES", "adagrad", "adam", "directml_adam", "momentum", "trajectory"]
+
+
+def _arrays(dtype: Any, *values: Any) -> list[np.ndarray]:
+  if dtype is None:
+    dtype = np.asarray(values[0]).dtype  # X comes first in every call below.
+  return [np.asarray(v, dtype=dtype) for v in values]
+
+
+def momentum(R, T, X, G, V, *, alpha, beta, mode, norm_coefficient, dtype=np.float64):
+  """ONNX Momentum. ``T``: updates already conducted. Returns ``(X_new, V_new)``."""
+  if mode not in ("standard", "nesterov"):
+    raise ValueError(f"mode must be 'standard' or 'nesterov', got {mode!r}")
+  X, G, V, R, alpha, beta, norm_coefficient = _arrays(
+      dtype, X, G, V, R, alpha, beta, norm_coefficient)
+  G_regularized = norm_coefficient * X + G
+  beta_adjusted = beta if T > 0 else np.ones_like(beta)
+  V_new = alpha * V + beta_adjusted * G_regularized
+  if mode == "standard":
+    X_new = X - R * V_new
+  else:
+    X_new = X - R * (G_regularized + alpha * V_new)
+  return X_new, V_new
+
+
+def adagrad(R, T, X, G, H, *, decay_factor, epsilon, norm_coefficient, dtype=np.float64):
+  """ONNX Adagrad. Returns ``(X_new, H_new)``."""
+  X, G, H, R, decay_factor, epsilon, norm_coefficient = _arrays(
+      dtype, X, G, H, R, decay_factor, epsilon, norm_coefficient)
+  r = R / (1 + T * decay_factor)
+  G_regularized = norm_coefficient * X + G
+  H_new = H + G_regularized * G_regularized
+  H_adaptive = np.sqrt(H_new) + epsilon
+  X_new = X - r * G_regularized / H_adaptive
+  return X_new, H_new
+
+
+def adam(R, T, X, G, V, H, *, alpha, beta, epsilon, norm_coefficient,
+         norm_coefficient_post, dtype=np.float64):
+  """ONNX Adam. Returns ``(X_final, V_new, H_new)``."""
+  X, G, V, H, R, alpha, beta, epsilon, norm_coefficient, norm_coefficient_post = _arrays(
+      dtype, X, G, V, H, R, alpha, beta, epsilon, norm_coefficient, norm_coefficient_post)
+  G_regularized = norm_coefficient * X + G
+  V_new = alpha * V + (1 - alpha) * G_regularized
+  H_new = beta * H + (1 - beta) * G_regularized * G_regularized
+  H_sqrt = np.sqrt(H_new) + epsilon
+  if T > 0:
+    R_adjusted = R * np.sqrt(1 - beta**T) / (1 - alpha**T)
+  else:
+    R_adjusted = R
+  X_new = X - R_adjusted * V_new / H_sqrt
+  X_final = (1 - norm_coefficient_post) * X_new
+  return X_final, V_new, H_new
+
+
+def directml_adam(X, M, V, G, T, *, learning_rate, beta1, beta2, epsilon, dtype=np.float64):
+  """DirectML Adam, operands in DirectML's order. Returns ``(X_new, M_new, V_new)``."""
+  if T < 1:
+    raise ValueError(f"DirectML Adam needs T >= 1 (T = 0 gives 0/0), got {T}")
+  X, M, V, G, learning_rate, beta1, beta2, epsilon = _arrays(
+      dtype, X, M, V, G, learning_rate, beta1, beta2, epsilon)
+  M_new = beta1 * M + (1 - beta1) * G
+  V_new = beta2 * V + (1 - beta2) * G * G
+  Alpha = np.sqrt(1 - beta2**T) / (1 - beta1**T)
+  X_new = X - learning_rate * Alpha * M_new / (np.sqrt(V_new) + epsilon)
+  return X_new, M_new, V_new
+
+
+def _directml_adam_spec_order(R, T, X, G, M, V, **hyper):
+  return directml_adam(X, M, V, G, T, learning_rate=R, **hyper)
+
+
+#: name -> (step function taking ``(R, T, X, G, *S)``, number of state tensors)
+RULES: dict[str, tuple[Callable[..., tuple[np.ndarray, ...]], int]] = {
+    "momentum": (momentum, 1),
+    "adagrad": (adagrad, 1),
+    "adam": (adam, 2),
+    "directml_adam": (_directml_adam_spec_order, 2),
+}
+
+
+def trajectory(
+    rule: str,
+    X: Sequence[np.ndarray],
+    grads: Sequence[Sequence[np.ndarray]] | Callable[[int, list[np.ndarray]], Sequence[np.ndarray]],
+    state: Sequence[Sequence[np.ndarray]],
+    T: int,
+    learning_rates: Sequence[float],
+    dtype: Any = np.float64,
+    **hyperparameters: Any,
+) -> tuple[list[list[np.ndarray]], list[list[np.ndarray]], int]:
+  """Runs ``rule`` for ``len(learning_rates)`` steps on a list of tensors.
+
+  Args:
+    rule: a key of :data:`RULES`.
+    X: the tensors (the leaves of a pytree, in any fixed order).
+    grads: per step, one gradient per tensor; or a function
+      ``grads(step, X) -> gradients`` of the current tensors.
+    state: one list of tensors per state field, in the spec's order
+      (Momentum ``[V]``; Adagrad ``[H]``; ONNX Adam ``[V, H]``; DirectML
+      ``[M, V]``).
+    T: the spec's ``T`` at the first step; it grows by one per step.
+    learning_rates: ``R`` for each step.
+    dtype: compute dtype (``None``: each tensor's own).
+    **hyperparameters: the rule's keyword arguments.
+
+  Returns:
+    ``(xs, state, T)``: ``xs[k]`` holds the tensors after step ``k``; the
+    final state and the ``T`` of the next step.
+  """
+  step, n_state = RULES[rule]
+  if len(state) != n_state:
+    raise ValueError(f"{rule} has {n_state} state tensors per parameter, got {len(state)}")
+  X = [np.asarray(x) for x in X]
+  state = [list(s) for s in state]
+  xs = []
+  for k, R in enumerate(learning_rates):
+    G = grads(k, X) if callable(grads) else grads[k]
+    outputs = [step(R, T, x, g, *(s[i] for s in state), dtype=dtype, **hyperparameters)
+               for i, (x, g) in enumerate(zip(X, G))]
+    X = [out[0] for out in outputs]
+    state = [[out[1 + j] for out in outputs] for j in range(n_state)]
+    xs.append(X)
+    T += 1
+  return xs, state, T

@@ -1,0 +1,225 @@
+"""The update rules, one pure function each, written line by line as in SPEC.md.
+
+This is the only place in the package where the arithmetic of the four rules
+is written. The Optax transforms (:mod:`onnx_optax.transforms`) and the ONNX
+interface (:mod:`onnx_optax.onnx`) call these functions; they never restate a
+formula. The NumPy expectations (:mod:`onnx_optax.reference`) are written
+independently, from the spec, so that they can catch mistakes here.
+
+Conventions shared by every rule:
+
+* Each function updates **one tensor** ``X`` with its gradient ``G`` and its
+  state tensors. Pytrees and ONNX's variadic blocks are loops around it.
+* Each returns ``(U, *new_state)`` where ``U`` is the additive update:
+  ``X + U`` is the spec's ``X_new``. For rules whose spec reads
+  ``X_new = X - S``, ``U`` is ``-(S)`` computed in the spec's order, and
+  ``X + U`` equals ``X - S`` to the bit (IEEE ``x + (-y)`` is ``x - y``).
+  This is what lets ``optax.apply_updates(params, updates)`` reproduce the
+  spec exactly. The one exception is ONNX Adam with a non-zero
+  ``norm_coefficient_post``, documented in :func:`adam`.
+* Scalars that depend only on hyperparameters and ``T`` (the bias
+  corrections, Adagrad's decayed rate, Momentum's ``beta_adjusted``) are
+  computed in the dtype the hyperparameters arrive in (float32 for Python
+  floats and for Optax's injected hyperparameters; float64 under
+  ``jax_enable_x64``) and rounded once to ``X``'s dtype. Computing
+  ``1 - beta**T`` in float16 would lose most of its digits, and this keeps a
+  float16 or bfloat16 update as accurate as its own arithmetic allows.
+* Every element-wise operation runs in ``X``'s dtype; callers that want a
+  wider compute dtype cast ``X``, ``G`` and the state before the call (the
+  Optax transforms do, see ``state_dtype``).
+* ``T`` is an integer scalar (array or Python int). Branches on ``T > 0`` use
+  :func:`jax.numpy.where`, so every rule is jittable and has no Python
+  control flow on traced values.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+from jax import Array
+from jax.typing import ArrayLike
+
+__all__ = ["MODES", "adagrad", "adam", "directml_adam", "momentum"]
+
+#: The values of ONNX Momentum's ``mode`` attribute.
+MODES = ("standard", "nesterov")
+
+
+def _like(X: Array, *scalars: Any) -> list[Array]:
+  """Rounds scalars once to ``X``'s dtype for the element-wise part of a rule."""
+  return [jnp.asarray(s, dtype=X.dtype) for s in scalars]
+
+
+def _is_static_zero(value: Any) -> bool:
+  """True for a Python (not traced) number that is zero."""
+  return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
+
+
+def momentum(
+    R: ArrayLike,
+    T: ArrayLike,
+    X: Array,
+    G: Array,
+    V: Array,
+    *,
+    alpha: ArrayLike,
+    beta: ArrayLike,
+    mode: str,
+    norm_coefficient: ArrayLike,
+) -> tuple[Array, Array]:
+  """ONNX ``Momentum`` (ai.onnx.preview.training, v1) on one tensor.
+
+  ``T`` is the number of updates already conducted (0 at the first), so the
+  first update uses ``beta_adjusted = 1``::
+
+      G_regularized = norm_coefficient * X + G
+      beta_adjusted = T > 0 ? beta : 1
+      V_new         = alpha * V + beta_adjusted * G_regularized
+      standard:  X_new = X - R * V_new
+      nesterov:  X_new = X - R * (G_regularized + alpha * V_new)
+
+  Returns:
+    ``(U, V_new)`` with ``X + U == X_new`` to the bit.
+  """
+  if mode not in MODES:
+    raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+  beta_adjusted = jnp.where(jnp.asarray(T) > 0, beta, 1)
+  R, alpha, beta_adjusted, norm_coefficient = _like(X, R, alpha, beta_adjusted, norm_coefficient)
+
+  G_regularized = norm_coefficient * X + G
+  V_new = alpha * V + beta_adjusted * G_regularized
+  if mode == "standard":
+    return -(R * V_new), V_new
+  return -(R * (G_regularized + alpha * V_new)), V_new
+
+
+def adagrad(
+    R: ArrayLike,
+    T: ArrayLike,
+    X: Array,
+    G: Array,
+    H: Array,
+    *,
+    decay_factor: ArrayLike,
+    epsilon: ArrayLike,
+    norm_coefficient: ArrayLike,
+) -> tuple[Array, Array]:
+  """ONNX ``Adagrad`` (ai.onnx.preview.training, v1) on one tensor::
+
+      r             = R / (1 + T * decay_factor)
+      G_regularized = norm_coefficient * X + G
+      H_new         = H + G_regularized * G_regularized
+      H_adaptive    = Sqrt(H_new) + epsilon
+      X_new         = X - r * G_regularized / H_adaptive
+
+  ``r * G_regularized / H_adaptive`` is evaluated left to right, as the
+  spec's C-like pseudo code reads: ``(r * G_regularized) / H_adaptive``.
+
+  Returns:
+    ``(U, H_new)`` with ``X + U == X_new`` to the bit.
+  """
+  r = R / (1 + jnp.asarray(T) * decay_factor)
+  r, norm_coefficient, epsilon = _like(X, r, norm_coefficient, epsilon)
+
+  G_regularized = norm_coefficient * X + G
+  H_new = H + G_regularized * G_regularized
+  H_adaptive = jnp.sqrt(H_new) + epsilon
+  return -(r * G_regularized / H_adaptive), H_new
+
+
+def adam(
+    R: ArrayLike,
+    T: ArrayLike,
+    X: Array,
+    G: Array,
+    V: Array,
+    H: Array,
+    *,
+    alpha: ArrayLike,
+    beta: ArrayLike,
+    epsilon: ArrayLike,
+    norm_coefficient: ArrayLike,
+    norm_coefficient_post: ArrayLike,
+) -> tuple[Array, Array, Array]:
+  """ONNX ``Adam`` (ai.onnx.preview.training, v1) on one tensor::
+
+      G_regularized = norm_coefficient * X + G
+      V_new         = alpha * V + (1 - alpha) * G_regularized
+      H_new         = beta * H + (1 - beta) * G_regularized * G_regularized
+      H_sqrt        = Sqrt(H_new) + epsilon
+      R_adjusted    = T > 0 ? R * Sqrt(1 - beta^T) / (1 - alpha^T) : R
+      X_new         = X - R_adjusted * V_new / H_sqrt
+      X_final       = (1 - norm_coefficient_post) * X_new
+
+  ``R_adjusted * V_new / H_sqrt`` is ``(R_adjusted * V_new) / H_sqrt``, the
+  order of the operator schema's text (ONNX's NumPy reference evaluates
+  ``R_adjusted * (V_new / H_sqrt)``; the two differ by one rounding).
+
+  Returns:
+    ``(U, V_new, H_new)``. When ``norm_coefficient_post`` is the Python
+    number 0, ``X_final == X_new`` and ``X + U == X_new`` to the bit. Otherwise
+    no additive ``U`` can reproduce the multiplication exactly: ``U`` is
+    ``X_final - X``, and ``X + U`` equals ``X_final`` to the bit whenever
+    ``X_final`` and ``X`` are within a factor of two of each other (Sterbenz'
+    lemma makes the subtraction exact), and is within one rounding of it
+    otherwise.
+  """
+  T = jnp.asarray(T)
+  # Both branches of a `where` are evaluated; T = 0 in the bias correction
+  # would be 0/0, whose NaN poisons gradients taken through the `where`.
+  T_positive = jnp.where(T > 0, T, 1)
+  R_adjusted = jnp.where(T > 0, R * jnp.sqrt(1 - beta**T_positive) / (1 - alpha**T_positive), R)
+  post_is_zero = _is_static_zero(norm_coefficient_post)
+  R_adjusted, alpha, beta, epsilon, norm_coefficient, norm_coefficient_post = _like(
+      X, R_adjusted, alpha, beta, epsilon, norm_coefficient, norm_coefficient_post)
+
+  G_regularized = norm_coefficient * X + G
+  V_new = alpha * V + (1 - alpha) * G_regularized
+  H_new = beta * H + (1 - beta) * G_regularized * G_regularized
+  H_sqrt = jnp.sqrt(H_new) + epsilon
+  if post_is_zero:
+    return -(R_adjusted * V_new / H_sqrt), V_new, H_new
+  X_new = X - R_adjusted * V_new / H_sqrt
+  X_final = (1 - norm_coefficient_post) * X_new
+  return X_final - X, V_new, H_new
+
+
+def directml_adam(
+    X: Array,
+    M: Array,
+    V: Array,
+    G: Array,
+    T: ArrayLike,
+    *,
+    learning_rate: ArrayLike,
+    beta1: ArrayLike,
+    beta2: ArrayLike,
+    epsilon: ArrayLike,
+) -> tuple[Array, Array, Array]:
+  """DirectML ``DML_ADAM_OPTIMIZER_OPERATOR_DESC`` on one tensor.
+
+  Operands in DirectML's order (parameters, first moment, second moment,
+  gradient, training step)::
+
+      M_new = Beta1 * M + (1 - Beta1) * G
+      V_new = Beta2 * V + (1 - Beta2) * G * G
+      Alpha = sqrt(1 - Beta2^T) / (1 - Beta1^T)
+      X_new = X - LearningRate * Alpha * M_new / (sqrt(V_new) + Epsilon)
+
+  ``T`` must be at least 1: at ``T = 0`` ``Alpha`` is 0/0 and the result is
+  NaN (callers with concrete values reject it before calling).
+  ``LearningRate * Alpha * M_new / D`` is evaluated left to right, so
+  ``LearningRate * Alpha`` is a scalar product.
+
+  Returns:
+    ``(U, M_new, V_new)`` with ``X + U == X_new`` to the bit.
+  """
+  T = jnp.asarray(T)
+  Alpha = jnp.sqrt(1 - beta2**T) / (1 - beta1**T)
+  step_size = learning_rate * Alpha
+  step_size, beta1, beta2, epsilon = _like(X, step_size, beta1, beta2, epsilon)
+
+  M_new = beta1 * M + (1 - beta1) * G
+  V_new = beta2 * V + (1 - beta2) * G * G
+  return -(step_size * M_new / (jnp.sqrt(V_new) + epsilon)), M_new, V_new

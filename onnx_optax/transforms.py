@@ -1,0 +1,432 @@
+"""The four rules as Optax ``GradientTransformation``\\ s over pytrees.
+
+Each public function closes over its hyperparameters and returns an
+``optax.GradientTransformationExtraArgs``. The arithmetic lives in
+:mod:`onnx_optax.rules`; this module only maps a rule over the leaves of a
+pytree, keeps the update count, and settles dtypes.
+
+Common semantics
+----------------
+
+``count`` (the state's first field) is the spec's ``T``: the value the *next*
+update runs with. It starts at ``initial_count`` (0 for the ONNX rules, whose
+``T`` counts the updates already conducted; 1 for DirectML Adam, whose first
+update must run with ``T = 1``) and grows by one per update, saturating at the
+int32 maximum (``optax.safe_increment``) instead of wrapping.
+
+``learning_rate`` is a float or an Optax schedule. A schedule is evaluated at
+the number of updates this transform has applied, ``count - initial_count``
+(0 at the first update, as for every Optax optimizer), whatever ``T`` the rule
+itself uses.
+
+Dtypes: the state is stored in ``state_dtype`` (default: each parameter's
+dtype). Each leaf is computed in the wider of its parameter's dtype and its
+state's dtype, the new state is rounded to ``state_dtype`` and the update to
+the parameter's dtype. ``state_dtype=jnp.float32`` with float16 or bfloat16
+parameters is the documented way to keep accumulators (Adagrad's ``H`` grows
+without bound) in range and precise. The count is an int32 scalar.
+
+``norm_coefficient`` (and ONNX Adam's ``norm_coefficient_post``) need the
+parameters: ``update(grads, state, params)``. When such a coefficient is the
+Python number 0 the parameters are not read at all (the spec's ``0 * X``
+differs from nothing only for non-finite ``X``), so ``update`` works without
+them and the step moves fewer bytes.
+
+``None`` leaves, and the ``optax.MaskedNode`` leaves that ``optax.masked``
+hands in, have no state and pass through untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax import Array
+
+from onnx_optax import _checks, rules
+
+__all__ = [
+    "AdagradState",
+    "AdamState",
+    "DirectMLAdamState",
+    "MomentumState",
+    "adagrad",
+    "adam",
+    "directml_adam",
+    "momentum",
+]
+
+ScalarOrSchedule = float | Array | optax.Schedule
+
+
+class MomentumState(NamedTuple):
+  """State of :func:`momentum`: the update count ``T`` and the momentum ``V``."""
+  count: Array
+  v: optax.Updates
+
+
+class AdagradState(NamedTuple):
+  """State of :func:`adagrad`: ``T`` and the accumulated squared gradient ``H``."""
+  count: Array
+  h: optax.Updates
+
+
+class AdamState(NamedTuple):
+  """State of :func:`adam` (ONNX): ``T``, first moment ``V``, second moment ``H``."""
+  count: Array
+  v: optax.Updates
+  h: optax.Updates
+
+
+class DirectMLAdamState(NamedTuple):
+  """State of :func:`directml_adam`: training step ``T``, moments ``M`` and ``V``."""
+  count: Array
+  m: optax.Updates
+  v: optax.Updates
+
+
+def _transform(
+    rule: Callable[..., tuple[Array, ...]],
+    state_cls: type,
+    learning_rate: ScalarOrSchedule,
+    initial_count: int,
+    state_dtype: Any,
+    uses_params: bool,
+) -> optax.GradientTransformationExtraArgs:
+  """Maps ``rule(R, T, X, G, *S) -> (U, *S_new)`` over the leaves of a pytree.
+
+  Args:
+    rule: the single-tensor rule with its hyperparameters bound.
+    state_cls: the state NamedTuple; its fields after ``count`` are the state
+      tensors, in the order ``rule`` takes them.
+    learning_rate: float or schedule, see the module docstring.
+    initial_count: the ``T`` of the first update.
+    state_dtype: checked floating dtype, or None for the parameters' dtypes.
+    uses_params: whether ``rule`` reads ``X``; if not, it gets zeros.
+  """
+  n_state = len(state_cls._fields) - 1
+
+  def init_fn(params: optax.Params) -> NamedTuple:
+    _checks.floating_leaves("params", params)
+    def zeros(p):
+      # A fresh buffer per field and leaf: donated states must not alias.
+      return jnp.zeros(p.shape, state_dtype or p.dtype)
+    return state_cls(
+        jnp.asarray(initial_count, jnp.int32),
+        *(jax.tree.map(zeros, params) for _ in range(n_state)))
+
+  def update_fn(updates, state, params=None, **extra_args):
+    del extra_args  # The GradientTransformationExtraArgs protocol.
+    if uses_params and params is None:
+      raise ValueError(
+          "this transform has a non-zero norm_coefficient (or norm_coefficient_post) "
+          "and needs the parameters: call update(grads, state, params)")
+    trees = {name: tree for name, tree in zip(state_cls._fields[1:], state[1:])}
+    if uses_params:
+      trees["params"] = params
+    _checks.same_trees(updates, trees)
+
+    T = state.count
+    R = learning_rate(T - initial_count) if callable(learning_rate) else learning_rate
+    grads, treedef = jax.tree.flatten(updates)
+    xs = treedef.flatten_up_to(params) if uses_params else [None] * len(grads)
+    states = [treedef.flatten_up_to(tree) for tree in state[1:]]
+
+    new_updates, new_states = [], [[] for _ in range(n_state)]
+    for G, X, *S in zip(grads, xs, *states):
+      dtype = jnp.promote_types(G.dtype, S[0].dtype) if S else G.dtype
+      X = jnp.zeros_like(G, dtype) if X is None else X.astype(dtype)
+      U, *S_new = rule(R, T, X, G.astype(dtype), *(s.astype(dtype) for s in S))
+      new_updates.append(U.astype(G.dtype))
+      for out, s_new, s in zip(new_states, S_new, S):
+        out.append(s_new.astype(s.dtype))
+    return (treedef.unflatten(new_updates),
+            state_cls(optax.safe_increment(T), *(treedef.unflatten(s) for s in new_states)))
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _learning_rate(learning_rate: ScalarOrSchedule) -> ScalarOrSchedule:
+  if callable(learning_rate):
+    return learning_rate
+  return _checks.hyperparameter("learning_rate", learning_rate)
+
+
+def _needs(*coefficients: Any) -> bool:
+  return not all(rules._is_static_zero(c) for c in coefficients)
+
+
+def momentum(
+    learning_rate: ScalarOrSchedule,
+    *,
+    alpha: float,
+    beta: float,
+    mode: str,
+    norm_coefficient: float,
+    initial_count: int = 0,
+    state_dtype: Any = None,
+) -> optax.GradientTransformationExtraArgs:
+  """ONNX ``Momentum``: SGD with momentum, standard or Nesterov.
+
+  The ONNX operator (ai.onnx.preview.training, v1) as an Optax transform.
+  With ``T`` the number of updates already conducted (``state.count``)::
+
+      G_regularized = norm_coefficient * X + G
+      beta_adjusted = T > 0 ? beta : 1
+      V_new         = alpha * V + beta_adjusted * G_regularized
+      standard:  X_new = X - R * V_new
+      nesterov:  X_new = X - R * (G_regularized + alpha * V_new)
+
+  ``optax.apply_updates(params, updates)`` is ``X_new`` to the bit.
+
+  This is PyTorch's ``torch.optim.SGD(lr=R, momentum=alpha,
+  dampening=1 - beta, weight_decay=norm_coefficient, nesterov=...)``: its
+  first step also sets the buffer to the undamped gradient. Optax's
+  ``optax.sgd(R, momentum=alpha)`` is the case ``beta = 1``,
+  ``norm_coefficient = 0``.
+
+  Args:
+    learning_rate: ``R``, a float or an Optax schedule.
+    alpha: decay of the momentum ``V`` (PyTorch ``momentum``).
+    beta: scale of the gradient in ``V_new`` from the second update on
+      (PyTorch ``1 - dampening``).
+    mode: ``"standard"`` or ``"nesterov"``.
+    norm_coefficient: L2 coefficient, the gradient of
+      ``0.5 * norm_coefficient * ||X||^2`` is added (PyTorch ``weight_decay``).
+    initial_count: ``T`` at the first update. The schema says 0; pass 1 to
+      resume a run whose first-step damping rule must not apply.
+    state_dtype: dtype of ``V``; default each parameter's dtype.
+
+  All four hyperparameters are required, as in the ONNX schema.
+
+  Example:
+    >>> import jax.numpy as jnp, optax, onnx_optax
+    >>> opt = onnx_optax.momentum(0.1, alpha=0.9, beta=0.5, mode="standard",
+    ...                           norm_coefficient=0.0)
+    >>> params = {"w": jnp.array([1.0, 2.0])}
+    >>> state = opt.init(params)
+    >>> updates, state = opt.update({"w": jnp.array([1.0, -1.0])}, state)
+    >>> optax.apply_updates(params, updates)["w"]
+    Array([0.9, 2.1], dtype=float32)
+  """
+  if mode not in rules.MODES:
+    raise ValueError(f"mode must be one of {rules.MODES}, got {mode!r}")
+  hyper = dict(
+      alpha=_checks.hyperparameter("alpha", alpha),
+      beta=_checks.hyperparameter("beta", beta),
+      norm_coefficient=_checks.hyperparameter("norm_coefficient", norm_coefficient))
+
+  def rule(R, T, X, G, V):
+    return rules.momentum(R, T, X, G, V, mode=mode, **hyper)
+
+  return _transform(
+      rule, MomentumState, _learning_rate(learning_rate),
+      _checks.count("initial_count", initial_count, minimum=0),
+      _checks.floating_dtype("state_dtype", state_dtype), _needs(norm_coefficient))
+
+
+def adagrad(
+    learning_rate: ScalarOrSchedule,
+    *,
+    decay_factor: float = 0.0,
+    epsilon: float = 1e-6,
+    norm_coefficient: float = 0.0,
+    initial_count: int = 0,
+    state_dtype: Any = None,
+) -> optax.GradientTransformationExtraArgs:
+  """ONNX ``Adagrad``: Adagrad with learning-rate decay and L2 regularization.
+
+  The ONNX operator (ai.onnx.preview.training, v1) as an Optax transform.
+  With ``T = state.count``::
+
+      r             = R / (1 + T * decay_factor)
+      G_regularized = norm_coefficient * X + G
+      H_new         = H + G_regularized * G_regularized
+      H_adaptive    = Sqrt(H_new) + epsilon
+      X_new         = X - r * G_regularized / H_adaptive
+
+  ``optax.apply_updates(params, updates)`` is ``X_new`` to the bit.
+
+  ``T`` at the first update: the spec allows 0 (0-based) or 1 (1-based). This
+  transform is 0-based by default, as ONNX's own test cases are; pass
+  ``initial_count=1`` for the 1-based convention.
+
+  Defaults are the ONNX schema's. The seed's text gives ``epsilon`` a default
+  of 0.0, but the schema that every ONNX runtime applies says 1e-6; this
+  follows the schema. The accumulator starts at zero (``H = 0``).
+
+  This is PyTorch's ``torch.optim.Adagrad(lr=R, lr_decay=decay_factor,
+  weight_decay=norm_coefficient, eps=epsilon, initial_accumulator_value=0)``
+  (its ``step - 1`` is our 0-based ``T``). Optax's ``optax.adagrad`` differs:
+  no decay, epsilon inside the square root, and an initial accumulator of 0.1.
+
+  Args:
+    learning_rate: ``R``, a float or an Optax schedule.
+    decay_factor: learning-rate decay, ``>= 0`` (a negative value would
+      divide by zero at ``T = -1/decay_factor``).
+    epsilon: added to ``Sqrt(H_new)``, ``>= 0``.
+    norm_coefficient: L2 coefficient (PyTorch ``weight_decay``).
+    initial_count: ``T`` at the first update (0 or 1 by the spec's text).
+    state_dtype: dtype of ``H``; default each parameter's dtype. Use float32
+      for float16 parameters: ``H`` only grows and float16 overflows at 65504.
+
+  Example:
+    >>> import jax.numpy as jnp, optax, onnx_optax
+    >>> opt = onnx_optax.adagrad(0.1, decay_factor=0.1, epsilon=0.0)
+    >>> params = jnp.array([1.0, 2.0])
+    >>> state = opt.init(params)
+    >>> updates, state = opt.update(jnp.array([2.0, -4.0]), state)
+    >>> optax.apply_updates(params, updates)
+    Array([0.9, 2.1], dtype=float32)
+  """
+  hyper = dict(
+      decay_factor=_checks.hyperparameter("decay_factor", decay_factor, minimum=0.0),
+      epsilon=_checks.hyperparameter("epsilon", epsilon, minimum=0.0),
+      norm_coefficient=_checks.hyperparameter("norm_coefficient", norm_coefficient))
+
+  def rule(R, T, X, G, H):
+    return rules.adagrad(R, T, X, G, H, **hyper)
+
+  return _transform(
+      rule, AdagradState, _learning_rate(learning_rate),
+      _checks.count("initial_count", initial_count, minimum=0),
+      _checks.floating_dtype("state_dtype", state_dtype), _needs(norm_coefficient))
+
+
+def adam(
+    learning_rate: ScalarOrSchedule,
+    *,
+    alpha: float = 0.9,
+    beta: float = 0.999,
+    epsilon: float = 1e-6,
+    norm_coefficient: float = 0.0,
+    norm_coefficient_post: float = 0.0,
+    initial_count: int = 0,
+    state_dtype: Any = None,
+) -> optax.GradientTransformationExtraArgs:
+  """ONNX ``Adam`` (ai.onnx.preview.training, v1) as an Optax transform.
+
+  With ``T = state.count``, the number of updates already conducted::
+
+      G_regularized = norm_coefficient * X + G
+      V_new         = alpha * V + (1 - alpha) * G_regularized
+      H_new         = beta * H + (1 - beta) * G_regularized * G_regularized
+      H_sqrt        = Sqrt(H_new) + epsilon
+      R_adjusted    = T > 0 ? R * Sqrt(1 - beta^T) / (1 - alpha^T) : R
+      X_new         = X - R_adjusted * V_new / H_sqrt
+      X_final       = (1 - norm_coefficient_post) * X_new
+
+  ``optax.apply_updates(params, updates)`` is ``X_final`` to the bit when
+  ``norm_coefficient_post`` is 0, and within one rounding of it otherwise
+  (see :func:`onnx_optax.rules.adam`).
+
+  Note the spec's ``T``: the first update (``T = 0``) has no bias correction
+  and the second uses ``T = 1``. With ``initial_count=1`` the rule is Adam
+  with Kingma and Ba's "epsilon hat" (epsilon outside the bias correction),
+  TensorFlow 1's ``tf.compat.v1.train.AdamOptimizer``, plus L2 and a
+  multiplicative decay. ``optax.adam`` puts epsilon inside the bias
+  correction instead.
+
+  Defaults are the ONNX schema's (stored there as float32: 0.9 reads back as
+  0.89999998; the defaults here are the Python floats).
+
+  Args:
+    learning_rate: ``R``, a float or an Optax schedule.
+    alpha: first-moment decay, in ``[0, 1)`` (``alpha = 1`` divides by zero).
+    beta: second-moment decay, in ``[0, 1]``.
+    epsilon: added to ``Sqrt(H_new)``, ``>= 0``.
+    norm_coefficient: L2 coefficient added to the gradient.
+    norm_coefficient_post: multiplicative decay of the new parameters.
+    initial_count: ``T`` at the first update.
+    state_dtype: dtype of ``V`` and ``H``; default each parameter's dtype.
+
+  Example:
+    >>> import jax.numpy as jnp, optax, onnx_optax
+    >>> opt = onnx_optax.adam(0.1, alpha=0.5, beta=0.75, epsilon=0.0)
+    >>> params = jnp.array([1.0, 2.0])
+    >>> state = opt.init(params)
+    >>> updates, state = opt.update(jnp.array([2.0, -2.0]), state)
+    >>> optax.apply_updates(params, updates)
+    Array([0.9, 2.1], dtype=float32)
+  """
+  hyper = dict(
+      alpha=_checks.hyperparameter("alpha", alpha, minimum=0.0, maximum=1.0, maximum_exclusive=True),
+      beta=_checks.hyperparameter("beta", beta, minimum=0.0, maximum=1.0),
+      epsilon=_checks.hyperparameter("epsilon", epsilon, minimum=0.0),
+      norm_coefficient=_checks.hyperparameter("norm_coefficient", norm_coefficient),
+      norm_coefficient_post=_checks.hyperparameter("norm_coefficient_post", norm_coefficient_post))
+
+  def rule(R, T, X, G, V, H):
+    return rules.adam(R, T, X, G, V, H, **hyper)
+
+  return _transform(
+      rule, AdamState, _learning_rate(learning_rate),
+      _checks.count("initial_count", initial_count, minimum=0),
+      _checks.floating_dtype("state_dtype", state_dtype),
+      _needs(norm_coefficient, norm_coefficient_post))
+
+
+def directml_adam(
+    learning_rate: ScalarOrSchedule,
+    *,
+    beta1: float = 0.9,
+    beta2: float = 0.999,
+    epsilon: float = 1e-8,
+    initial_count: int = 1,
+    state_dtype: Any = None,
+) -> optax.GradientTransformationExtraArgs:
+  """DirectML ``DML_ADAM_OPTIMIZER_OPERATOR_DESC`` as an Optax transform.
+
+  With ``T = state.count``::
+
+      M_new = Beta1 * M + (1 - Beta1) * G
+      V_new = Beta2 * V + (1 - Beta2) * G * G
+      Alpha = sqrt(1 - Beta2^T) / (1 - Beta1^T)
+      X_new = X - LearningRate * Alpha * M_new / (sqrt(V_new) + Epsilon)
+
+  ``optax.apply_updates(params, updates)`` is ``X_new`` to the bit.
+
+  ``T`` starts at 1 (``initial_count=1``): at ``T = 0`` ``Alpha`` is 0/0.
+  DirectML's text says the step "usually starts at 0", but the TensorFlow
+  backend built on DirectML passes a ``T`` recovered from TensorFlow's
+  1-based ``beta^t`` powers. This is Kingma and Ba's "epsilon hat" form (end
+  of section 2 of the Adam paper), TensorFlow 1's ``AdamOptimizer``; Optax's
+  ``optax.adam`` is their Algorithm 1 (epsilon inside the bias correction).
+  DirectML has no weight decay.
+
+  DirectML gives no defaults; these are the values its documentation calls
+  typical (0.9, 0.999, 1e-8). In float16, ``epsilon = 1e-8`` rounds to
+  zero: keep the state in float32 (``state_dtype``) or use a larger epsilon.
+
+  Args:
+    learning_rate: ``LearningRate``, a float or an Optax schedule.
+    beta1: first-moment decay, in ``[0, 1)``.
+    beta2: second-moment decay, in ``[0, 1]``.
+    epsilon: added to ``sqrt(V_new)``, ``>= 0``.
+    initial_count: ``T`` at the first update, ``>= 1``.
+    state_dtype: dtype of ``M`` and ``V``; default each parameter's dtype.
+
+  Example:
+    >>> import jax.numpy as jnp, optax, onnx_optax
+    >>> opt = onnx_optax.directml_adam(0.1, epsilon=0.0)
+    >>> params = jnp.array([1.0, 2.0])
+    >>> state = opt.init(params)
+    >>> updates, state = opt.update(jnp.array([3.0, -0.5]), state)
+    >>> optax.apply_updates(params, updates)
+    Array([0.9, 2.1], dtype=float32)
+  """
+  hyper = dict(
+      beta1=_checks.hyperparameter("beta1", beta1, minimum=0.0, maximum=1.0, maximum_exclusive=True),
+      beta2=_checks.hyperparameter("beta2", beta2, minimum=0.0, maximum=1.0),
+      epsilon=_checks.hyperparameter("epsilon", epsilon, minimum=0.0))
+
+  def rule(R, T, X, G, M, V):
+    return rules.directml_adam(X, M, V, G, T, learning_rate=R, **hyper)
+
+  return _transform(
+      rule, DirectMLAdamState, _learning_rate(learning_rate),
+      _checks.count("initial_count", initial_count, minimum=1),
+      _checks.floating_dtype("state_dtype", state_dtype), uses_params=False)
