@@ -1,0 +1,284 @@
+"""The Optax transforms against the independent NumPy reference (issue 2).
+
+Tolerance for the 30-step trajectories (float32 and float64 alike, with ``u``
+the unit roundoff of the dtype, 2**-24 or 2**-53):
+
+    |x - x_ref| <= STEPS * ROUNDINGS * u * scale
+
+Each step rounds every output at most ROUNDINGS = 16 times (the longest rule,
+ONNX Adam, has 11 element-wise operations and 5 scalar ones), each rounding
+relative to an operand no larger than ``scale``, the largest magnitude that
+any parameter, state element or update reaches in the reference trajectory.
+State errors are carried with a gain of at most 1 per step (every decay rate
+here is in [0, 1]) and parameter errors unchanged, so errors add up at most
+linearly over the steps. The reference gets the hyperparameters rounded to
+the dtype in which the transform sees them (float32 for the float32 runs), so
+that hyperparameter rounding, which is an input, not an error, is not
+counted. Under ``jax.jit`` XLA contracts ``a*b + c`` into fused multiply-adds
+(one rounding instead of two): that stays inside the bound.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import onnx_optax
+from onnx_optax import reference
+
+STEPS = 30
+ROUNDINGS = 16
+
+# Every term of every formula matters: non-zero norm_coefficient, beta != 1,
+# epsilon comparable to sqrt(H), decay_factor > 0, norm_coefficient_post > 0.
+CONFIGS = {
+    "momentum_standard": ("momentum", onnx_optax.momentum, onnx_optax.MomentumState,
+                          dict(alpha=0.9, beta=0.7, mode="standard", norm_coefficient=0.05), 0.05),
+    "momentum_nesterov": ("momentum", onnx_optax.momentum, onnx_optax.MomentumState,
+                          dict(alpha=0.8, beta=0.6, mode="nesterov", norm_coefficient=0.05), 0.05),
+    "adagrad": ("adagrad", onnx_optax.adagrad, onnx_optax.AdagradState,
+                dict(decay_factor=0.2, epsilon=0.5, norm_coefficient=0.05), 0.3),
+    "adam": ("adam", onnx_optax.adam, onnx_optax.AdamState,
+             dict(alpha=0.85, beta=0.95, epsilon=0.3, norm_coefficient=0.05,
+                  norm_coefficient_post=0.01), 0.05),
+    "directml_adam": ("directml_adam", onnx_optax.directml_adam, onnx_optax.DirectMLAdamState,
+                      dict(beta1=0.85, beta2=0.95, epsilon=0.3), 0.05),
+}
+
+SHAPES = {"w": (4, 3), "b": (3,), "nested": [(), (5,)]}
+
+
+def _tree(rng, dtype, scale=1.0):
+  return {
+      "w": (scale * rng.normal(size=SHAPES["w"])).astype(dtype),
+      "b": (scale * rng.normal(size=SHAPES["b"])).astype(dtype),
+      "nested": [(scale * rng.normal(size=s)).astype(dtype) for s in SHAPES["nested"]],
+  }
+
+
+def _first_count(rule):
+  return 1 if rule == "directml_adam" else 0
+
+
+def _run(config, dtype, jit, nonzero_start):
+  rule, make, state_cls, hyper, lr = CONFIGS[config]
+  rng = np.random.default_rng(zlib.crc32(f"{config}{nonzero_start}".encode()))
+  params = _tree(rng, dtype)
+  # Gradients of varied magnitudes, so that epsilon matters for some steps.
+  grads = [_tree(rng, dtype, scale=10.0 ** rng.uniform(-2, 1)) for _ in range(STEPS)]
+  n_state = len(state_cls._fields) - 1
+  if nonzero_start:
+    # Second moments must be non-negative; first moments may be anything.
+    second = {"adagrad": [0], "adam": [1], "directml_adam": [1]}.get(rule, [])
+    state0 = [jax.tree.map(np.abs, _tree(rng, dtype)) if i in second else _tree(rng, dtype)
+              for i in range(n_state)]
+    T0 = 7
+  else:
+    state0 = [jax.tree.map(np.zeros_like, params) for _ in range(n_state)]
+    T0 = _first_count(rule)
+
+  opt = make(lr, **hyper, initial_count=T0)
+  state = opt.init(params)
+  state = state_cls(state.count, *jax.tree.map(jnp.asarray, state0))
+  update = jax.jit(opt.update) if jit else opt.update
+  apply = jax.jit(optax.apply_updates) if jit else optax.apply_updates
+  p = jax.tree.map(jnp.asarray, params)
+  trajectory = []
+  for g in grads:
+    u, state = update(g, state, p)
+    p = apply(p, u)
+    trajectory.append(p)
+
+  # The reference sees the hyperparameters as the transform does: rounded to
+  # float32 in a float32 run (Python floats become weakly typed float32).
+  as_seen = (lambda v: v) if dtype == np.float64 else (lambda v: float(np.float32(v)))
+  ref_hyper = {k: (v if isinstance(v, str) else as_seen(v)) for k, v in hyper.items()}
+  leaves = jax.tree.leaves
+  xs, ref_state, ref_T = reference.trajectory(
+      rule, leaves(params), [leaves(g) for g in grads], [leaves(s) for s in state0],
+      T0, [as_seen(lr)] * STEPS, **ref_hyper)
+  return trajectory, state, xs, ref_state, ref_T, state0
+
+
+@pytest.mark.parametrize("nonzero_start", [False, True], ids=["zero_state", "given_state"])
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_trajectory_matches_reference(config, dtype, jit, nonzero_start):
+  with jax.enable_x64(dtype == np.float64):
+    trajectory, state, xs, ref_state, ref_T, _ = _run(config, dtype, jit, nonzero_start)
+    u = np.finfo(dtype).eps / 2
+    scale = max(np.max(np.abs(a)) for a in
+                [x for step in xs for x in step] + [s for field in ref_state for s in field])
+    tol = STEPS * ROUNDINGS * u * max(scale, 1.0)
+    for k, (got, want) in enumerate(zip(trajectory, xs)):
+      for g, w in zip(jax.tree.leaves(got), want):
+        assert g.dtype == dtype
+        np.testing.assert_allclose(np.asarray(g), w, rtol=0, atol=tol, err_msg=f"step {k}")
+    for field, want in zip(state[1:], ref_state):
+      for g, w in zip(jax.tree.leaves(field), want):
+        assert g.dtype == dtype
+        np.testing.assert_allclose(np.asarray(g), w, rtol=0, atol=tol)
+    assert int(state.count) == ref_T
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_eager_update_is_spec_x_new_to_the_bit(config):
+  """X + U is the spec's X_new, rounded operation by operation as NumPy does.
+
+  Eager JAX rounds every operation, like NumPy; the comparison is in float32
+  with the float32 reference at a T where no power is taken (``pow`` is not
+  correctly rounded in either library). ONNX Adam runs with
+  ``norm_coefficient_post = 0``, the case the docstring promises bit-exact.
+  """
+  rule, make, state_cls, hyper, lr = CONFIGS[config]
+  hyper = dict(hyper, **({"norm_coefficient_post": 0.0} if rule == "adam" else {}))
+  rng = np.random.default_rng(0)
+  n = 10_000
+  x, g = rng.normal(size=n).astype(np.float32), rng.normal(size=n).astype(np.float32)
+  n_state = len(state_cls._fields) - 1
+  s = [np.abs(rng.normal(size=n)).astype(np.float32) for _ in range(n_state)]
+  for T in ([1] if rule == "directml_adam" else [0, 1]):
+    if rule == "adam" and T > 0:
+      continue  # R_adjusted needs beta**T.
+    opt = make(lr, **hyper, initial_count=T)
+    state = state_cls(jnp.int32(T), *map(jnp.asarray, s))
+    u, new_state = opt.update(jnp.asarray(g), state, jnp.asarray(x))
+    x_new = np.asarray(optax.apply_updates(jnp.asarray(x), u))
+    step, _ = reference.RULES[rule]
+    f32 = {k: (v if isinstance(v, str) else np.float32(v)) for k, v in hyper.items()}
+    want = step(np.float32(lr), T, x, g, *s, dtype=np.float32, **f32)
+    np.testing.assert_array_equal(x_new, want[0])
+    for got, w in zip(new_state[1:], want[1:]):
+      np.testing.assert_array_equal(np.asarray(got), w)
+
+
+def test_jit_contracts_multiply_add_within_one_rounding():
+  """Under jit XLA fuses a*b + c into one rounding (documented, not a bug)."""
+  rng = np.random.default_rng(0)
+  X, G, V = (rng.normal(size=1000).astype(np.float32) for _ in range(3))
+  opt = onnx_optax.momentum(0.1, alpha=0.9, beta=1.0, mode="standard", norm_coefficient=0.0)
+  state = onnx_optax.MomentumState(jnp.int32(3), jnp.asarray(V))
+  u, _ = jax.jit(opt.update)(jnp.asarray(G), state)
+  x_new = np.asarray(jax.jit(optax.apply_updates)(jnp.asarray(X), u), np.float64)
+  want, _ = reference.momentum(0.1, 3, X, G, V, alpha=np.float32(0.9), beta=1.0,
+                               mode="standard", norm_coefficient=0.0)
+  # V_new = alpha*V + G and X - R*V_new: at most 4 roundings of operands <= S.
+  S = np.maximum.reduce([np.abs(X), np.abs(G), np.abs(V), np.abs(want)]) + 1
+  assert np.all(np.abs(x_new - want) <= 4 * 2.0**-24 * S * 2)
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_count_is_T_and_starts_at_initial_count(config):
+  rule, make, state_cls, hyper, lr = CONFIGS[config]
+  opt = make(lr, **hyper)
+  params = {"a": jnp.ones(3)}
+  state = opt.init(params)
+  assert state.count.dtype == jnp.int32
+  assert int(state.count) == _first_count(rule)
+  for k in range(3):
+    _, state = opt.update({"a": jnp.ones(3)}, state, params)
+  assert int(state.count) == _first_count(rule) + 3
+  assert int(make(lr, **hyper, initial_count=5).init(params).count) == 5
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_count_saturates_and_updates_stay_finite(config):
+  rule, make, state_cls, hyper, lr = CONFIGS[config]
+  big = np.iinfo(np.int32).max
+  opt = make(lr, **hyper, initial_count=big - 1)
+  params = {"a": jnp.ones(3)}
+  state = opt.init(params)
+  for _ in range(3):
+    u, state = jax.jit(opt.update)({"a": jnp.full(3, 0.5)}, state, params)
+    assert np.all(np.isfinite(np.asarray(u["a"])))
+  assert int(state.count) == big
+
+
+def test_schedule_is_evaluated_at_updates_applied():
+  """A schedule sees 0 at the first update, whatever the rule's T starts at."""
+  seen = []
+  def schedule(step):
+    seen.append(step)
+    return 0.1 * (step + 1)
+  opt = onnx_optax.directml_adam(schedule, epsilon=0.0)  # T starts at 1
+  params = jnp.ones(2)
+  state = opt.init(params)
+  g = jnp.array([1.0, -1.0])
+  xs = []
+  for _ in range(3):
+    u, state = opt.update(g, state)
+    params = optax.apply_updates(params, u)
+    xs.append(np.asarray(params))
+  assert [int(s) for s in seen] == [0, 1, 2]
+  want, _, _ = reference.trajectory(
+      "directml_adam", [np.ones(2)], [[np.array([1.0, -1.0])]] * 3,
+      [[np.zeros(2)], [np.zeros(2)]], 1, [np.float32(0.1 * k) for k in (1, 2, 3)],
+      beta1=np.float32(0.9), beta2=np.float32(0.999), epsilon=0.0)  # as float32 sees them
+  for got, w in zip(xs, want):
+    np.testing.assert_allclose(got, w[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_state_buffers_are_distinct_and_donatable(config):
+  rule, make, state_cls, hyper, lr = CONFIGS[config]
+  opt = make(lr, **hyper)
+  params = {"a": jnp.ones((64,)), "b": jnp.ones((64,))}
+  for init in (opt.init, jax.jit(opt.init)):
+    state = init(params)
+    pointers = [leaf.unsafe_buffer_pointer() for leaf in jax.tree.leaves(state[1:])]
+    assert len(set(pointers)) == len(pointers)
+  step = jax.jit(lambda g, s, p: opt.update(g, s, p), donate_argnums=(1,))
+  state = jax.jit(opt.init)(params)
+  leaves = jax.tree.leaves(state)
+  _, new_state = step(params, state, params)
+  assert all(leaf.is_deleted() for leaf in leaves)  # donated, every one of them
+  assert jax.tree.structure(new_state) == jax.tree.structure(state)
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_none_leaves_pass_through(config):
+  rule, make, state_cls, hyper, lr = CONFIGS[config]
+  opt = make(lr, **hyper)
+  params = {"a": jnp.ones(3), "frozen": None}
+  state = opt.init(params)
+  u, state = jax.jit(opt.update)({"a": jnp.ones(3), "frozen": None}, state, params)
+  assert u["frozen"] is None
+  assert all(field["frozen"] is None for field in state[1:])
+
+
+@pytest.mark.parametrize("param_dtype,state_dtype", [
+    (jnp.float16, None), (jnp.bfloat16, None), (jnp.bfloat16, jnp.float32),
+    (jnp.float16, jnp.float32), (jnp.float32, jnp.bfloat16)])
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_dtype_policy(config, param_dtype, state_dtype):
+  """State in state_dtype (default: the parameter's), updates in the parameter's."""
+  rule, make, state_cls, hyper, lr = CONFIGS[config]
+  opt = make(lr, **hyper, state_dtype=state_dtype)
+  params = {"a": jnp.ones(3, param_dtype)}
+  state = opt.init(params)
+  for _ in range(2):
+    u, state = jax.jit(opt.update)({"a": jnp.full(3, 0.5, param_dtype)}, state, params)
+    assert u["a"].dtype == param_dtype
+    for field in state[1:]:
+      assert field["a"].dtype == (state_dtype or param_dtype)
+
+
+def test_wide_state_is_computed_wide():
+  """bfloat16 parameters with float32 state: the state follows float32 arithmetic."""
+  g = np.array([0.3, -1.7, 2.9], np.float32)
+  g16 = jnp.asarray(g, jnp.bfloat16)
+  opt = onnx_optax.adagrad(0.1, epsilon=1e-6, state_dtype=jnp.float32)
+  state = opt.init({"a": jnp.ones(3, jnp.bfloat16)})
+  H = np.zeros(3)
+  G = np.asarray(g16, np.float64)
+  for _ in range(50):
+    _, state = opt.update({"a": g16}, state)
+    H = H + G * G
+  # 50 float32 additions: relative error <= 50 * 2**-24.
+  np.testing.assert_allclose(np.asarray(state.h["a"]), H, rtol=50 * 2.0**-24)
