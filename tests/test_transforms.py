@@ -131,11 +131,19 @@ def test_trajectory_matches_reference(config, dtype, jit, nonzero_start):
 def test_eager_update_is_spec_x_new_to_the_bit(config):
   """X + U is the spec's X_new, rounded operation by operation as NumPy does.
 
-  Eager JAX rounds every operation, like NumPy; the comparison is in float32
+  On the CPU, whose every operation is IEEE correctly rounded: XLA's GPU
+  square root and division are not (seen on an H100: 1 ulp apart), so there
+  the claim is the conformance tolerance, not the bit. Eager JAX rounds every
+  operation, like NumPy; the comparison is in float32
   with the float32 reference at a T where no power is taken (``pow`` is not
   correctly rounded in either library). ONNX Adam runs with
   ``norm_coefficient_post = 0``, the case the docstring promises bit-exact.
   """
+  with jax.default_device(jax.devices("cpu")[0]):
+    _eager_update_is_spec_x_new_to_the_bit(config)
+
+
+def _eager_update_is_spec_x_new_to_the_bit(config):
   rule, make, state_cls, hyper, lr = CONFIGS[config]
   hyper = dict(hyper, **({"norm_coefficient_post": 0.0} if rule == "adam" else {}))
   rng = np.random.default_rng(0)
@@ -160,6 +168,11 @@ def test_eager_update_is_spec_x_new_to_the_bit(config):
 
 def test_jit_contracts_multiply_add_within_one_rounding():
   """Under jit XLA fuses a*b + c into one rounding (documented, not a bug)."""
+  with jax.default_device(jax.devices("cpu")[0]):
+    _jit_contracts_multiply_add_within_one_rounding()
+
+
+def _jit_contracts_multiply_add_within_one_rounding():
   rng = np.random.default_rng(0)
   X, G, V = (rng.normal(size=1000).astype(np.float32) for _ in range(3))
   opt = onnx_optax.momentum(0.1, alpha=0.9, beta=1.0, mode="standard", norm_coefficient=0.0)
