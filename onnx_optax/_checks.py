@@ -64,12 +64,24 @@ def hyperparameter(
   return value
 
 
-def count(name: str, value: Any, *, minimum: int) -> int:
-  """Checks a Python integer update count that fits the int32 state."""
-  if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-    raise TypeError(f"{name} must be a Python int, got {value!r}")
-  if not minimum <= value <= INT32_MAX:
-    raise ValueError(f"{name} must be in [{minimum}, {INT32_MAX}], got {value}")
+def count(name: str, value: Any, *, minimum: int) -> Any:
+  """Checks an update count that fits the int32 state; returns it.
+
+  A Python int, or an integer scalar array: ``optax.inject_hyperparams``
+  hands every numeric argument in as an array, traced under ``jax.jit``. A
+  concrete value is range-checked and returned as a Python int; a traced one
+  is returned unchecked (its value cannot be read in Python).
+  """
+  if isinstance(value, bool) or value is None:
+    raise TypeError(f"{name} must be an int, got {value!r}")
+  if not isinstance(value, numbers.Integral):
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape is None or dtype is None or tuple(shape) != () or not jnp.issubdtype(dtype, jnp.integer):
+      raise TypeError(f"{name} must be an int or an integer scalar array, got {value!r}")
+    if is_traced(value):
+      return value
+  if not minimum <= int(value) <= INT32_MAX:
+    raise ValueError(f"{name} must be in [{minimum}, {INT32_MAX}], got {int(value)}")
   return int(value)
 
 

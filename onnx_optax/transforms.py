@@ -92,7 +92,7 @@ def _transform(
     rule: Callable[..., tuple[Array, ...]],
     state_cls: type,
     learning_rate: ScalarOrSchedule,
-    initial_count: int,
+    initial_count: int | Array,
     state_dtype: Any,
     uses_params: bool,
 ) -> optax.GradientTransformationExtraArgs:
