@@ -1,0 +1,521 @@
+"""The four rules inside ordinary Optax code (issue 5).
+
+Every expectation is independent of the code under test: trajectories come
+from :func:`onnx_optax.reference.trajectory` (NumPy, float64) or, where the
+claim is "the same as the plain rule", from the plain transform itself.
+
+Tolerance against the reference (as in ``test_transforms.py``; ``u`` the unit
+roundoff, ``scale`` the largest magnitude in the reference trajectory):
+
+    |x - x_ref| <= steps * ROUNDINGS * u * max(scale, 1)
+
+The reference gets each hyperparameter rounded to float32, as the transform
+sees it (a Python float is a weakly typed float32; ``inject_hyperparams``
+stores float32 arrays for float32 parameters).
+
+Injected and plain runs agree to the bit eagerly. Under ``jax.jit`` they can
+differ in the last bit of the bias corrections of the two Adams: with plain
+Python floats XLA folds ``-expm1(T * log(beta))`` into constants at compile
+time (with its constant evaluator), with injected arrays it evaluates them at
+run time (with the CPU's vectorized ``log``/``expm1``), and the two are not
+the same correctly-rounded function. Measured: 2.4e-7 after 30 ONNX Adam
+steps on parameters of size ~1. That comparison uses ``JIT_ULPS`` roundings
+per step.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import onnx_optax
+from onnx_optax import reference
+
+STEPS = 30
+ROUNDINGS = 16
+JIT_ULPS = 4
+U32 = 2.0**-24
+
+# (reference rule, factory, hyperparameters, learning rate, a second numeric
+# hyperparameter for sweeps). Every term of every formula matters.
+CONFIGS = {
+    "momentum_standard": ("momentum", onnx_optax.momentum,
+                          dict(alpha=0.9, beta=0.7, mode="standard", norm_coefficient=0.05), 0.05, "alpha"),
+    "momentum_nesterov": ("momentum", onnx_optax.momentum,
+                          dict(alpha=0.8, beta=0.6, mode="nesterov", norm_coefficient=0.05), 0.05, "beta"),
+    "adagrad": ("adagrad", onnx_optax.adagrad,
+                dict(decay_factor=0.2, epsilon=0.5, norm_coefficient=0.05), 0.3, "decay_factor"),
+    "adam": ("adam", onnx_optax.adam,
+             dict(alpha=0.85, beta=0.95, epsilon=0.3, norm_coefficient=0.05,
+                  norm_coefficient_post=0.01), 0.05, "beta"),
+    "directml_adam": ("directml_adam", onnx_optax.directml_adam,
+                      dict(beta1=0.85, beta2=0.95, epsilon=0.3), 0.05, "beta1"),
+}
+NAMES = sorted(CONFIGS)
+N_STATE = {"momentum": 1, "adagrad": 1, "adam": 2, "directml_adam": 2}
+
+
+def _first_count(rule):
+  return 1 if rule == "directml_adam" else 0
+
+
+def _f32(value):
+  """A hyperparameter as a float32 transform sees it."""
+  return value if isinstance(value, str) else float(np.float32(value))
+
+
+def _seen(hyper):
+  return {k: _f32(v) for k, v in hyper.items()}
+
+
+def _tree(rng, scale=1.0):
+  return {"w": (scale * rng.normal(size=(4, 3))).astype(np.float32),
+          "b": (scale * rng.normal(size=(3,))).astype(np.float32)}
+
+
+def _problem(config, steps=STEPS):
+  """Parameters and a list of gradients of varied magnitudes."""
+  rng = np.random.default_rng(zlib.crc32(config.encode()))
+  params = _tree(rng)
+  grads = [_tree(rng, scale=10.0 ** rng.uniform(-2, 1)) for _ in range(steps)]
+  return params, grads
+
+
+def _leaves(tree):
+  return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+def _zero_state(rule, params):
+  return [[np.zeros_like(x) for x in jax.tree.leaves(params)] for _ in range(N_STATE[rule])]
+
+
+def _tolerance(steps, xs, state=()):
+  scale = max(np.max(np.abs(a)) for a in [x for step in xs for x in step] + [s for f in state for s in f])
+  return steps * ROUNDINGS * U32 * max(scale, 1.0)
+
+
+def _assert_trajectory(got, want, tol, msg=""):
+  """``got``: list of parameter trees; ``want``: list of lists of leaves."""
+  assert len(got) == len(want)
+  for k, (g, w) in enumerate(zip(got, want)):
+    for a, b in zip(jax.tree.leaves(g), w):
+      assert a.dtype == jnp.float32
+      np.testing.assert_allclose(np.asarray(a), b, rtol=0, atol=tol, err_msg=f"{msg} step {k}")
+
+
+def _run(opt, params, grads, *, jit=True, before_step=None):
+  """Applies ``opt`` along ``grads``; returns the parameters after each step."""
+  update = jax.jit(opt.update) if jit else opt.update
+  state = opt.init(params)
+  p = jax.tree.map(jnp.asarray, params)
+  out = []
+  for k, g in enumerate(grads):
+    if before_step is not None:
+      state = before_step(k, state)
+    u, state = update(g, state, p)
+    p = optax.apply_updates(p, u)
+    out.append(p)
+  return out, state
+
+
+def _max_diff(a, b):
+  return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
+             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+# ----------------------------------------------------------------------------
+# inject_hyperparams
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("config", NAMES)
+def test_inject_hyperparams_matches_plain_rule_and_reference(config, jit):
+  rule, make, hyper, lr, _ = CONFIGS[config]
+  params, grads = _problem(config)
+  opt = optax.inject_hyperparams(make)(lr, **hyper)
+  state = opt.init(params)
+  # Every numeric hyperparameter is injected (mode is a string, so static).
+  numeric = {k for k, v in hyper.items() if not isinstance(v, str)}
+  assert numeric | {"learning_rate", "initial_count"} == set(state.hyperparams)
+
+  injected, _ = _run(opt, params, grads, jit=jit)
+  plain, _ = _run(make(lr, **hyper), params, grads, jit=jit)
+  if jit:
+    scale = max(1.0, max(float(np.max(np.abs(x))) for p in plain for x in jax.tree.leaves(p)))
+    assert _max_diff(injected, plain) <= STEPS * JIT_ULPS * U32 * scale
+  else:
+    for a, b in zip(injected, plain):
+      for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+  xs, ref_state, _ = reference.trajectory(
+      rule, _leaves(params), [_leaves(g) for g in grads], _zero_state(rule, params),
+      _first_count(rule), [_f32(lr)] * STEPS, **_seen(hyper))
+  _assert_trajectory(injected, xs, _tolerance(STEPS, xs, ref_state))
+
+
+@pytest.mark.parametrize("config", NAMES)
+def test_changing_hyperparameters_between_steps_takes_effect_at_that_step(config):
+  """A new learning rate every step; every other hyperparameter changes at step K."""
+  rule, make, hyper, lr, _ = CONFIGS[config]
+  params, grads = _problem(config)
+  K = 12
+  lrs = [lr * (1.0 + 0.5 * np.sin(k)) for k in range(STEPS)]
+  # Other values, still valid (decays in [0, 1), epsilon >= 0).
+  changed = {k: (v if isinstance(v, str) else 0.5 * v + (0.3 if k in ("alpha", "beta", "beta1", "beta2") else 0.0))
+             for k, v in hyper.items()}
+
+  def before_step(k, state):
+    state.hyperparams["learning_rate"] = jnp.asarray(lrs[k], jnp.float32)
+    if k == K:
+      for name, value in changed.items():
+        if not isinstance(value, str):
+          state.hyperparams[name] = jnp.asarray(value, jnp.float32)
+    return state
+
+  got, _ = _run(optax.inject_hyperparams(make)(lr, **hyper), params, grads, before_step=before_step)
+
+  xs1, s1, T1 = reference.trajectory(
+      rule, _leaves(params), [_leaves(g) for g in grads[:K]], _zero_state(rule, params),
+      _first_count(rule), [_f32(r) for r in lrs[:K]], **_seen(hyper))
+  xs2, s2, _ = reference.trajectory(
+      rule, xs1[-1], [_leaves(g) for g in grads[K:]], s1, T1, [_f32(r) for r in lrs[K:]],
+      **_seen(changed))
+  xs = xs1 + xs2
+  _assert_trajectory(got, xs, _tolerance(STEPS, xs, s2))
+  # Each change acts at its own step, not one step later: at step K the
+  # reference with every change one step late is much farther away.
+  late = [lrs[0]] + lrs[:-1]
+  ys1, t1, U1 = reference.trajectory(
+      rule, _leaves(params), [_leaves(g) for g in grads[:K + 1]], _zero_state(rule, params),
+      _first_count(rule), [_f32(r) for r in late[:K + 1]], **_seen(hyper))
+  right, wrong = _max_diff(got[K], xs[K]), _max_diff(got[K], ys1[K])
+  assert 100 * right < wrong, (right, wrong)
+
+
+def test_injected_norm_coefficient_needs_params():
+  """An injected (hence traced) norm_coefficient is not known to be 0."""
+  opt = optax.inject_hyperparams(onnx_optax.adagrad)(0.1)
+  params = jnp.ones(3)
+  state = opt.init(params)
+  with pytest.raises(ValueError, match="needs the parameters"):
+    jax.jit(opt.update)(jnp.ones(3), state)
+  jax.jit(opt.update)(jnp.ones(3), state, params)  # Passing them works.
+  # Keeping it static keeps the parameter-free update.
+  opt = optax.inject_hyperparams(onnx_optax.adagrad, static_args=("norm_coefficient",))(0.1)
+  jax.jit(opt.update)(jnp.ones(3), opt.init(params))
+
+
+def test_injected_values_are_validated_when_concrete():
+  """Concrete injected values are still checked; traced ones cannot be."""
+  with pytest.raises(ValueError, match="beta"):
+    optax.inject_hyperparams(onnx_optax.adam)(0.1, beta=1.5).init(jnp.ones(2))
+  with pytest.raises(ValueError, match="initial_count"):
+    optax.inject_hyperparams(onnx_optax.directml_adam)(0.1, initial_count=0).init(jnp.ones(2))
+
+
+# ----------------------------------------------------------------------------
+# Schedules and wrappers
+
+
+@pytest.mark.parametrize("config", NAMES)
+def test_learning_rate_schedule_plain_and_injected(config):
+  rule, make, hyper, lr, _ = CONFIGS[config]
+  params, grads = _problem(config)
+  schedule = optax.linear_schedule(0.1 * lr, lr, transition_steps=10)
+  # Written out, not evaluated by optax: the schedule's value at update k.
+  lrs = [_f32(0.1 * lr + (lr - 0.1 * lr) * min(k, 10) / 10) for k in range(STEPS)]
+  xs, s, _ = reference.trajectory(
+      rule, _leaves(params), [_leaves(g) for g in grads], _zero_state(rule, params),
+      _first_count(rule), lrs, **_seen(hyper))
+  tol = _tolerance(STEPS, xs, s)
+  plain, _ = _run(make(schedule, **hyper), params, grads)
+  _assert_trajectory(plain, xs, tol, "plain")
+  injected, state = _run(optax.inject_hyperparams(make)(schedule, **hyper), params, grads)
+  _assert_trajectory(injected, xs, tol, "injected")
+  np.testing.assert_allclose(float(state.hyperparams["learning_rate"]), lrs[-1], rtol=1e-6)
+
+
+def _reference_step(rule, hyper, R, T, X, G, S):
+  """One reference step on lists of leaves; returns (X_new, S_new)."""
+  step, n = reference.RULES[rule]
+  out = [step(R, T, x, g, *(s[i] for s in S), **hyper) for i, (x, g) in enumerate(zip(X, G))]
+  return [o[0] for o in out], [[o[1 + j] for o in out] for j in range(n)]
+
+
+@pytest.mark.parametrize("config", NAMES)
+def test_chain_with_clipping_before_and_after(config):
+  """clip_by_global_norm, then the rule, then an element-wise clip of the update."""
+  rule, make, hyper, lr, _ = CONFIGS[config]
+  params, grads = _problem(config)
+  max_norm, max_delta = 1.0, 0.02
+  opt = optax.chain(optax.clip_by_global_norm(max_norm), make(lr, **hyper), optax.clip(max_delta))
+  got, _ = _run(opt, params, grads)
+
+  X, S, T, xs = _leaves(params), _zero_state(rule, params), _first_count(rule), []
+  clipped_before = 0
+  for g in grads:
+    G = [x.astype(np.float64) for x in _leaves(g)]
+    norm = np.sqrt(sum(np.sum(x * x) for x in G))
+    if norm > max_norm:
+      G = [x * (max_norm / norm) for x in G]
+      clipped_before += 1
+    X_new, S = _reference_step(rule, _seen(hyper), _f32(lr), T, X, G, S)
+    X = [x + np.clip(xn - x, -max_delta, max_delta) for x, xn in zip(X, X_new)]
+    xs.append(X)
+    T += 1
+  assert 0 < clipped_before < STEPS  # both branches of the first clip ran
+  _assert_trajectory(got, xs, _tolerance(STEPS, xs, S))
+
+
+@pytest.mark.parametrize("config", NAMES)
+def test_masked(config):
+  """Masked-out leaves keep their raw gradient as update (optax.masked's contract)."""
+  rule, make, hyper, lr, _ = CONFIGS[config]
+  params, grads = _problem(config)
+  opt = optax.masked(make(lr, **hyper), {"w": True, "b": False})
+  state = opt.init(params)
+  update = jax.jit(opt.update)
+  p, got = jax.tree.map(jnp.asarray, params), []
+  for g in grads:
+    u, state = update(g, state, p)
+    np.testing.assert_array_equal(np.asarray(u["b"]), g["b"])
+    p = optax.apply_updates(p, u)
+    got.append(p["w"])
+  xs, s, _ = reference.trajectory(
+      rule, [params["w"]], [[g["w"]] for g in grads], _zero_state(rule, {"w": params["w"]}),
+      _first_count(rule), [_f32(lr)] * STEPS, **_seen(hyper))
+  _assert_trajectory(got, xs, _tolerance(STEPS, xs, s))
+
+
+@pytest.mark.parametrize("config", NAMES)
+def test_multi_transform(config):
+  rule, make, hyper, lr, _ = CONFIGS[config]
+  params, grads = _problem(config)
+  other = dict(alpha=0.5, beta=1.0, mode="nesterov", norm_coefficient=0.0)
+  opt = optax.multi_transform(
+      {"main": make(lr, **hyper), "other": onnx_optax.momentum(0.02, **other)},
+      {"w": "main", "b": "other"})
+  got, _ = _run(opt, params, grads)
+  xs_w, s_w, _ = reference.trajectory(
+      rule, [params["w"]], [[g["w"]] for g in grads], _zero_state(rule, {"w": params["w"]}),
+      _first_count(rule), [_f32(lr)] * STEPS, **_seen(hyper))
+  xs_b, s_b, _ = reference.trajectory(
+      "momentum", [params["b"]], [[g["b"]] for g in grads], [[np.zeros(3)]], 0,
+      [_f32(0.02)] * STEPS, **_seen(other))
+  _assert_trajectory([p["w"] for p in got], xs_w, _tolerance(STEPS, xs_w, s_w), "w")
+  _assert_trajectory([p["b"] for p in got], xs_b, _tolerance(STEPS, xs_b, s_b), "b")
+
+
+@pytest.mark.parametrize("config", NAMES)
+def test_multi_steps_accumulates_gradients(config):
+  """MultiSteps(k=3): one update of the rule with the mean of 3 gradients."""
+  rule, make, hyper, lr, _ = CONFIGS[config]
+  every = 3
+  params, grads = _problem(config)
+  opt = optax.MultiSteps(make(lr, **hyper), every_k_schedule=every)
+  got, state = _run(opt, params, grads)
+  mean_grads = [[np.mean([_leaves(g)[i].astype(np.float64) for g in grads[k:k + every]], axis=0)
+                 for i in range(2)] for k in range(0, STEPS, every)]
+  xs, s, T = reference.trajectory(
+      rule, _leaves(params), mean_grads, _zero_state(rule, params), _first_count(rule),
+      [_f32(lr)] * len(mean_grads), **_seen(hyper))
+  tol = _tolerance(len(xs), xs, s)
+  for k, p in enumerate(got):
+    if (k + 1) % every:  # between updates the parameters stay where they were
+      want = xs[k // every - 1] if k >= every else _leaves(params)
+    else:
+      want = xs[k // every]
+    _assert_trajectory([p], [want], tol, f"micro-step {k}")
+  assert int(state.inner_opt_state.count) == T
+
+
+@pytest.mark.parametrize("config", NAMES)
+def test_apply_if_finite_skips_non_finite_steps(config):
+  rule, make, hyper, lr, _ = CONFIGS[config]
+  params, grads = _problem(config)
+  bad = {4: np.nan, 9: np.inf}
+  for k, value in bad.items():
+    grads[k] = {"w": grads[k]["w"].copy(), "b": grads[k]["b"]}
+    grads[k]["w"][1, 2] = value
+  opt = optax.apply_if_finite(make(lr, **hyper), max_consecutive_errors=5)
+  got, state = _run(opt, params, grads)
+  good = [g for k, g in enumerate(grads) if k not in bad]
+  xs, s, T = reference.trajectory(
+      rule, _leaves(params), [_leaves(g) for g in good], _zero_state(rule, params),
+      _first_count(rule), [_f32(lr)] * len(good), **_seen(hyper))
+  # The expected parameters after each step: a skipped step repeats the last ones.
+  want, j = [], 0
+  for k in range(STEPS):
+    if k in bad:
+      want.append(want[-1] if want else _leaves(params))
+    else:
+      want.append(xs[j])
+      j += 1
+  _assert_trajectory(got, want, _tolerance(len(good), xs, s))
+  assert int(state.total_notfinite) == len(bad)
+  assert int(state.inner_state.count) == T  # skipped steps do not count
+
+
+@pytest.mark.parametrize("config", NAMES)
+def test_extra_keyword_arguments_are_accepted(config):
+  """The GradientTransformationExtraArgs protocol, alone and in a chain that needs them."""
+  rule, make, hyper, lr, _ = CONFIGS[config]
+  params, grads = _problem(config, steps=3)
+  opt = make(lr, **hyper)
+  assert isinstance(opt, optax.GradientTransformationExtraArgs)
+  state = opt.init(params)
+  u1, s1 = opt.update(grads[0], state, params, value=jnp.float32(1.0), anything="else")
+  u2, s2 = opt.update(grads[0], state, params)
+  for a, b in zip(jax.tree.leaves((u1, s1)), jax.tree.leaves((u2, s2))):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  # Jitted, to compare with the jitted chain below (jit contracts a*b + c).
+  u2, _ = jax.jit(opt.update)(grads[0], state, params)
+  # reduce_on_plateau needs value=; our transform must let it through.
+  chained = optax.chain(make(lr, **hyper), optax.contrib.reduce_on_plateau(patience=100))
+  state = chained.init(params)
+  u, state = jax.jit(chained.update)(grads[0], state, params, value=jnp.float32(2.0))
+  for a, b in zip(jax.tree.leaves(u), jax.tree.leaves(u2)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # plateau scale is 1
+
+
+# ----------------------------------------------------------------------------
+# Abstract init, stable state types, scan, vmap
+
+
+def _types(tree):
+  return jax.tree.map(lambda a: jax.typeof(a), tree)
+
+
+@pytest.mark.parametrize("inject", [False, True], ids=["plain", "injected"])
+# A dtype object, not the scalar type jnp.float32: inject_hyperparams takes
+# every callable for a schedule (docs/optax.md).
+@pytest.mark.parametrize("state_dtype", [None, jnp.dtype("float32")], ids=["default_state", "f32_state"])
+@pytest.mark.parametrize("config", NAMES)
+def test_abstract_init_and_state_types_are_stable(config, state_dtype, inject):
+  rule, make, hyper, lr, _ = CONFIGS[config]
+  factory = optax.inject_hyperparams(make) if inject else make
+  opt = factory(lr, **hyper, state_dtype=state_dtype)
+  params = {"w": jnp.ones((4, 3), jnp.bfloat16), "b": jnp.ones((3,), jnp.float32)}
+  abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), params)
+
+  state = opt.init(params)
+  if not inject:
+    # Zeros from shapes and dtypes alone. (optax.inject_hyperparams' own init
+    # reads the parameters' values, for optax.adam as well: use eval_shape.)
+    from_abstract = opt.init(abstract)
+    assert jax.tree.structure(from_abstract) == jax.tree.structure(state)
+    for a, b in zip(jax.tree.leaves(from_abstract), jax.tree.leaves(state)):
+      assert a.dtype == b.dtype
+      np.testing.assert_array_equal(np.asarray(a, np.float64), np.asarray(b, np.float64))
+  shapes = jax.eval_shape(opt.init, abstract)
+  assert jax.tree.structure(shapes) == jax.tree.structure(state)
+  for s, leaf in zip(jax.tree.leaves(shapes), jax.tree.leaves(state)):
+    assert (s.shape, s.dtype) == (leaf.shape, leaf.dtype)
+
+  inner = state.inner_state if inject else state
+  for field in inner[1:]:
+    assert field["w"].dtype == (state_dtype or jnp.bfloat16)
+    assert field["b"].dtype == jnp.float32
+  before = _types(state)
+  update = jax.jit(opt.update)
+  grads = jax.tree.map(lambda p: jnp.full_like(p, 0.5), params)
+  for _ in range(3):
+    _, state = update(grads, state, params)
+    assert _types(state) == before  # shapes, dtypes and weak types
+  assert update._cache_size() == 1
+
+
+@pytest.mark.parametrize("config", NAMES)
+def test_scan_over_1000_steps_compiles_once_and_matches_python_loop(config):
+  """Bitwise on the CPU: the scanned body and the jitted step are the same program."""
+  rule, make, hyper, lr, _ = CONFIGS[config]
+  params, _ = _problem(config, steps=0)
+  rng = np.random.default_rng(1)
+  target = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), jnp.float32), params)
+
+  def loss(p):
+    return sum(jnp.sum(jnp.cos(a) * (a - t) ** 2) for a, t in zip(jax.tree.leaves(p), jax.tree.leaves(target)))
+
+  opt = make(lr, **hyper)
+  traces = []
+
+  def step(carry, _=None):
+    traces.append(1)
+    p, s = carry
+    u, s = opt.update(jax.grad(loss)(p), s, p)
+    return (optax.apply_updates(p, u), s), None
+
+  n = 1000
+  params = jax.tree.map(jnp.asarray, params)
+  jitted = jax.jit(lambda c: step(c)[0])
+  carry = (params, opt.init(params))
+  for _ in range(n):
+    carry = jitted(carry)
+  assert len(traces) == 1 and jitted._cache_size() == 1
+
+  scanned = jax.jit(lambda c: jax.lax.scan(step, c, length=n)[0])
+  with jax.default_device(jax.devices("cpu")[0]):
+    result = scanned((params, opt.init(params)))
+  assert len(traces) == 2  # the scan body was traced once
+  assert int(result[1].count) == _first_count(rule) + n
+  for a, b in zip(jax.tree.leaves(result), jax.tree.leaves(carry)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("config", NAMES)
+def test_vmap_over_a_sweep_of_hyperparameters(config):
+  """Four learning rates x a second hyperparameter, in one compiled program."""
+  rule, make, hyper, lr, second = CONFIGS[config]
+  params, grads = _problem(config, steps=10)
+  stacked = jax.tree.map(lambda *g: jnp.stack(g), *grads)
+  lrs = np.array([0.5, 1.0, 1.5, 2.0], np.float32) * np.float32(lr)
+  seconds = np.array([0.5, 0.6, 0.7, 0.8], np.float32) * np.float32(
+      hyper[second] if hyper[second] < 1 else 0.9)
+
+  @jax.jit
+  @jax.vmap
+  def sweep(r, b):
+    opt = make(r, **dict(hyper, **{second: b}))  # traced hyperparameters
+
+    def step(carry, g):
+      p, s = carry
+      u, s = opt.update(g, s, p)
+      p = optax.apply_updates(p, u)
+      return (p, s), p
+
+    p0 = jax.tree.map(jnp.asarray, params)
+    return jax.lax.scan(step, (p0, opt.init(p0)), stacked)[1]
+
+  got = sweep(lrs, seconds)
+  assert sweep._cache_size() == 1
+  for i, (r, b) in enumerate(zip(lrs, seconds)):
+    xs, s, _ = reference.trajectory(
+        rule, _leaves(params), [_leaves(g) for g in grads], _zero_state(rule, params),
+        _first_count(rule), [float(r)] * len(grads), **_seen(dict(hyper, **{second: float(b)})))
+    mine = [jax.tree.map(lambda a: a[i, k], got) for k in range(len(grads))]
+    _assert_trajectory(mine, xs, _tolerance(len(grads), xs, s), f"sweep {i}")
+
+
+def test_vmap_over_injected_hyperparameters():
+  """The injected state's hyperparameters carry a batch axis like any leaf."""
+  params, grads = _problem("adam", steps=5)
+  hyper = CONFIGS["adam"][2]
+  opt = optax.inject_hyperparams(onnx_optax.adam)(0.05, **hyper)
+  state = opt.init(params)
+  lrs = jnp.array([0.01, 0.05, 0.1], jnp.float32)
+  state.hyperparams["learning_rate"] = lrs
+  axes = jax.tree.map(lambda _: None, state)
+  axes.hyperparams["learning_rate"] = 0
+  step = jax.jit(jax.vmap(lambda g, s, p: opt.update(g, s, p), in_axes=(None, axes, None)))
+  updates, new_state = step(grads[0], state, params)
+  for i, r in enumerate(np.asarray(lrs)):
+    want, _, _ = reference.adam(float(r), 0, params["w"], grads[0]["w"], np.zeros((4, 3)),
+                                np.zeros((4, 3)), **_seen(hyper))
+    got = params["w"] + np.asarray(updates["w"][i], np.float64)
+    np.testing.assert_allclose(got, want, rtol=0, atol=ROUNDINGS * U32 * 10)
