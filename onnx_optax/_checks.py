@@ -89,6 +89,10 @@ def floating_dtype(name: str, dtype: Any) -> Any:
   """Checks an optional floating dtype; returns it as a NumPy dtype or None."""
   if dtype is None:
     return None
+  if hasattr(dtype, "shape"):  # An array: optax.inject_hyperparams took the dtype for a schedule.
+    raise TypeError(
+        f"{name} must be a dtype, got an array; under optax.inject_hyperparams pass "
+        f"static_args=('{name}',) or a dtype object such as jnp.dtype('float32')")
   try:
     dtype = jnp.dtype(dtype)
   except TypeError as e:

@@ -64,6 +64,20 @@ def _one_minus_power(beta: ArrayLike, T: ArrayLike) -> Array:
   return -jnp.expm1(T * jnp.log(beta))
 
 
+def _sqrt(H: Array) -> Array:
+  """``Sqrt(H)`` of a second-moment tensor, differentiated as 0 at ``H = 0``.
+
+  ``H = 0`` wherever ``G_regularized`` has been exactly 0 at every update so
+  far (a dead unit, an unused embedding row). There ``d Sqrt(H)`` is
+  infinite, a zero cotangent makes inf * 0 = NaN, and that NaN poisons every
+  meta-gradient (``jax.grad`` through updates w.r.t. a hyperparameter). 0 is a
+  subgradient of ``|G| = Sqrt(G^2)``. The forward value is ``Sqrt(H)`` to the
+  bit: at ``H = 0`` it returns ``H`` itself.
+  """
+  zero = H == 0
+  return jnp.where(zero, H, jnp.sqrt(jnp.where(zero, 1, H)))
+
+
 def _is_static_zero(value: Any) -> bool:
   """True for a Python (not traced) number that is zero."""
   return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
@@ -137,7 +151,7 @@ def adagrad(
 
   G_regularized = norm_coefficient * X + G
   H_new = H + G_regularized * G_regularized
-  H_adaptive = jnp.sqrt(H_new) + epsilon
+  H_adaptive = _sqrt(H_new) + epsilon
   return -(r * G_regularized / H_adaptive), H_new
 
 
@@ -191,7 +205,7 @@ def adam(
   G_regularized = norm_coefficient * X + G
   V_new = alpha * V + (1 - alpha) * G_regularized
   H_new = beta * H + (1 - beta) * G_regularized * G_regularized
-  H_sqrt = jnp.sqrt(H_new) + epsilon
+  H_sqrt = _sqrt(H_new) + epsilon
   if post_is_zero:
     return -(R_adjusted * V_new / H_sqrt), V_new, H_new
   X_new = X - R_adjusted * V_new / H_sqrt
@@ -236,4 +250,4 @@ def directml_adam(
 
   M_new = beta1 * M + (1 - beta1) * G
   V_new = beta2 * V + (1 - beta2) * G * G
-  return -(step_size * M_new / (jnp.sqrt(V_new) + epsilon)), M_new, V_new
+  return -(step_size * M_new / (_sqrt(V_new) + epsilon)), M_new, V_new

@@ -113,7 +113,9 @@ def _transform(
     _checks.floating_leaves("params", params)
     def zeros(p):
       # A fresh buffer per field and leaf: donated states must not alias.
-      return jnp.zeros(p.shape, state_dtype or p.dtype)
+      # zeros_like, not zeros(p.shape): the state inherits the parameter's
+      # sharding (and, under explicit mesh axes, its sharded type).
+      return jnp.zeros_like(p, dtype=state_dtype or p.dtype)
     return state_cls(
         jnp.asarray(initial_count, jnp.int32),
         *(jax.tree.map(zeros, params) for _ in range(n_state)))
