@@ -1,0 +1,253 @@
+"""Meta-gradients: ``jax.grad`` through update steps w.r.t. hyperparameters (issue 5).
+
+The meta-objective is the training loss after K updates, as a function of the
+hyperparameters; every hyperparameter is a traced value inside
+``jax.grad`` (validation skips values it cannot read). Expected values are
+central finite differences of the same meta-objective in float64, evaluated
+under ``jax.jit`` so that a difference may step just outside a
+hyperparameter's valid range (``epsilon - h`` at ``epsilon = 0``).
+
+Error of a central difference with step ``h = 1e-6 * |theta|``: truncation
+``h**2 * f''' / 6`` and rounding ``~1e-16 * |f| / h``, both far below the
+tolerance ``1e-6 * (|fd| + 1)`` used here (measured agreement: 3e-7 relative
+at worst, ONNX Adam's ``norm_coefficient``, whose derivative is small).
+
+Where the spec's formulas are singular (see docs/optax.md, "Meta-gradients"):
+
+* ``Sqrt(H)`` at ``H = 0`` (Adagrad, both Adams): an element whose gradient
+  has been exactly 0 at every update so far has ``H = 0``; the derivative of
+  the square root there is infinite and JAX multiplies it by a zero
+  cotangent, so inf * 0 = NaN spreads into the whole meta-gradient. Starting
+  the second moment at a tiny positive value (1e-100 in float64) removes it
+  and leaves the trajectory unchanged.
+* ``epsilon = 0`` together with ``H = 0``: the forward value is already 0/0.
+* The bias corrections ``1 - beta^T`` are evaluated as
+  ``-expm1(T * log(beta))`` (no cancellation near 1); at a decay of exactly 0
+  ``log`` gives a NaN derivative although the true one is finite. A small
+  decay (1e-4) is a working substitute; a tiny one (1e-12) is inaccurate
+  (see the test).
+* ``Sqrt(1 - beta^T)`` at a second-moment decay ``beta = 1``: the true
+  derivative is infinite (``~ -T / (2 Sqrt(T (1 - beta)))``).
+* Momentum is a polynomial in every hyperparameter: no singularity.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import onnx_optax
+
+K = 10
+CONFIGS = {
+    "momentum_standard": (onnx_optax.momentum,
+                          dict(alpha=0.9, beta=0.7, mode="standard", norm_coefficient=0.05), 0.05),
+    "momentum_nesterov": (onnx_optax.momentum,
+                          dict(alpha=0.8, beta=0.6, mode="nesterov", norm_coefficient=0.05), 0.05),
+    "adagrad": (onnx_optax.adagrad, dict(decay_factor=0.2, epsilon=0.5, norm_coefficient=0.05), 0.3),
+    "adam": (onnx_optax.adam, dict(alpha=0.85, beta=0.95, epsilon=0.3, norm_coefficient=0.05,
+                                   norm_coefficient_post=0.01), 0.05),
+    "directml_adam": (onnx_optax.directml_adam, dict(beta1=0.85, beta2=0.95, epsilon=0.3), 0.05),
+}
+
+
+@pytest.fixture(autouse=True)
+def _float64():
+  with jax.enable_x64(True):
+    yield
+
+
+def _problem(weights=None):
+  rng = np.random.default_rng(0)
+  params = {"w": jnp.asarray(rng.normal(size=(4, 3))), "b": jnp.asarray(rng.normal(size=(3,)))}
+  target = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape)), params)
+  if weights is None:
+    weights = jax.tree.map(lambda p: jnp.asarray(1.0 + 0.5 * rng.uniform(size=p.shape)), params)
+
+  def loss(p):
+    # Not a quadratic: the gradient depends on the parameters non-linearly.
+    return sum(jnp.sum(w * jnp.cos(a) * (a - t) ** 2 + 0.1 * w * a**4)
+               for a, t, w in zip(jax.tree.leaves(p), jax.tree.leaves(target), jax.tree.leaves(weights)))
+
+  return params, loss
+
+
+def _meta_objective(make, static, loss, params, steps=K, prepare=None):
+  """The loss after ``steps`` updates, a function of a dict of hyperparameters."""
+  def meta(h):
+    h = dict(h)
+    opt = make(h.pop("learning_rate"), **static, **h)
+    s = opt.init(params)
+    if prepare is not None:
+      s = prepare(s)
+    p, _ = jax.lax.fori_loop(0, steps, lambda _, c: _step(opt, loss, *c), (params, s))
+    return loss(p)
+  return meta
+
+
+def _step(opt, loss, p, s):
+  u, s = opt.update(jax.grad(loss)(p), s, p)
+  return optax.apply_updates(p, u), s
+
+
+def _central_difference(meta, h0, name, step=None):
+  jitted = jax.jit(meta)  # traced hyperparameters: h0 - e may leave the valid range
+  e = step or 1e-6 * max(abs(h0[name]), 1e-3)
+  up, down = dict(h0), dict(h0)
+  up[name] += e
+  down[name] -= e
+  return (float(jitted(up)) - float(jitted(down))) / (2 * e)
+
+
+def _split(hyper, lr):
+  static = {k: v for k, v in hyper.items() if isinstance(v, str)}
+  numeric = {k: float(v) for k, v in hyper.items() if not isinstance(v, str)}
+  return static, {"learning_rate": float(lr), **numeric}
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_metagradient_matches_central_difference(config):
+  """jax.grad w.r.t. every numeric hyperparameter, through K updates."""
+  make, hyper, lr = CONFIGS[config]
+  params, loss = _problem()
+  static, h0 = _split(hyper, lr)
+  meta = _meta_objective(make, static, loss, params)
+  grads = jax.jit(jax.grad(meta))(h0)
+  assert set(grads) == set(h0)
+  for name in h0:
+    g = float(grads[name])
+    assert np.isfinite(g), name
+    fd = _central_difference(meta, h0, name)
+    assert abs(g - fd) <= 1e-6 * (abs(fd) + 1), (name, g, fd)
+  assert abs(float(grads["learning_rate"])) > 1e-3  # the test has something to compare
+
+
+def test_metagradient_through_inject_hyperparams():
+  """The injected state's learning rate and beta are differentiable leaves."""
+  make, hyper, lr = CONFIGS["adam"]
+  params, loss = _problem()
+  opt = optax.inject_hyperparams(make)(lr, **hyper)
+
+  def meta(h):
+    s = opt.init(params)
+    s.hyperparams.update(h)
+    p, _ = jax.lax.fori_loop(0, K, lambda _, c: _step(opt, loss, *c), (params, s))
+    return loss(p)
+
+  h0 = {"learning_rate": jnp.float64(lr), "beta": jnp.float64(hyper["beta"])}
+  grads = jax.jit(jax.grad(meta))(h0)
+  for name in h0:
+    fd = _central_difference(lambda h: meta({k: jnp.asarray(v) for k, v in h.items()}),
+                             {k: float(v) for k, v in h0.items()}, name)
+    assert abs(float(grads[name]) - fd) <= 1e-6 * (abs(fd) + 1), (name, float(grads[name]), fd)
+
+
+# ----------------------------------------------------------------------------
+# Singular derivatives, and what a user can do.
+
+SQRT_RULES = {  # rule -> (factory, hyperparameters, name of the second-moment field)
+    "adagrad": (onnx_optax.adagrad, dict(epsilon=0.1), "h"),
+    "adam": (onnx_optax.adam, dict(epsilon=0.1), "h"),
+    "directml_adam": (onnx_optax.directml_adam, dict(epsilon=0.1), "v"),
+}
+
+
+def _dead_element_problem():
+  """The loss ignores w[0, 0]: its gradient is exactly 0 at every step, so H = 0 there."""
+  params, _ = _problem()
+  weights = jax.tree.map(jnp.ones_like, params)
+  weights["w"] = weights["w"].at[0, 0].set(0.0)
+  return _problem(weights)
+
+
+@pytest.mark.parametrize("rule", sorted(SQRT_RULES))
+def test_zero_H_makes_the_metagradient_nan(rule):
+  """Documented singularity: d Sqrt(H) at H = 0 is infinite; inf * 0 = NaN."""
+  make, hyper, field = SQRT_RULES[rule]
+  params, loss = _dead_element_problem()
+  static, h0 = _split(hyper, 0.05)
+  meta = _meta_objective(make, static, loss, params)
+  assert np.isfinite(float(jax.jit(meta)(h0)))  # the forward value is fine
+  g = jax.jit(jax.grad(meta))(h0)
+  assert np.isnan(float(g["learning_rate"]))
+
+
+@pytest.mark.parametrize("rule", sorted(SQRT_RULES))
+def test_tiny_initial_second_moment_removes_the_singularity(rule):
+  """The workaround: start H (DirectML: V) at 1e-100. Same trajectory, finite meta-gradient."""
+  make, hyper, field = SQRT_RULES[rule]
+  params, loss = _dead_element_problem()
+  static, h0 = _split(hyper, 0.05)
+
+  def tiny(state):
+    return state._replace(**{field: jax.tree.map(lambda h: jnp.full_like(h, 1e-100), getattr(state, field))})
+
+  meta = _meta_objective(make, static, loss, params, prepare=tiny)
+  untouched = _meta_objective(make, static, loss, params)
+  # sqrt(G^2 + 1e-100) == |G| in float64 for every |G| > 1e-42, and sqrt(1e-100)
+  # is 1e-50, negligible beside epsilon: the trajectory is the same to the bit.
+  assert float(jax.jit(meta)(h0)) == float(jax.jit(untouched)(h0))
+  grads = jax.jit(jax.grad(meta))(h0)
+  for name in h0:
+    g = float(grads[name])
+    fd = _central_difference(untouched, h0, name)  # differences of the untouched rule
+    assert np.isfinite(g) and abs(g - fd) <= 1e-6 * (abs(fd) + 1), (name, g, fd)
+
+
+def test_epsilon_zero_with_zero_H_is_nan_already_forward():
+  """0 / 0: keep epsilon > 0 wherever a gradient element can be exactly 0."""
+  params, loss = _dead_element_problem()
+  opt = onnx_optax.adagrad(0.1, epsilon=0.0)
+  u, _ = opt.update(jax.grad(loss)(params), opt.init(params))
+  assert np.isnan(float(u["w"][0, 0]))
+  assert np.all(np.isfinite(np.asarray(u["w"]).ravel()[1:]))
+
+
+@pytest.mark.parametrize("rule", ["adagrad", "adam", "directml_adam"])
+def test_derivative_at_epsilon_zero_is_regular_when_H_is_positive(rule):
+  make, hyper, _ = SQRT_RULES[rule]
+  params, loss = _problem()
+  static, h0 = _split(dict(hyper, epsilon=0.0), 0.05)
+  meta = _meta_objective(make, static, loss, params)
+  g = float(jax.jit(jax.grad(meta))(h0)["epsilon"])
+  fd = _central_difference(meta, h0, "epsilon")  # steps to epsilon = -1e-9: fine while Sqrt(H) > 0
+  assert np.isfinite(g) and abs(g - fd) <= 1e-6 * (abs(fd) + 1), (g, fd)
+
+
+@pytest.mark.parametrize("make,decay", [(onnx_optax.adam, "alpha"), (onnx_optax.adam, "beta"),
+                                        (onnx_optax.directml_adam, "beta1")])
+def test_decay_of_exactly_zero_has_a_nan_derivative_use_a_small_one(make, decay):
+  """-expm1(T * log(beta)) at beta = 0: d log is infinite, times beta^T = 0.
+
+  A small positive decay works, but not a tiny one: JAX differentiates
+  ``expm1(x)`` as ``expm1(x) + 1``, which cancels for ``x = T * log(beta)``
+  very negative, so d(1 - beta^T)/d beta carries an absolute error of about
+  ``T * u / beta`` (``u`` the unit roundoff). Measured in float64: relative
+  error 2e-5 in the derivative of ``Sqrt(1 - beta)`` at ``beta = 1e-12``,
+  8e-8 at 1e-10; at 1e-4 the error is ~1e-12.
+  """
+  params, loss = _problem()
+  static, h0 = _split({"epsilon": 0.1}, 0.05)
+  meta = _meta_objective(make, static, loss, params)
+  grad = jax.jit(jax.grad(meta))
+  assert np.isnan(float(grad(dict(h0, **{decay: 0.0}))[decay]))
+  small = dict(h0, **{decay: 1e-4})
+  g = float(grad(small)[decay])
+  fd = _central_difference(meta, small, decay)  # step 1e-9: stays in (0, 1)
+  assert np.isfinite(g) and abs(g - fd) <= 1e-6 * (abs(fd) + 1), (g, fd)
+
+
+@pytest.mark.parametrize("make,decay", [(onnx_optax.adam, "beta"), (onnx_optax.directml_adam, "beta2")])
+def test_second_moment_decay_of_one_is_singular(make, decay):
+  """Sqrt(1 - beta^T) has an infinite derivative at beta = 1 (the spec's formula itself)."""
+  params, loss = _problem()
+  static, h0 = _split({"epsilon": 0.1}, 0.05)
+  meta = _meta_objective(make, static, loss, params)
+  grad = jax.jit(jax.grad(meta))
+  assert not np.isfinite(float(grad(dict(h0, **{decay: 1.0}))[decay]))
+  # It grows like 1 / Sqrt(1 - beta) towards the pole.
+  near, nearer = (abs(float(grad(dict(h0, **{decay: 1 - d}))[decay])) for d in (1e-6, 1e-10))
+  assert 10 < nearer / near < 1000
