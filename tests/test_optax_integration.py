@@ -219,6 +219,19 @@ def test_injected_values_are_validated_when_concrete():
     optax.inject_hyperparams(onnx_optax.directml_adam)(0.1, initial_count=0).init(jnp.ones(2))
 
 
+def test_state_dtype_under_inject_hyperparams():
+  """inject_hyperparams takes every callable for a schedule, jnp.float32 included."""
+  params = {"w": jnp.ones(3, jnp.bfloat16)}
+  with pytest.raises(TypeError, match="static_args"):
+    optax.inject_hyperparams(onnx_optax.adam)(0.1, state_dtype=jnp.float32).init(params)
+  for opt in (optax.inject_hyperparams(onnx_optax.adam, static_args=("state_dtype",))(
+                  0.1, state_dtype=jnp.float32),
+              optax.inject_hyperparams(onnx_optax.adam)(0.1, state_dtype=jnp.dtype("float32"))):
+    state = opt.init(params)
+    assert "state_dtype" not in state.hyperparams
+    assert state.inner_state.h["w"].dtype == jnp.float32
+
+
 # ----------------------------------------------------------------------------
 # Schedules and wrappers
 
