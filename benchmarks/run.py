@@ -410,10 +410,20 @@ def main(argv=None) -> dict:
             + f", {100 * row['GBps']['onnx_optax'] / copy_bw:.0f}% of copy", flush=True)
       del cs
       gc.collect()
+      # Written after every row, so that a run cut short by a time limit
+      # still leaves what it measured.
+      save(args, {"env": env, "results": results, "copy_GBps": copies, "memory": memory})
     del params, grads
     gc.collect()
   env["wall_s"] = round(time.perf_counter() - t_start, 1)
   out = {"env": env, "results": results, "copy_GBps": copies, "memory": memory}
+  print()
+  print(save(args, out))
+  return out
+
+
+def save(args, out: dict) -> str:
+  """Writes ``--json`` and ``--markdown`` (if asked for); returns the tables."""
   md = markdown(out)
   if args.json:
     with open(args.json, "w") as f:
@@ -421,9 +431,7 @@ def main(argv=None) -> dict:
   if args.markdown:
     with open(args.markdown, "w") as f:
       f.write(md)
-  print()
-  print(md)
-  return out
+  return md
 
 
 def _cpu_name() -> str:
@@ -443,7 +451,7 @@ def markdown(out: dict) -> str:
   lines = [
       f"Device: {env['device_kind']} ({env['device']}), {env['cpu_count']} CPU cores ({env['processor']}); "
       f"jax {env['jax']}, optax {env['optax']}, torch {env['torch']}; median of {env['repeats']} "
-      f"interleaved samples; {env['wall_s']} s.",
+      f"interleaved samples; {env.get('wall_s', '(partial run)')} s.",
       f"Command: `{env['command']}`" + (f" with `XLA_FLAGS={env['xla_flags']}`" if env["xla_flags"] else ""),
       "",
       "Step time of onnx_optax, and the other contenders' as a ratio to it (above 1: onnx_optax is faster). "
