@@ -444,9 +444,26 @@ def test_abstract_init_and_state_types_are_stable(config, state_dtype, inject):
   assert update._cache_size() == 1
 
 
+@pytest.mark.parametrize("inject", [False, True], ids=["plain", "injected"])
 @pytest.mark.parametrize("config", NAMES)
-def test_scan_over_1000_steps_compiles_once_and_matches_python_loop(config):
-  """Bitwise on the CPU: the scanned body and the jitted step are the same program."""
+def test_scan_over_1000_steps_compiles_once_and_matches_python_loop(config, inject):
+  """The scanned body and the jitted step are the same computation.
+
+  Plain: bitwise equal. Injected: the hyperparameters are part of the scan's
+  carry, and XLA compiles the while-loop body as a program of its own (its
+  loop passes see carried values that come back unchanged), whose fusion,
+  hence its contraction of ``a*b + c`` into fused multiply-adds, can differ
+  from the standalone step's. Measured on the CPU: momentum_standard's ``V``
+  differs by 9.1e-13 after 1,000 steps (where ``|V|`` <= 2.6e-6), every
+  other leaf and rule bitwise. So the injected runs are held
+  to a few roundings at the trajectory's scale, not to the bit.
+  Pinned to the CPU, where this was measured.
+  """
+  with jax.default_device(jax.devices("cpu")[0]):
+    _scan_matches_loop(config, inject)
+
+
+def _scan_matches_loop(config, inject):
   rule, make, hyper, lr, _ = CONFIGS[config]
   params, _ = _problem(config, steps=0)
   rng = np.random.default_rng(1)
@@ -455,7 +472,7 @@ def test_scan_over_1000_steps_compiles_once_and_matches_python_loop(config):
   def loss(p):
     return sum(jnp.sum(jnp.cos(a) * (a - t) ** 2) for a, t in zip(jax.tree.leaves(p), jax.tree.leaves(target)))
 
-  opt = make(lr, **hyper)
+  opt = (optax.inject_hyperparams(make) if inject else make)(lr, **hyper)
   traces = []
 
   def step(carry, _=None):
@@ -473,12 +490,16 @@ def test_scan_over_1000_steps_compiles_once_and_matches_python_loop(config):
   assert len(traces) == 1 and jitted._cache_size() == 1
 
   scanned = jax.jit(lambda c: jax.lax.scan(step, c, length=n)[0])
-  with jax.default_device(jax.devices("cpu")[0]):
-    result = scanned((params, opt.init(params)))
+  result = scanned((params, opt.init(params)))
   assert len(traces) == 2  # the scan body was traced once
-  assert int(result[1].count) == _first_count(rule) + n
+  count = result[1].inner_state.count if inject else result[1].count
+  assert int(count) == _first_count(rule) + n
   for a, b in zip(jax.tree.leaves(result), jax.tree.leaves(carry)):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    if inject:
+      scale = max(1.0, float(np.max(np.abs(np.asarray(b, np.float64)))))
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=JIT_ULPS * U32 * scale)
+    else:
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 @pytest.mark.parametrize("config", NAMES)
