@@ -1,0 +1,191 @@
+"""The case grid: every rule x dtype x shape x hyperparameter edge.
+
+A :class:`Case` is one call of one Optax transform's ``update`` from a given
+state: the tensors (one leaf, or a pytree of several), their gradients, the
+state tensors and the update count ``T``. Its inputs are drawn from a fixed
+seed and rounded to the case's dtype, so the implementation and the float64
+reference see the same numbers.
+
+Magnitudes are chosen per dtype so that each case tests what its name says
+and stays in the dtype's range: a "huge" gradient is ``1e15`` in float32 and
+bfloat16 but ``100`` in float16 (whose largest number is 65504, and ``H``
+holds ``G*G``); a "tiny" gradient is of the order of ``epsilon``, which is set
+to ``1e-6`` in float32 and bfloat16, ``1e-8`` in float64 and ``1e-2`` in
+float16 (so that ``G*G`` stays a normal float16 number).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+__all__ = ["DTYPES", "RULES", "Case", "cases", "numpy_dtype"]
+
+#: The rules the suite checks; the two Momentum modes count as two rules.
+RULES = ("momentum_standard", "momentum_nesterov", "adagrad", "adam", "directml_adam")
+#: The parameter dtypes, float32 first.
+DTYPES = ("float32", "float64", "float16", "bfloat16")
+
+INT32_MAX = int(np.iinfo(np.int32).max)
+LARGE = 10**6
+
+_TINY = {"float64": 1e-8, "float32": 1e-6, "bfloat16": 1e-6, "float16": 1e-2}
+_HUGE = {"float64": 1e100, "float32": 1e15, "bfloat16": 1e15, "float16": 100.0}
+
+_DEFAULTS: dict[str, dict[str, Any]] = {
+    "momentum_standard": dict(alpha=0.9, beta=0.8, mode="standard", norm_coefficient=0.01),
+    "momentum_nesterov": dict(alpha=0.9, beta=0.8, mode="nesterov", norm_coefficient=0.01),
+    "adagrad": dict(decay_factor=0.1, epsilon=1e-6, norm_coefficient=0.01),
+    "adam": dict(alpha=0.9, beta=0.999, epsilon=1e-6, norm_coefficient=0.01, norm_coefficient_post=0.0),
+    "directml_adam": dict(beta1=0.9, beta2=0.999, epsilon=1e-8),
+}
+#: The state tensors of each rule, in the spec's order, and whether each is a
+#: second moment (non-negative).
+STATE: dict[str, tuple[tuple[str, bool], ...]] = {
+    "momentum_standard": (("v", False),),
+    "momentum_nesterov": (("v", False),),
+    "adagrad": (("h", True),),
+    "adam": (("v", False), ("h", True)),
+    "directml_adam": (("m", False), ("v", True)),
+}
+_EPSILON = {"adagrad": "epsilon", "adam": "epsilon", "directml_adam": "epsilon"}
+
+
+def numpy_dtype(name: str) -> np.dtype:
+  """The NumPy dtype of a dtype name (bfloat16 from ml_dtypes)."""
+  return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+
+
+@dataclass(frozen=True)
+class Case:
+  """One ``update`` call of one rule, from a given state.
+
+  Attributes:
+    rule: a name of :data:`RULES`.
+    dtype: a name of :data:`DTYPES`, the dtype of parameters and state.
+    name: what the case tests.
+    T: the state's ``count``, the spec's ``T`` of this update.
+    R: the learning rate.
+    hyper: the rule's hyperparameters (Python floats, and Momentum's mode).
+    shapes: one shape per leaf; more than one leaf makes a nested pytree.
+    gradient: ``"normal"``, ``"zero"``, ``"tiny"`` or ``"huge"``.
+    state: ``"random"`` (non-zero) or ``"zero"``.
+  """
+
+  rule: str
+  dtype: str
+  name: str
+  T: int
+  R: float
+  hyper: dict[str, Any] = field(hash=False)
+  shapes: tuple[tuple[int, ...], ...] = ((13,),)
+  gradient: str = "normal"
+  state: str = "random"
+
+  @property
+  def id(self) -> str:
+    return f"{self.rule}-{self.dtype}-{self.name}"
+
+  @property
+  def base_rule(self) -> str:
+    """The rule's name in :mod:`onnx_optax.reference` and the tolerance model."""
+    return "momentum" if self.rule.startswith("momentum") else self.rule
+
+  def inputs(self) -> tuple[list[np.ndarray], list[np.ndarray], list[list[np.ndarray]]]:
+    """``(X, G, state)``: leaves, gradients and state tensors, rounded to the dtype."""
+    rng = np.random.default_rng(zlib.crc32(self.id.encode()))
+    dtype = numpy_dtype(self.dtype)
+
+    def draw(shape, low, high, signed=True, scale=1.0):
+      x = rng.uniform(low, high, size=shape) * scale
+      if signed:
+        x = x * rng.choice([-1.0, 1.0], size=shape)
+      return np.asarray(x).astype(dtype)  # Rounded once, from float64.
+
+    scale = {"normal": 1.0, "zero": 0.0, "tiny": _TINY[self.dtype], "huge": _HUGE[self.dtype]}[self.gradient]
+    X = [draw(s, 0.5, 2.0) for s in self.shapes]
+    G = [draw(s, 0.5, 1.0, scale=scale) for s in self.shapes]
+    state_scale = _TINY[self.dtype] if self.gradient == "tiny" else 1.0
+    state = []
+    for _, second_moment in STATE[self.rule]:
+      if self.state == "zero":
+        state.append([np.zeros(s, dtype) for s in self.shapes])
+      elif second_moment:
+        state.append([draw(s, 0.1, 1.0, signed=False, scale=state_scale**2) for s in self.shapes])
+      else:
+        state.append([draw(s, 0.1, 1.0, scale=state_scale) for s in self.shapes])
+    return X, G, state
+
+
+def _case(rule: str, dtype: str, name: str, T: int = 5, R: float = 0.05, **kwargs: Any) -> Case:
+  hyper = dict(_DEFAULTS[rule])
+  hyper.update(kwargs.pop("hyper", {}))
+  return Case(rule, dtype, name, T, R, hyper, **kwargs)
+
+
+def _edges(rule: str, dtype: str) -> list[Case]:
+  """Hyperparameter edges specific to one rule."""
+  c = lambda name, **kw: _case(rule, dtype, name, **kw)  # noqa: E731
+  if rule.startswith("momentum"):
+    return [c("alpha=0", hyper=dict(alpha=0.0)), c("beta=1", hyper=dict(beta=1.0)),
+            c("beta=0", hyper=dict(beta=0.0)), c("beta=0,T=0", T=0, hyper=dict(beta=0.0)),
+            c("norm_coefficient=0", hyper=dict(norm_coefficient=0.0))]
+  if rule == "adagrad":
+    return [c("epsilon=0", hyper=dict(epsilon=0.0)), c("decay_factor=0", hyper=dict(decay_factor=0.0)),
+            c("norm_coefficient=0", hyper=dict(norm_coefficient=0.0))]
+  if rule == "adam":
+    return [c("alpha=0", hyper=dict(alpha=0.0)), c("beta=1", hyper=dict(beta=1.0)),
+            c("beta=1,T=0", T=0, hyper=dict(beta=1.0)), c("beta=0", hyper=dict(beta=0.0)),
+            c("epsilon=0", hyper=dict(epsilon=0.0)),
+            c("norm_coefficient_post", hyper=dict(norm_coefficient_post=0.02)),
+            c("norm_coefficient_post,T=0", T=0, hyper=dict(norm_coefficient_post=0.02)),
+            c("norm_coefficient=0", hyper=dict(norm_coefficient=0.0))]
+  return [c("beta1=0", hyper=dict(beta1=0.0)), c("beta2=1", hyper=dict(beta2=1.0)),
+          c("epsilon=0", hyper=dict(epsilon=0.0))]
+
+
+def cases(rule: str, dtype: str, *, large: bool = True) -> list[Case]:
+  """Every case of one rule in one dtype.
+
+  Args:
+    rule: a name of :data:`RULES`.
+    dtype: a name of :data:`DTYPES`.
+    large: include the case with one tensor of 10^6 elements.
+
+  Example:
+    >>> [c.name for c in cases("adam", "float32")][:4]
+    ['pytree', 'scalar', 'odd', 'T=0']
+  """
+  first = 1 if rule == "directml_adam" else 0  # DirectML's T starts at 1.
+  c = lambda name, **kw: _case(rule, dtype, name, **kw)  # noqa: E731
+  grid = [
+      c("pytree", shapes=((), (3, 5), (1, 7, 2))),
+      c("scalar", T=2, shapes=((),)),
+      c("odd", shapes=((13,),)),
+      c(f"T={first}", T=first),
+      c(f"T={first + 1}", T=first + 1),
+      c("T=10^6", T=10**6),
+      c("T=int32max", T=INT32_MAX),
+      c("gradient=0", gradient="zero"),
+      c("gradient=huge", gradient="huge"),
+      c(f"state=0,T={first}", T=first, state="zero"),
+  ]
+  tiny = _TINY[dtype]
+  if rule in _EPSILON:
+    grid.append(c("gradient~epsilon", gradient="tiny", hyper={_EPSILON[rule]: tiny}))
+  else:
+    grid.append(c("gradient=tiny", gradient="tiny"))
+  grid += _edges(rule, dtype)
+  if large:
+    grid.append(c("10^6 elements", T=7, shapes=((LARGE,),)))
+  return grid
+
+
+def replace(case: Case, **changes: Any) -> Case:
+  """A copy of ``case`` with some fields changed."""
+  return dataclasses.replace(case, **changes)

@@ -1,0 +1,167 @@
+"""Runs the whole suite and writes the report (text table, JSON, Markdown)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform as host_platform
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+
+import onnx_optax
+from onnx_optax.conformance import cases as cases_lib
+from onnx_optax.conformance import check
+from onnx_optax.conformance.check import CaseResult
+
+__all__ = ["format_markdown", "format_table", "run"]
+
+NO_FLOAT64 = "skipped: TPUs have no float64 arithmetic"
+
+
+def _onnx_version() -> str | None:
+  try:
+    import onnx
+  except ImportError:
+    return None
+  return onnx.__version__
+
+
+def _row(platform: str, rule: str, dtype: str, results: list[CaseResult]) -> dict[str, Any]:
+  worst = max(results, key=lambda r: r.worst)
+  failures = [f"{r.name}: {r.error or r.where or 'count'} ({r.worst:.3g})" for r in results if not r.passed]
+  return dict(platform=platform, rule=rule, dtype=dtype, cases=len(results), worst=worst.worst,
+              worst_case=worst.name, where=worst.where, loose=sum(r.loose for r in results),
+              passed=all(r.passed for r in results), failures=failures)
+
+
+def run(platforms: Sequence[str] | None = None, *, include_onnx: bool = True, large: bool = True,
+        log: Callable[[str], None] | None = None) -> dict[str, Any]:
+  """Runs every case on every platform; returns the report as a JSON-able dict.
+
+  Args:
+    platforms: default every platform JAX finds (``cpu``, ``gpu``, ``tpu``).
+    include_onnx: also run ONNX's backend test cases and the
+      ReferenceEvaluator comparison (when ``onnx`` is importable).
+    large: include the 10^6-element case of each rule and dtype.
+    log: called with a line of progress.
+  """
+  log = log or (lambda line: None)
+  platforms = list(platforms or check.platforms())
+  onnx_version = _onnx_version() if include_onnx else None
+  report: dict[str, Any] = dict(
+      date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+      jax=jax.__version__, jaxlib=getattr(jax.lib, "__version__", None) or jax.__version__,
+      optax=optax.__version__, numpy=np.__version__, onnx=onnx_version,
+      onnx_optax=onnx_optax.__version__, python=sys.version.split()[0], host=host_platform.platform(),
+      devices={p: str(check.device(p).device_kind) for p in platforms},
+      rows=[], onnx_rows=[], skipped=[])
+  start = time.perf_counter()
+  for platform in platforms:
+    for rule in cases_lib.RULES:
+      for dtype in cases_lib.DTYPES:
+        if dtype == "float64" and not check.has_float64(platform):
+          report["skipped"].append(dict(platform=platform, rule=rule, dtype=dtype, reason=NO_FLOAT64))
+          continue
+        results = [check.run_case(c, platform) for c in cases_lib.cases(rule, dtype, large=large)]
+        row = _row(platform, rule, dtype, results)
+        report["rows"].append(row)
+        log(f"{platform} {rule} {dtype}: {row['cases']} cases, worst {row['worst']:.3f} "
+            f"({'pass' if row['passed'] else 'FAIL'})")
+    if onnx_version is not None:
+      from onnx_optax.conformance import onnx_references as refs
+      backend = refs.backend_cases()
+      for name in refs.BACKEND_CASES:
+        r = refs.run_backend_case(name, platform, backend)
+        report["onnx_rows"].append(dict(platform=platform, source="onnx backend test case", name=name,
+                                         dtype=r.dtype, worst=r.worst, passed=r.passed,
+                                         error=r.error))
+      for label, node, inputs in refs.evaluator_cases():
+        if not check.has_float64(platform):
+          report["skipped"].append(dict(platform=platform, rule=label, dtype="float64", reason=NO_FLOAT64))
+          continue
+        r = refs.run_evaluator_case(label, node, inputs, platform)
+        report["onnx_rows"].append(dict(platform=platform, source="onnx ReferenceEvaluator", name=r.name,
+                                        dtype="float64", worst=r.worst, passed=r.passed, error=r.error))
+      log(f"{platform} onnx references: done")
+  report["seconds"] = round(time.perf_counter() - start, 1)
+  report["passed"] = all(r["passed"] for r in report["rows"] + report["onnx_rows"])
+  return report
+
+
+def _mark(passed: bool) -> str:
+  return "pass" if passed else "FAIL"
+
+
+def format_table(report: dict[str, Any]) -> str:
+  """The report as a plain-text table."""
+  lines = [f"onnx_optax {report['onnx_optax']} conformance, {report['date']}; JAX {report['jax']}, "
+           f"optax {report['optax']}, numpy {report['numpy']}, onnx {report['onnx'] or 'not installed'}"]
+  for p, kind in report["devices"].items():
+    lines.append(f"  {p}: {kind}")
+  lines.append("worst = largest |got - expected| / tolerance over all cases and elements (pass: <= 1); "
+               "loose = elements whose tolerance reaches their magnitude")
+  header = f"{'device':<6} {'rule':<18} {'dtype':<9} {'cases':>5} {'worst':>8} {'loose':>7}  result"
+  lines += [header, "-" * len(header)]
+  for r in report["rows"]:
+    lines.append(f"{r['platform']:<6} {r['rule']:<18} {r['dtype']:<9} {r['cases']:>5} {r['worst']:>8.3f} "
+                 f"{r['loose']:>7}  {_mark(r['passed'])}")
+    for f in r["failures"]:
+      lines.append(f"         {f}")
+  if report["onnx_rows"]:
+    lines.append("")
+    lines.append(f"ONNX's own references (onnx {report['onnx']}):")
+    for r in report["onnx_rows"]:
+      lines.append(f"{r['platform']:<6} {r['source']:<24} {r['name']:<44} {r['worst']:>8.3f}  "
+                   f"{_mark(r['passed'])}{'  ' + r['error'] if r['error'] else ''}")
+  for s in report["skipped"]:
+    lines.append(f"{s['platform']} {s['rule']} {s['dtype']}: {s['reason']}")
+  lines.append(f"{'PASSED' if report['passed'] else 'FAILED'} in {report['seconds']} s")
+  return "\n".join(lines)
+
+
+def format_markdown(report: dict[str, Any], command: str = "python -m onnx_optax.conformance") -> str:
+  """The report as a Markdown page."""
+  out = [f"# Conformance report: {', '.join(report['devices'].values())}", "",
+         f"- Date: {report['date']}",
+         f"- Devices: {'; '.join(f'{p}: {k}' for p, k in report['devices'].items())}",
+         f"- JAX {report['jax']}, optax {report['optax']}, NumPy {report['numpy']}, "
+         f"onnx {report['onnx'] or 'not installed'}, onnx_optax {report['onnx_optax']}, "
+         f"Python {report['python']}",
+         f"- Host: {report['host']}",
+         f"- Command: `{command}` ({report['seconds']} s)",
+         f"- Result: **{'PASSED' if report['passed'] else 'FAILED'}**", "",
+         "`worst` is the largest `|got - expected| / tolerance` over every case and element "
+         "(expected: the float64 NumPy reference; tolerance: the rounding-error bound of "
+         "[docs/conformance.md](../conformance.md)); a case passes at `<= 1`. `loose` counts "
+         "elements whose tolerance reaches their own magnitude (the dtype cannot hold the "
+         "result, e.g. bfloat16 rounds `beta = 0.999` to 1).", "",
+         "| device | rule | dtype | cases | worst | loose | result |",
+         "|---|---|---|---:|---:|---:|---|"]
+  for r in report["rows"]:
+    out.append(f"| {r['platform']} | {r['rule']} | {r['dtype']} | {r['cases']} | {r['worst']:.3f} | "
+               f"{r['loose']} | {_mark(r['passed'])} |")
+  failures = [(r, f) for r in report["rows"] for f in r["failures"]]
+  if failures:
+    out += ["", "Failures:", ""] + [f"- {r['platform']} {r['rule']} {r['dtype']}: {f}" for r, f in failures]
+  if report["onnx_rows"]:
+    out += ["", f"## ONNX's own references (onnx {report['onnx']})", "",
+            "| device | source | case | worst | result |", "|---|---|---|---:|---|"]
+    for r in report["onnx_rows"]:
+      out.append(f"| {r['platform']} | {r['source']} | {r['name']} | {r['worst']:.3f} | "
+                 f"{_mark(r['passed'])} |")
+  if report["skipped"]:
+    out += ["", "## Skipped", ""] + [f"- {s['platform']} {s['rule']} {s['dtype']}: {s['reason']}"
+                                      for s in report["skipped"]]
+  return "\n".join(out) + "\n"
+
+
+def write_json(report: dict[str, Any], path: str) -> None:
+  with open(path, "w") as f:
+    json.dump(report, f, indent=1, default=float)
+    f.write("\n")

@@ -1,0 +1,343 @@
+"""The tolerance model: a rigorous error bound per output element.
+
+The suite compares what the Optax transforms compute in a dtype ``d``
+(float64, float32, float16, bfloat16) with the spec evaluated in float64 by
+:mod:`onnx_optax.reference`, from the same inputs (tensors rounded to ``d``
+first, hyperparameters as the Python floats the user passed). The allowed
+difference is not a fixed ``rtol``: it is a bound on the rounding error of
+the arithmetic the rule performs, evaluated element by element on the
+actual operands. Each output's tolerance is::
+
+    tolerance = bound(implementation in d) + bound(reference in float64)
+
+Each bound comes from *running error analysis*: every intermediate of the
+spec's formula carries its exact value ``v`` (evaluated in float64) and a
+bound ``e`` on ``|computed - v|``. Operands that are inputs are exact
+(``e = 0``); a hyperparameter rounded to ``d`` carries its actual rounding
+error. Every operation propagates its operands' errors and adds its own
+rounding (``u``: the unit roundoff of the dtype, ``2**-p``; ``tiny``: the
+absolute error of an underflow)::
+
+    a + b, a - b :  e = e_a + e_b                       + u*(|v| + e) + tiny
+    a * b        :  e = |a| e_b + |b| e_a + e_a e_b     + u*(|v| + e) + tiny
+    a / b        :  e = (|b| e_a + |a| e_b) / (|b| (|b| - e_b))  + k_div u*(|v| + e) + tiny
+    sqrt(a)      :  e = min(e_a / sqrt(a), sqrt(e_a))   + k_sqrt u*(|v| + e) + tiny
+
+These are not first-order estimates: each line bounds the error whatever the
+operands' errors are (the division is unbounded, ``inf``, when ``e_b``
+reaches ``|b|``). Because the bound is built from the magnitudes of the
+*operands*, cancellation is accounted for where it happens: ``X - step``
+with ``X`` and ``step`` of similar size has an error of the order of
+``u*|X|``, far more than ``u*|X - step|``.
+
+The implementation's dtype policy (see :mod:`onnx_optax.rules`) is part of
+the model:
+
+* hyperparameters used element-wise (``alpha``, ``beta``, ``epsilon``,
+  ``norm_coefficient``...) are rounded to ``d``: their actual rounding error
+  (directly, or through float32 when the rule rounds twice) is the operand's
+  error;
+* scalars that depend on ``T`` (bias corrections, Adagrad's decayed rate,
+  ``beta_adjusted``, ``R`` itself) are computed in the hyperparameter dtype
+  ``h`` (float32, float64 under x64) with their own bound, then rounded once
+  to ``d``. ``1 - beta**T`` is computed as ``-expm1(T*log(beta))``: the bound
+  takes the rounding of ``beta`` to ``h`` exactly (it matters: for
+  ``beta = 0.999`` and small ``T``, float32's ``beta`` moves ``1 - beta**T``
+  by about ``1000 u``), and allows ``K_TRANSCENDENTAL`` unit roundoffs
+  for each of ``log`` and ``expm1``;
+* ``X + U`` (``optax.apply_updates``) is ``X - step`` with one rounding, as
+  the rules guarantee; ONNX Adam with ``norm_coefficient_post != 0`` adds the
+  two roundings of ``U = X_final - X`` and ``X + U``.
+
+What a platform may do and the bound still covers:
+
+* fuse ``a*b + c`` into an FMA (one rounding where the bound counts two),
+  keep an intermediate in a wider type (XLA's excess precision for float16
+  and bfloat16: a rounding skipped), compute ``a / b`` as ``a * (1/b)``
+  (within ``k_div``);
+* approximate float32 division and square root (GPUs, TPUs): ``k_div`` and
+  ``k_sqrt`` are ``1`` on CPU (IEEE, correctly rounded) and ``1 + 3*u32/u``
+  elsewhere, i.e. up to 1.5 ulp of float32 on top of the final rounding to
+  ``d`` (float16/bfloat16 are computed in float32 and rounded);
+* flush subnormals to zero: ``tiny`` is the smallest normal number on TPU
+  (which flushes), half the smallest subnormal elsewhere.
+
+The reference's own bound uses the same rules in float64 with exact
+hyperparameters, ``1 - beta**T`` by ``pow`` (one ulp) and a subtraction,
+and IEEE operations: it is what makes float64 comparisons possible at all,
+and it is negligible for every other dtype.
+
+A correct implementation reaches a fraction of the tolerance (rounding
+errors do not all reach their bound at once); the teeth test in
+``tests/conformance`` shows that the wrong variants of every rule exceed it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+__all__ = ["Bounded", "Context", "K_TRANSCENDENTAL", "bounds", "evaluator_context", "implementation_context",
+           "reference_context"]
+
+#: Unit roundoffs (in units of u) allowed for each of XLA's float32 / float64
+#: ``log`` and ``expm1``: two ulps each. IEEE does not specify them.
+K_TRANSCENDENTAL = 4.0
+
+_U32 = 2.0**-24
+
+
+def unit_roundoff(dtype: Any) -> float:
+  """``2**-p``: half the distance from 1 to the next number of ``dtype``."""
+  return float(ml_dtypes.finfo(dtype).eps) / 2
+
+
+def _round(value: float, dtype: Any) -> float:
+  return float(np.asarray(value, dtype=np.float64).astype(dtype).astype(np.float64))
+
+
+class Bounded:
+  """An exact value (float64 array) with a bound on its computed value's error."""
+
+  __slots__ = ("v", "e")
+
+  def __init__(self, v: Any, e: Any = 0.0):
+    self.v = np.asarray(v, dtype=np.float64)
+    self.e = np.asarray(e, dtype=np.float64) + np.zeros_like(self.v)
+
+
+@dataclass(frozen=True)
+class Context:
+  """How one evaluation of a rule rounds.
+
+  Attributes:
+    dtype: the dtype of the element-wise arithmetic.
+    u: its unit roundoff.
+    tiny: the absolute error an underflow may add to one operation.
+    k_div, k_sqrt: unit roundoffs allowed for a division, a square root.
+    hyper_dtype: dtype of the ``T``-dependent scalars; None: exact
+      hyperparameters, ``pow`` for powers, no rounding to ``dtype`` (the
+      float64 reference).
+    scalar: the context of the scalar computations (``hyper_dtype``).
+  """
+
+  dtype: Any
+  u: float
+  tiny: float
+  k_div: float = 1.0
+  k_sqrt: float = 1.0
+  hyper_dtype: Any = None
+  scalar: "Context | None" = None
+  one_minus_u: float | None = None
+
+  # -- rounding ---------------------------------------------------------------
+  def _rounded(self, v: np.ndarray, e: np.ndarray, k: float = 1.0) -> Bounded:
+    return Bounded(v, e + k * self.u * (np.abs(v) + e) + self.tiny)
+
+  def add(self, a: Bounded, b: Bounded) -> Bounded:
+    return self._rounded(a.v + b.v, a.e + b.e)
+
+  def sub(self, a: Bounded, b: Bounded) -> Bounded:
+    return self._rounded(a.v - b.v, a.e + b.e)
+
+  def one_minus(self, a: Bounded) -> Bounded:
+    """``1 - a`` for a hyperparameter ``a`` (``one_minus_u``: rounded to float32)."""
+    if self.one_minus_u is None:
+      return self.sub(Bounded(1.0), a)
+    # The evaluator: ``a`` is an exact float32 attribute, the rounding of
+    # 1 - a to float32 is known exactly (often 0, by Sterbenz' lemma).
+    v = 1.0 - a.v
+    return Bounded(v, a.e + np.abs(v.astype(np.float32).astype(np.float64) - v))
+
+  def mul(self, a: Bounded, b: Bounded) -> Bounded:
+    return self._rounded(a.v * b.v, np.abs(a.v) * b.e + np.abs(b.v) * a.e + a.e * b.e)
+
+  def div(self, a: Bounded, b: Bounded) -> Bounded:
+    with np.errstate(divide="ignore", invalid="ignore"):
+      margin = np.abs(b.v) - b.e
+      v = a.v / b.v
+      e = np.where(margin > 0, (np.abs(b.v) * a.e + np.abs(a.v) * b.e) / (np.abs(b.v) * margin), np.inf)
+      # An exact 0 / exact b is exactly 0 (Adagrad and Adam with G = 0).
+      e = np.where((a.v == 0) & (a.e == 0) & (margin > 0), 0.0, e)
+    return self._rounded(v, e, self.k_div)
+
+  def sqrt(self, a: Bounded) -> Bounded:
+    with np.errstate(divide="ignore", invalid="ignore"):
+      root = np.sqrt(a.v)
+      e = np.minimum(np.where(root > 0, a.e / root, np.inf), np.sqrt(a.e))
+    return self._rounded(root, e, self.k_sqrt)
+
+  # -- constants and scalars ----------------------------------------------------
+  def exact(self, value: Any) -> Bounded:
+    return Bounded(value, 0.0)
+
+  def const(self, value: float) -> Bounded:
+    """A Python-float hyperparameter rounded to ``dtype`` (directly or through ``hyper_dtype``)."""
+    if self.hyper_dtype is None:
+      return Bounded(value)
+    paths = [_round(value, self.dtype), _round(_round(value, self.hyper_dtype), self.dtype)]
+    return Bounded(value, max(abs(p - value) for p in paths))
+
+  def to_elementwise(self, s: Bounded) -> Bounded:
+    """Rounds a scalar of the hyperparameter dtype once to ``dtype``."""
+    if self.hyper_dtype is None:
+      return s
+    return self._rounded(s.v, s.e)
+
+  def one_minus_power(self, beta: float, T: int) -> Bounded:
+    """``1 - beta**T`` as the scalar context computes it."""
+    value = 1.0 - float(beta) ** T
+    if self.hyper_dtype is None:  # NumPy float64: pow (one ulp) and a subtraction.
+      power = float(beta) ** T
+      return self._rounded(np.float64(value), np.float64(2 * self.u * power))
+    if beta in (0.0, 1.0):
+      return Bounded(value)  # log and expm1 are exact there (-inf -> -1, 0 -> 0).
+    beta_h = _round(beta, self.hyper_dtype)
+    value = -np.expm1(T * np.log(beta))
+    e0 = abs(-np.expm1(T * np.log(beta_h)) - value)
+    x = T * np.log(beta_h)
+    # expm1's condition number at x <= 0 is |x e^x / expm1(x)| <= 1.
+    condition = abs(x * np.exp(x) / np.expm1(x)) if x != 0 else 1.0
+    # log's error, the rounding of float(T) and of the product, then expm1's.
+    k = (K_TRANSCENDENTAL + 2) * condition + K_TRANSCENDENTAL
+    return Bounded(value, e0 + k * self.u * (abs(value) + e0) + self.tiny)
+
+
+def _tiny(dtype: Any, platform: str) -> float:
+  info = ml_dtypes.finfo(dtype)
+  if platform == "tpu":
+    return float(info.smallest_normal)  # TPUs flush subnormals to zero.
+  return float(info.smallest_subnormal) / 2
+
+
+def implementation_context(dtype: Any, platform: str = "cpu") -> Context:
+  """How the JAX rules round in ``dtype`` on ``platform`` (see the module docstring)."""
+  dtype = np.dtype(dtype)
+  hyper = np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
+  u = unit_roundoff(dtype)
+  exact_ops = platform == "cpu" or dtype == np.float64
+  k = 1.0 if exact_ops else 1.0 + 3 * _U32 / u
+  scalar = Context(hyper, unit_roundoff(hyper), _tiny(hyper, platform), k, k, hyper_dtype=hyper)
+  return Context(dtype, u, _tiny(dtype, platform), k, k, hyper_dtype=hyper, scalar=scalar)
+
+
+def reference_context() -> Context:
+  """How :mod:`onnx_optax.reference` rounds: NumPy float64, IEEE."""
+  ctx = Context(np.dtype(np.float64), 2.0**-53, float(np.finfo(np.float64).smallest_subnormal) / 2)
+  return Context(ctx.dtype, ctx.u, ctx.tiny, scalar=ctx)
+
+
+def evaluator_context() -> Context:
+  """How ``onnx.reference.ReferenceEvaluator`` rounds float64 inputs.
+
+  As the reference, except that the evaluator hands FLOAT attributes to the
+  operators as ``np.float32`` scalars: ``1 - alpha``, ``1 - beta`` and
+  ``1 - norm_coefficient_post`` are rounded to float32 (products with
+  float64 tensors are float64).
+  """
+  ref = reference_context()
+  return Context(ref.dtype, ref.u, ref.tiny, scalar=ref.scalar, one_minus_u=2.0**-24)
+
+
+# -- the rules' bounds ------------------------------------------------------------
+# Each function evaluates the spec's formula (SPEC.md) in Bounded arithmetic, in
+# the evaluation order of onnx_optax.rules (which is also the reference's). It
+# returns the error bound of each output, in the spec's output order. These are
+# bounds, not the rules: a mistake here can loosen or tighten the suite, never
+# change the expected values.
+
+def _momentum(c: Context, R, T, X, G, V, *, alpha, beta, mode, norm_coefficient):
+  s = c.scalar
+  beta_adjusted = c.to_elementwise(s.const(beta if T > 0 else 1.0))
+  R_, alpha_, nc = c.const(R), c.const(alpha), c.const(norm_coefficient)
+  X, G, V = c.exact(X), c.exact(G), c.exact(V)
+  G_regularized = c.add(c.mul(nc, X), G)
+  V_new = c.add(c.mul(alpha_, V), c.mul(beta_adjusted, G_regularized))
+  if mode == "standard":
+    step = c.mul(R_, V_new)
+  else:
+    step = c.mul(R_, c.add(G_regularized, c.mul(alpha_, V_new)))
+  return c.sub(X, step).e, V_new.e
+
+
+def _adagrad(c: Context, R, T, X, G, H, *, decay_factor, epsilon, norm_coefficient):
+  s = c.scalar
+  r = s.div(s.const(R), s.add(s.exact(1.0), s.mul(s.const(float(T)), s.const(decay_factor))))
+  r, nc, eps = c.to_elementwise(r), c.const(norm_coefficient), c.const(epsilon)
+  X, G, H = c.exact(X), c.exact(G), c.exact(H)
+  G_regularized = c.add(c.mul(nc, X), G)
+  H_new = c.add(H, c.mul(G_regularized, G_regularized))
+  H_adaptive = c.add(c.sqrt(H_new), eps)
+  step = c.div(c.mul(r, G_regularized), H_adaptive)
+  return c.sub(X, step).e, H_new.e
+
+
+def _adam(c: Context, R, T, X, G, V, H, *, alpha, beta, epsilon, norm_coefficient, norm_coefficient_post):
+  s = c.scalar
+  if T > 0:
+    R_adjusted = s.div(s.mul(s.const(R), s.sqrt(s.one_minus_power(beta, T))), s.one_minus_power(alpha, T))
+  else:
+    R_adjusted = s.const(R)
+  R_adjusted = c.to_elementwise(R_adjusted)
+  alpha_, beta_, eps = c.const(alpha), c.const(beta), c.const(epsilon)
+  nc, post = c.const(norm_coefficient), c.const(norm_coefficient_post)
+  one, X, G, V, H = c.exact(1.0), c.exact(X), c.exact(G), c.exact(V), c.exact(H)
+  G_regularized = c.add(c.mul(nc, X), G)
+  V_new = c.add(c.mul(alpha_, V), c.mul(c.one_minus(alpha_), G_regularized))
+  H_new = c.add(c.mul(beta_, H), c.mul(c.mul(c.one_minus(beta_), G_regularized), G_regularized))
+  H_sqrt = c.add(c.sqrt(H_new), eps)
+  X_new = c.sub(X, c.div(c.mul(R_adjusted, V_new), H_sqrt))
+  if norm_coefficient_post != 0:
+    X_new = c.mul(c.one_minus(post), X_new)
+    if c.hyper_dtype is not None:  # The transform's U = X_final - X, then X + U.
+      X_new = c.add(X, c.sub(X_new, X))
+  return X_new.e, V_new.e, H_new.e
+
+
+def _directml_adam(c: Context, R, T, X, G, M, V, *, beta1, beta2, epsilon):
+  s = c.scalar
+  Alpha = s.div(s.sqrt(s.one_minus_power(beta2, T)), s.one_minus_power(beta1, T))
+  step_size = c.to_elementwise(s.mul(s.const(R), Alpha))
+  b1, b2, eps = c.const(beta1), c.const(beta2), c.const(epsilon)
+  one, X, G, M, V = c.exact(1.0), c.exact(X), c.exact(G), c.exact(M), c.exact(V)
+  M_new = c.add(c.mul(b1, M), c.mul(c.one_minus(b1), G))
+  V_new = c.add(c.mul(b2, V), c.mul(c.mul(c.one_minus(b2), G), G))
+  X_new = c.sub(X, c.div(c.mul(step_size, M_new), c.add(c.sqrt(V_new), eps)))
+  return X_new.e, M_new.e, V_new.e
+
+
+_BOUNDS = {"momentum": _momentum, "adagrad": _adagrad, "adam": _adam, "directml_adam": _directml_adam}
+
+
+def bounds(rule: str, context: Context, R: float, T: int, X: np.ndarray, G: np.ndarray,
+           state: Sequence[np.ndarray], **hyper: Any) -> tuple[np.ndarray, ...]:
+  """Error bounds of the spec's outputs of ``rule`` evaluated as ``context`` rounds.
+
+  Args:
+    rule: ``"momentum"``, ``"adagrad"``, ``"adam"`` or ``"directml_adam"``.
+    context: :func:`implementation_context` or :func:`reference_context`.
+    R, T: learning rate and update count.
+    X, G: the tensor and its gradient, exact (already rounded) values.
+    state: the state tensors in the spec's order (DirectML: ``M, V``).
+    **hyper: the rule's hyperparameters, as the Python floats passed.
+
+  Returns:
+    One float64 array per output (``X_new`` first), ``inf`` where no bound
+    exists (a denominator whose error may reach its value).
+
+  Example:
+    >>> import numpy as np
+    >>> c = implementation_context(np.float32)
+    >>> e_x, e_v = bounds("momentum", c, 0.5, 3, np.array([1.0]), np.array([0.5]),
+    ...                   [np.array([0.25])], alpha=0.5, beta=0.5, mode="standard",
+    ...                   norm_coefficient=0.0)
+    >>> bool(0 < e_x[0] < 4 * 2.0**-24)
+    True
+  """
+  X64 = np.asarray(X, np.float64)
+  return _BOUNDS[rule](context, R, T, X64, np.asarray(G, np.float64),
+                       *(np.asarray(s, np.float64) for s in state), **hyper)
