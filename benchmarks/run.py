@@ -20,9 +20,10 @@ load from another process hits every contender of the same repeat alike.
 An optimizer step is memory-bound: the script divides the minimum traffic of a
 step (read parameters, gradients and ``k`` state tensors, write parameters and
 state: ``(3 + 2k) * n * 4`` bytes for float32) by the step time, and compares
-it with the bandwidth of a plain copy measured in the same run at the same
-size (a jitted, donated JAX copy and axpy, and ``torch.Tensor.copy_``; the
-fastest of them is the reference).
+it with the bandwidth of a plain pass over as many elements, timed in the same
+repeats as the optimizers (a jitted, donated JAX copy and axpy,
+``torch.Tensor.copy_`` and ``Tensor.add_``; the fastest of them is the
+reference).
 
 It also prints, from ``jax.jit(step, donate_argnums=(0, 1)).lower(...)
 .compile().memory_analysis()``, the state size over the parameter size and
@@ -368,12 +369,7 @@ def main(argv=None) -> dict:
     params, grads = make_trees(shapes, device)
     copy = copy_contenders(shapes, device, torch, tdev)
     calibrate(copy, args.target_ms / 1e3)
-    interleave(copy, args.repeats, args.pause_ms / 1e3)
-    copies[size] = {c.name: c.nbytes / c.median / 1e9 for c in copy}
-    copy_bw = max(copies[size].values())
-    print(f"[{time.perf_counter() - t_start:6.0f}s] {size}: copy GB/s "
-          + ", ".join(f"{k} {v:.1f}" for k, v in copies[size].items()), flush=True)
-    del copy
+    copies[size] = {c.name: [] for c in copy}
     for rule in rules:
       cs = [jax_contender("onnx_optax", onnx_optimizer(rule), params, grads),
             jax_contender("optax", optax_optimizer(rule), params, grads)]
@@ -383,7 +379,15 @@ def main(argv=None) -> dict:
           if c is not None:
             cs.append(c)
       calibrate(cs, args.target_ms / 1e3)
-      interleave(cs, args.repeats, args.pause_ms / 1e3)
+      # The copies run in the same repeats as the optimizers: the load of the
+      # machine changes within a run, and "% copy" must compare like with like.
+      for c in copy:
+        c.times = []
+      interleave(cs + copy, args.repeats, args.pause_ms / 1e3)
+      row_copy = {c.name: c.nbytes / c.median / 1e9 for c in copy}
+      for name, bw in row_copy.items():
+        copies[size][name].append(bw)
+      copy_bw = max(row_copy.values())
       base = cs[0].median
       nbytes = nbytes_min(shapes, rule)
       row = {
@@ -393,7 +397,7 @@ def main(argv=None) -> dict:
           "ratio": {c.name: c.median / base for c in cs[1:]},
           "ms": {c.name: 1e3 * c.median for c in cs},
           "samples_ms": {c.name: [1e3 * t for t in c.times] for c in cs},
-          "min_bytes": nbytes, "copy_GBps": copy_bw,
+          "min_bytes": nbytes, "copy_GBps": copy_bw, "copies_GBps": row_copy,
           "GBps": {c.name: nbytes / c.median / 1e9 for c in cs},
           "compile_s": {c.name: c.compile_s for c in cs if c.compile_s is not None},
       }
@@ -407,13 +411,13 @@ def main(argv=None) -> dict:
       })
       print(f"[{time.perf_counter() - t_start:6.0f}s] {size} {rule}: onnx_optax {1e3 * base:.3f} ms, "
             + ", ".join(f"{k} x{v:.2f}" for k, v in row["ratio"].items())
-            + f", {100 * row['GBps']['onnx_optax'] / copy_bw:.0f}% of copy", flush=True)
+            + f", {100 * row['GBps']['onnx_optax'] / copy_bw:.0f}% of copy ({copy_bw:.1f} GB/s)", flush=True)
       del cs
       gc.collect()
       # Written after every row, so that a run cut short by a time limit
       # still leaves what it measured.
       save(args, {"env": env, "results": results, "copy_GBps": copies, "memory": memory})
-    del params, grads
+    del params, grads, copy
     gc.collect()
   env["wall_s"] = round(time.perf_counter() - t_start, 1)
   out = {"env": env, "results": results, "copy_GBps": copies, "memory": memory}
@@ -456,7 +460,8 @@ def markdown(out: dict) -> str:
       "",
       "Step time of onnx_optax, and the other contenders' as a ratio to it (above 1: onnx_optax is faster). "
       "GB/s: minimum traffic of a step ((3 + 2k) x 4 bytes per element) over its time; "
-      "% copy: that over the fastest plain copy of the same size measured in the same run.",
+      "% copy: that over the fastest plain pass (copy or axpy) over as many elements, interleaved with the "
+      "optimizers in the same repeats.",
       "",
       "| rule | size | onnx_optax ms | optax | torch foreach | torch fused | onnx_optax GB/s | % copy "
       "| torch fused % copy |",
@@ -470,11 +475,13 @@ def markdown(out: dict) -> str:
         f"| {r['rule']} | {r['size']} | {r['onnx_optax_ms']:.3f} | {fmt('optax')} | {fmt('torch_foreach')} "
         f"| {fmt('torch_fused')} | {gbps['onnx_optax']:.1f} | {100 * gbps['onnx_optax'] / r['copy_GBps']:.0f}% "
         f"| {fused} |")
-  lines += ["", "Copy bandwidth (GB/s, bytes read + written over time):", "",
-            "| size | " + " | ".join(next(iter(out["copy_GBps"].values()))) + " |",
-            "|---|" + "---:|" * len(next(iter(out["copy_GBps"].values())))]
+  names = list(next(iter(out["copy_GBps"].values())))
+  lines += ["", "Copy bandwidth (GB/s, bytes read + written over time; median over the rules' blocks, "
+            "in which the copies are interleaved with the optimizers):", "",
+            "| size | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
   for size, bw in out["copy_GBps"].items():
-    lines.append(f"| {size} | " + " | ".join(f"{v:.1f}" for v in bw.values()) + " |")
+    if all(bw[k] for k in names):
+      lines.append(f"| {size} | " + " | ".join(f"{statistics.median(bw[k]):.1f}" for k in names) + " |")
   lines += ["", "Memory of the donated onnx_optax step (`compile().memory_analysis()`): state = k x params, "
             "temporary buffer, and the bytes of output aliased to (written in place of) the inputs.", "",
             "| rule | size | params MiB | state / params (k) | temp bytes | aliased / (params + state) |",
