@@ -176,10 +176,12 @@ def cases(rule: str, dtype: str, *, large: bool = True) -> list[Case]:
       c(f"state=0,T={first}", T=first, state="zero"),
   ]
   tiny = _TINY[dtype]
+  # Without L2 (norm_coefficient * X would dwarf a tiny gradient).
+  no_l2 = {"norm_coefficient": 0.0} if "norm_coefficient" in _DEFAULTS[rule] else {}
   if rule in _EPSILON:
-    grid.append(c("gradient~epsilon", gradient="tiny", hyper={_EPSILON[rule]: tiny}))
+    grid.append(c("gradient~epsilon", gradient="tiny", hyper={_EPSILON[rule]: tiny, **no_l2}))
   else:
-    grid.append(c("gradient=tiny", gradient="tiny"))
+    grid.append(c("gradient=tiny", gradient="tiny", hyper=no_l2))
   grid += _edges(rule, dtype)
   if large:
     grid.append(c("10^6 elements", T=7, shapes=((LARGE,),)))

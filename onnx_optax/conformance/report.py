@@ -41,6 +41,7 @@ def _row(platform: str, rule: str, dtype: str, results: list[CaseResult]) -> dic
 
 
 def run(platforms: Sequence[str] | None = None, *, include_onnx: bool = True, large: bool = True,
+        rules: Sequence[str] = cases_lib.RULES, dtypes: Sequence[str] = cases_lib.DTYPES,
         log: Callable[[str], None] | None = None) -> dict[str, Any]:
   """Runs every case on every platform; returns the report as a JSON-able dict.
 
@@ -49,6 +50,7 @@ def run(platforms: Sequence[str] | None = None, *, include_onnx: bool = True, la
     include_onnx: also run ONNX's backend test cases and the
       ReferenceEvaluator comparison (when ``onnx`` is importable).
     large: include the 10^6-element case of each rule and dtype.
+    rules, dtypes: restrict the grid (names of ``cases.RULES``, ``cases.DTYPES``).
     log: called with a line of progress.
   """
   log = log or (lambda line: None)
@@ -63,8 +65,8 @@ def run(platforms: Sequence[str] | None = None, *, include_onnx: bool = True, la
       rows=[], onnx_rows=[], skipped=[])
   start = time.perf_counter()
   for platform in platforms:
-    for rule in cases_lib.RULES:
-      for dtype in cases_lib.DTYPES:
+    for rule in rules:
+      for dtype in dtypes:
         if dtype == "float64" and not check.has_float64(platform):
           report["skipped"].append(dict(platform=platform, rule=rule, dtype=dtype, reason=NO_FLOAT64))
           continue
