@@ -53,7 +53,10 @@ def hyperparameter(
       raise TypeError(f"{name} must be a real number, got an array of dtype {dtype}")
     if is_traced(value):
       return value
-  x = float(value)
+  try:
+    x = float(value)
+  except OverflowError:  # A Python int beyond the float range.
+    raise ValueError(f"{name} must be finite, got an int of {int(value).bit_length()} bits") from None
   if not math.isfinite(x):
     raise ValueError(f"{name} must be finite, got {x}")
   if minimum is not None and x < minimum:
@@ -89,7 +92,9 @@ def floating_dtype(name: str, dtype: Any) -> Any:
   """Checks an optional floating dtype; returns it as a NumPy dtype or None."""
   if dtype is None:
     return None
-  if hasattr(dtype, "shape"):  # An array: optax.inject_hyperparams took the dtype for a schedule.
+  # An array: optax.inject_hyperparams took the dtype for a schedule. (A NumPy
+  # dtype object has a `shape` too, the empty shape of its sub-array.)
+  if hasattr(dtype, "shape") and not isinstance(dtype, np.dtype):
     raise TypeError(
         f"{name} must be a dtype, got an array; under optax.inject_hyperparams pass "
         f"static_args=('{name}',) or a dtype object such as jnp.dtype('float32')")
@@ -116,6 +121,26 @@ def floating_leaves(name: str, tree: Any) -> None:
       raise TypeError(
           f"{name}{path} has dtype {dtype}; onnx_optax updates real floating "
           "tensors only (float16, bfloat16, float32, float64)")
+
+
+def state(state_cls: type, value: Any) -> None:
+  """``value`` is a ``state_cls`` with an integer scalar count and float leaves.
+
+  Checked before anything is read from it: the state of another optimizer
+  (another NamedTuple, a plain tuple from a hand-rolled restore) would
+  otherwise fail deep inside the rule, or run with the wrong tensors.
+  """
+  if not isinstance(value, state_cls):
+    raise TypeError(
+        f"state must be the {state_cls.__name__} that this transform's init returns, "
+        f"got {type(value).__name__}")
+  dtype, shape = getattr(value.count, "dtype", None), getattr(value.count, "shape", None)
+  if dtype is None or tuple(shape) != () or not jnp.issubdtype(dtype, jnp.integer):
+    raise TypeError(
+        f"state.count must be an integer scalar array, got {type(value.count).__name__} "
+        f"of dtype {dtype} and shape {shape}")
+  for field in state_cls._fields[1:]:
+    floating_leaves(f"state.{field}", getattr(value, field))
 
 
 def same_trees(updates: Any, others: dict[str, Any]) -> None:

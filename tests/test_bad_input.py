@@ -1,0 +1,307 @@
+"""Bad input gets a clear error, raised before anything is computed (issue 8).
+
+Every error names the argument (and the pytree path where one exists), so a
+run that would otherwise broadcast silently or die at step 400,000 fails at
+its first call. Each test asserts the exception type and that the message
+names the argument. Checks on hyperparameter *values* apply to concrete
+values only: traced ones (``optax.inject_hyperparams`` under ``jax.jit``,
+``jax.vmap``) pass through unchecked, which the last tests pin down.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import onnx_optax
+
+MOMENTUM = dict(alpha=0.9, beta=0.9, mode="standard", norm_coefficient=0.0)
+
+# name -> (constructor, required keyword arguments)
+MAKERS = {
+    "momentum": (onnx_optax.momentum, MOMENTUM),
+    "adagrad": (onnx_optax.adagrad, {}),
+    "adam": (onnx_optax.adam, {}),
+    "directml_adam": (onnx_optax.directml_adam, {}),
+}
+NAMES = sorted(MAKERS)
+
+
+def _make(name, lr=0.1, **overrides):
+  make, required = MAKERS[name]
+  return make(lr, **{**required, **overrides})
+
+
+def _raises(exc, *words):
+  """pytest.raises matching every word of the message, literally."""
+  return pytest.raises(exc, match="".join(f"(?=[\\s\\S]*{re.escape(w)})" for w in words))
+
+
+# ----------------------------------------------------------------------------
+# Constructors: hyperparameters
+
+
+def test_unknown_mode():
+  with _raises(ValueError, "mode", "'sgd'"):
+    onnx_optax.momentum(0.1, **{**MOMENTUM, "mode": "sgd"})
+  with _raises(ValueError, "mode", "'Nesterov'"):  # case matters, as in ONNX
+    onnx_optax.momentum(0.1, **{**MOMENTUM, "mode": "Nesterov"})
+  with _raises(TypeError, "mode", "int"):
+    onnx_optax.momentum(0.1, **{**MOMENTUM, "mode": 1})
+
+
+@pytest.mark.parametrize("name,argument,value", [
+    # Adam's bias correction divides by 1 - alpha^T: zero for alpha = 1.
+    ("adam", "alpha", 1.0),
+    ("directml_adam", "beta1", 1.0),
+    # sqrt(1 - beta^T) is the root of a negative number for beta > 1; a
+    # negative decay has no real log, which the bias correction takes.
+    ("adam", "beta", 1.5),
+    ("directml_adam", "beta2", 1.0 + 2**-20),
+    ("adam", "alpha", -0.1),
+    ("adam", "beta", -0.1),
+    ("directml_adam", "beta1", -0.5),
+    ("directml_adam", "beta2", -1e-3),
+    # Adagrad's r = R / (1 + T * decay_factor) divides by zero at T = -1/decay_factor.
+    ("adagrad", "decay_factor", -0.5),
+    # A negative epsilon can zero the denominator.
+    ("adagrad", "epsilon", -1e-6),
+    ("adam", "epsilon", -1e-6),
+    ("directml_adam", "epsilon", -1e-8),
+])
+def test_decay_rates_that_divide_by_zero_or_root_a_negative(name, argument, value):
+  with _raises(ValueError, argument, str(value)):
+    _make(name, **{argument: value})
+  # The same value as a concrete array (what optax.inject_hyperparams hands
+  # in outside jit) is checked too.
+  with _raises(ValueError, argument):
+    _make(name, **{argument: jnp.float32(value)})
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), 10**400])
+def test_non_finite_hyperparameter(name, value):
+  with _raises(ValueError, "learning_rate", "finite"):
+    _make(name, lr=value)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("value", [
+    "0.1", None, True, 1 + 2j, [0.1], np.array([0.1, 0.2]), np.array([0.1]),
+    np.array(True), jnp.array(0.1 + 0j), object()],
+    ids=["str", "None", "bool", "complex", "list", "vector", "shape1", "bool_array",
+         "complex_array", "object"])
+def test_hyperparameter_of_the_wrong_type(name, value):
+  with _raises(TypeError, "learning_rate"):
+    _make(name, lr=value)
+  argument = {"momentum": "alpha", "adagrad": "epsilon", "adam": "beta",
+              "directml_adam": "beta2"}[name]
+  with _raises(TypeError, argument):
+    _make(name, **{argument: value})
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_initial_count(name):
+  with _raises(TypeError, "initial_count"):
+    _make(name, initial_count=1.0)
+  with _raises(TypeError, "initial_count"):
+    _make(name, initial_count=True)
+  with _raises(ValueError, "initial_count", "2147483648"):
+    _make(name, initial_count=2**31)  # the int32 count could not hold it
+  with _raises(ValueError, "initial_count", "-1"):
+    _make(name, initial_count=-1)
+
+
+def test_directml_adam_first_step_is_one():
+  # T = 0 makes DirectML's Alpha 0/0.
+  with _raises(ValueError, "initial_count", "0"):
+    onnx_optax.directml_adam(0.1, initial_count=0)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("dtype", [jnp.int32, "int8", bool, jnp.complex64, "not a dtype"])
+def test_state_dtype_must_be_floating(name, dtype):
+  with _raises(TypeError, "state_dtype"):
+    _make(name, state_dtype=dtype)
+
+
+# ----------------------------------------------------------------------------
+# init: the parameters
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.uint8, jnp.bool_, jnp.complex64])
+def test_non_floating_parameters(name, dtype):
+  params = {"ok": jnp.ones(2), "layer": [jnp.ones(2), jnp.ones(3, dtype)]}
+  with _raises(TypeError, "params['layer'][1]", str(jnp.dtype(dtype))):
+    _make(name).init(params)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_non_array_parameter_leaf(name):
+  with _raises(TypeError, "params['w']", "float"):
+    _make(name).init({"w": 1.0})
+
+
+# ----------------------------------------------------------------------------
+# update: gradients, state and parameters
+
+
+def _setup(name, **overrides):
+  opt = _make(name, **overrides)
+  params = {"w": jnp.ones((2, 3)), "b": [jnp.zeros(3), jnp.ones(())]}
+  return opt, params, opt.init(params)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_tree_structures_differ(name):
+  opt, params, state = _setup(name)
+  grads = {"w": jnp.ones((2, 3)), "b": [jnp.zeros(3)]}  # one leaf missing
+  with _raises(ValueError, "updates", "state.", "tree structures"):
+    opt.update(grads, state, params)
+  grads = {"w": jnp.ones((2, 3)), "c": [jnp.zeros(3), jnp.ones(())]}  # renamed key
+  with _raises(ValueError, "tree structures"):
+    opt.update(grads, state)
+  # Parameters that do not match the gradients are rejected even where the
+  # rule does not read them (norm_coefficient = 0).
+  good = jax.tree.map(jnp.ones_like, params)
+  with _raises(ValueError, "updates", "params", "tree structures"):
+    opt.update(good, state, {"w": params["w"], "b": tuple(params["b"])})
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("shape", [(3,), (1, 3), (2, 3, 1), (), (3, 2)])
+def test_gradient_shape_differs_never_broadcast(name, shape):
+  """Every one of these shapes would broadcast against (2, 3) or ()."""
+  opt, params, state = _setup(name)
+  grads = jax.tree.map(jnp.ones_like, params)
+  grads["w"] = jnp.ones(shape)
+  with _raises(ValueError, "updates['w']", str(shape), "(2, 3)", "broadcast"):
+    opt.update(grads, state, params)
+  with _raises(ValueError, "updates['w']", str(shape)):
+    opt.update(grads, state)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_gradient_dtype_differs_from_parameter(name):
+  opt, params, state = _setup(name)
+  grads = jax.tree.map(jnp.ones_like, params)
+  grads["b"][0] = grads["b"][0].astype(jnp.float16)
+  with _raises(TypeError, "updates['b'][0]", "float16", "params['b'][0]", "float32"):
+    opt.update(grads, state, params)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.bool_, jnp.complex64])
+def test_non_floating_gradient(name, dtype):
+  opt, params, state = _setup(name)
+  grads = jax.tree.map(jnp.ones_like, params)
+  grads["w"] = grads["w"].astype(dtype)
+  with _raises(TypeError, "updates['w']", str(jnp.dtype(dtype))):
+    opt.update(grads, state)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_state_of_another_kind(name):
+  opt, params, state = _setup(name)
+  grads = jax.tree.map(jnp.ones_like, params)
+  other = "adagrad" if name != "adagrad" else "adam"
+  with _raises(TypeError, "state", type(state).__name__):
+    opt.update(grads, _make(other).init(params), params)
+  with _raises(TypeError, "state", "tuple"):
+    opt.update(grads, tuple(state), params)
+  with _raises(TypeError, "state.count", "float32"):
+    opt.update(grads, state._replace(count=jnp.float32(3)), params)
+  with _raises(TypeError, "state.count", "(2,)"):
+    opt.update(grads, state._replace(count=jnp.zeros(2, jnp.int32)), params)
+  field = type(state)._fields[1]
+  bad = state._replace(**{field: {**getattr(state, field), "w": jnp.ones((2, 3), jnp.int32)}})
+  with _raises(TypeError, f"state.{field}['w']", "int32"):
+    opt.update(grads, bad, params)
+  bad = state._replace(**{field: {**getattr(state, field), "w": jnp.ones((3, 2))}})
+  with _raises(ValueError, "updates['w']", f"state.{field}['w']", "(3, 2)"):
+    opt.update(grads, bad, params)
+
+
+@pytest.mark.parametrize("name,argument", [
+    ("momentum", "norm_coefficient"), ("adagrad", "norm_coefficient"),
+    ("adam", "norm_coefficient"), ("adam", "norm_coefficient_post")])
+def test_norm_coefficient_without_params(name, argument):
+  opt, params, state = _setup(name, **{argument: 0.01})
+  grads = jax.tree.map(jnp.ones_like, params)
+  with _raises(ValueError, "params", "norm_coefficient"):
+    opt.update(grads, state)
+  with _raises(ValueError, "params"):
+    jax.jit(opt.update)(grads, state)
+  opt.update(grads, state, params)  # and with them it runs
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_errors_come_before_any_computation_and_inputs_are_untouched(name):
+  """A failed call leaves the state usable; a good call modifies no input.
+
+  NumPy inputs are the ones that could be modified in place; every input is
+  compared with a deep copy taken before the calls.
+  """
+  opt = _make(name, **({"norm_coefficient": 0.01} if name != "directml_adam" else {}))
+  params = {"w": np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3), "b": np.ones(3, np.float32)}
+  grads = {"w": np.full((2, 3), 0.5, np.float32), "b": np.arange(3, dtype=np.float32)}
+  kept = copy.deepcopy((params, grads))
+  state = opt.init(params)
+  state_kept = jax.tree.map(np.array, state)
+  with pytest.raises(ValueError):
+    opt.update({**grads, "b": np.ones(4, np.float32)}, state, params)
+  updates, new_state = opt.update(grads, state, params)
+  for a, b in zip(jax.tree.leaves((params, grads, state)), jax.tree.leaves((*kept, state_kept))):
+    np.testing.assert_array_equal(np.asarray(a), b)
+  assert int(new_state.count) == int(state.count) + 1
+
+
+# ----------------------------------------------------------------------------
+# Traced hyperparameters are left alone
+
+
+@pytest.mark.parametrize("name,argument,bad", [
+    ("adam", "alpha", 1.0), ("directml_adam", "beta1", 1.0), ("adagrad", "decay_factor", -0.5),
+    ("momentum", "alpha", float("nan"))])
+def test_injected_hyperparameters_checked_when_concrete_not_when_traced(name, argument, bad):
+  make, required = MAKERS[name]
+  opt = optax.inject_hyperparams(make)(0.1, **required)
+  params = {"w": jnp.ones(3)}
+  state = opt.init(params)
+  grads = {"w": jnp.full(3, 0.5)}
+  state = state._replace(hyperparams={**state.hyperparams, argument: jnp.float32(bad)})
+  with _raises(ValueError, argument):  # concrete: checked on every update
+    opt.update(grads, state, params)
+  # Traced: the value cannot be read in Python; the spec's arithmetic runs.
+  updates, _ = jax.jit(opt.update)(grads, state, params)
+  assert updates["w"].shape == (3,)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_vmap_over_hyperparameters(name):
+  """vmap over the learning rate and a decay rate: traced, so unchecked, and right."""
+  make, required = MAKERS[name]
+  argument = {"momentum": "beta", "adagrad": "decay_factor", "adam": "beta",
+              "directml_adam": "beta2"}[name]
+  params = {"w": jnp.ones(3)}
+  grads = {"w": jnp.array([0.5, -1.0, 2.0])}
+
+  def one(lr, value):
+    opt = make(lr, **{**required, argument: value})
+    state = opt.init(params)
+    for _ in range(2):
+      updates, state = opt.update(grads, state, params)
+    return updates
+
+  lrs, values = jnp.array([0.1, 0.2]), jnp.array([0.5, 0.25])
+  batched = jax.vmap(one)(lrs, values)
+  for i in range(2):
+    want = one(float(lrs[i]), float(values[i]))
+    np.testing.assert_allclose(batched["w"][i], want["w"], rtol=1e-6)
