@@ -126,8 +126,11 @@ def _transform(
       raise ValueError(
           "this transform has a non-zero norm_coefficient (or norm_coefficient_post) "
           "and needs the parameters: call update(grads, state, params)")
-    trees = {name: tree for name, tree in zip(state_cls._fields[1:], state[1:])}
-    if uses_params:
+    _checks.state(state_cls, state)
+    trees = {f"state.{name}": tree for name, tree in zip(state_cls._fields[1:], state[1:])}
+    if params is not None:
+      # Checked even when the rule does not read them: parameters that do not
+      # match the gradients are a mistake in the caller's loop either way.
       trees["params"] = params
     _checks.same_trees(updates, trees)
 
@@ -214,6 +217,8 @@ def momentum(
     >>> optax.apply_updates(params, updates)["w"]
     Array([0.9, 2.1], dtype=float32)
   """
+  if not isinstance(mode, str):
+    raise TypeError(f"mode must be a str, one of {rules.MODES}, got {type(mode).__name__} {mode!r}")
   if mode not in rules.MODES:
     raise ValueError(f"mode must be one of {rules.MODES}, got {mode!r}")
   hyper = dict(
