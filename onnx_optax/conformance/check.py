@@ -204,8 +204,8 @@ def check_outputs(case: Case, platform: str, got_x, got_state, got_count: int | 
       loose += n
       if ratio > worst or not where:
         flat_got = np.asarray(got[k]).astype(np.float64).ravel()
-        worst, where = ratio, (f"{name}[leaf {leaf}, element {index}]: got {flat_got[index]!r}, "
-                               f"expected {np.ravel(want[leaf][k])[index]!r}")
+        worst, where = ratio, (f"{name}[leaf {leaf}, element {index}]: got {float(flat_got[index])!r}, "
+                               f"expected {float(np.ravel(want[leaf][k])[index])!r}")
   count_ok = got_count is None or got_count == min(case.T + 1, INT32_MAX)
   return CaseResult(case.rule, case.dtype, case.name, platform, worst, where, loose, count_ok)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import platform as host_platform
 import sys
 import time
@@ -32,6 +33,33 @@ def _onnx_version() -> str | None:
   return onnx.__version__
 
 
+def _jaxlib_version() -> str | None:
+  try:
+    import jaxlib
+  except ImportError:
+    return None
+  return getattr(jaxlib, "__version__", None)
+
+
+def _processor() -> str:
+  """The CPU model (``device_kind`` of a CPU device is just "cpu")."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return host_platform.processor() or "unknown"
+
+
+def _device_name(platform: str) -> str:
+  kind = str(check.device(platform).device_kind)
+  if platform == "cpu":
+    return f"{kind} ({_processor()}, {os.cpu_count()} logical cores)"
+  return f"{kind} (x{len(jax.devices(platform))})"
+
+
 def _row(platform: str, rule: str, dtype: str, results: list[CaseResult]) -> dict[str, Any]:
   worst = max(results, key=lambda r: r.worst)
   failures = [f"{r.name}: {r.error or r.where or 'count'} ({r.worst:.3g})" for r in results if not r.passed]
@@ -58,10 +86,10 @@ def run(platforms: Sequence[str] | None = None, *, include_onnx: bool = True, la
   onnx_version = _onnx_version() if include_onnx else None
   report: dict[str, Any] = dict(
       date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-      jax=jax.__version__, jaxlib=getattr(jax.lib, "__version__", None) or jax.__version__,
+      jax=jax.__version__, jaxlib=_jaxlib_version(),
       optax=optax.__version__, numpy=np.__version__, onnx=onnx_version,
       onnx_optax=onnx_optax.__version__, python=sys.version.split()[0], host=host_platform.platform(),
-      devices={p: str(check.device(p).device_kind) for p in platforms},
+      devices={p: _device_name(p) for p in platforms},
       rows=[], onnx_rows=[], skipped=[])
   start = time.perf_counter()
   for platform in platforms:
