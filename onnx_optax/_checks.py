@@ -167,3 +167,27 @@ def same_trees(updates: Any, others: dict[str, Any]) -> None:
         raise TypeError(
             f"updates{path} has dtype {g.dtype} but params{path} has dtype {x.dtype}; "
             "cast the gradient explicitly")
+
+
+def decays_representable(decays: dict[str, Any], params: Any, state_dtype: Any) -> None:
+  """No decay rate below 1 rounds to 1 in the dtype a leaf is computed in.
+
+  The rules compute ``1 - beta`` element-wise in the compute dtype (the wider
+  of the parameter's and the state's). bfloat16 has 8 significant bits:
+  ``beta = 0.999`` rounds to 1.0, ``1 - beta`` is 0, Adam's second moment
+  never grows from 0 and every step is ``R * V / epsilon``, thousands of
+  times the learning rate. (float16 rounds 0.9999 to 1.0.) A concrete rate
+  is checked; a traced one cannot be.
+  """
+  concrete = {name: float(v) for name, v in decays.items() if not is_traced(v) and 0 <= float(v) < 1}
+  if not concrete:
+    return
+  for path, leaf in _leaves(params):
+    dtype = jnp.promote_types(leaf.dtype, state_dtype or leaf.dtype)
+    for name, value in concrete.items():
+      # NumPy, not jnp: init may run under jit, where jnp would trace it.
+      if float(np.asarray(value, dtype=dtype)) == 1.0:
+        raise ValueError(
+            f"{name}={value} rounds to 1.0 in {dtype}, the dtype params{path} is computed in, "
+            f"so 1 - {name} is 0; keep the state in float32 (state_dtype=jnp.float32) "
+            f"or pass {name}=1.0 if that is what you mean")

@@ -95,6 +95,7 @@ def _transform(
     initial_count: int | Array,
     state_dtype: Any,
     uses_params: bool,
+    decays: dict[str, Any] | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   """Maps ``rule(R, T, X, G, *S) -> (U, *S_new)`` over the leaves of a pytree.
 
@@ -106,11 +107,14 @@ def _transform(
     initial_count: the ``T`` of the first update.
     state_dtype: checked floating dtype, or None for the parameters' dtypes.
     uses_params: whether ``rule`` reads ``X``; if not, it gets zeros.
+    decays: the decay rates that the rule subtracts from 1 in the compute
+      dtype, checked at ``init`` not to round to 1 there.
   """
   n_state = len(state_cls._fields) - 1
 
   def init_fn(params: optax.Params) -> NamedTuple:
     _checks.floating_leaves("params", params)
+    _checks.decays_representable(decays or {}, params, state_dtype)
     def zeros(p):
       # A fresh buffer per field and leaf: donated states must not alias.
       # zeros_like, not zeros(p.shape): the state inherits the parameter's
@@ -232,7 +236,8 @@ def momentum(
   return _transform(
       rule, MomentumState, _learning_rate(learning_rate),
       _checks.count("initial_count", initial_count, minimum=0),
-      _checks.floating_dtype("state_dtype", state_dtype), _needs(norm_coefficient))
+      _checks.floating_dtype("state_dtype", state_dtype), _needs(norm_coefficient),
+      decays={"alpha": hyper["alpha"]})
 
 
 def adagrad(
@@ -373,7 +378,8 @@ def adam(
       rule, AdamState, _learning_rate(learning_rate),
       _checks.count("initial_count", initial_count, minimum=0),
       _checks.floating_dtype("state_dtype", state_dtype),
-      _needs(norm_coefficient, norm_coefficient_post))
+      _needs(norm_coefficient, norm_coefficient_post),
+      decays={"alpha": hyper["alpha"], "beta": hyper["beta"]})
 
 
 def directml_adam(
@@ -436,4 +442,5 @@ def directml_adam(
   return _transform(
       rule, DirectMLAdamState, _learning_rate(learning_rate),
       _checks.count("initial_count", initial_count, minimum=1),
-      _checks.floating_dtype("state_dtype", state_dtype), uses_params=False)
+      _checks.floating_dtype("state_dtype", state_dtype), uses_params=False,
+      decays={"beta1": hyper["beta1"], "beta2": hyper["beta2"]})
