@@ -307,6 +307,11 @@ def _node_attributes(node: Any, opset: int | None) -> tuple[str, dict[str, Any]]
   if opset is not None:
     if isinstance(opset, bool) or not isinstance(opset, numbers.Integral) or opset < 1:
       raise ValueError(f"opset must be a positive int (the model's opset_import for {DOMAIN}), got {opset!r}")
+    # get_schema(op, 2, ...) would answer with version 1 even though the
+    # domain has no version 2: check the domain's registered range first.
+    low, high = onnx.defs.C.schema_version_map().get(DOMAIN, (VERSION, VERSION))
+    if not low <= opset <= high:
+      raise ValueError(f"opset {opset}: {DOMAIN} has versions {low} to {high} in this onnx package")
     try:
       since = onnx.defs.get_schema(node.op_type, int(opset), DOMAIN).since_version
     except onnx.defs.SchemaError as e:
