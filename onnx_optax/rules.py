@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from jax import Array
 from jax.typing import ArrayLike
@@ -53,6 +54,7 @@ def _like(X: Array, *scalars: Any) -> list[Array]:
   return [jnp.asarray(s, dtype=X.dtype) for s in scalars]
 
 
+@jax.custom_jvp
 def _one_minus_power(beta: ArrayLike, T: ArrayLike) -> Array:
   """``1 - beta^T``, evaluated as ``-expm1(T * log(beta))``.
 
@@ -62,6 +64,16 @@ def _one_minus_power(beta: ArrayLike, T: ArrayLike) -> Array:
   ``beta = 1`` gives 0, as the direct form does for ``T > 0``.
   """
   return -jnp.expm1(T * jnp.log(beta))
+
+
+@_one_minus_power.defjvp
+def _one_minus_power_jvp(primals, tangents):
+  # d(1 - beta^T) / d beta = -T * beta^(T - 1), written out: differentiating
+  # the expm1 form gives (expm1(x) + 1) * T / beta, which cancels when
+  # beta^T << 1 (error ~ T * ulp / beta) and is 0 * inf = NaN at beta = 0.
+  beta, T = primals
+  beta_dot, _ = tangents
+  return _one_minus_power(beta, T), -T * jnp.power(beta, T - 1) * beta_dot
 
 
 def _sqrt(H: Array) -> Array:
