@@ -433,3 +433,23 @@ def test_directml_call_is_reexported():
   from onnx_optax import directml
   assert ox.adam_optimizer is directml.adam_optimizer
   assert "adam_optimizer" in ox.__all__
+
+
+def test_operator_calls_need_jax_alone():
+  """Without the onnx package the calls work; run_node says what is missing."""
+  import subprocess
+  import sys
+  code = (
+      "import sys; sys.modules['onnx'] = None\n"  # Makes `import onnx` raise ImportError.
+      "import numpy as np\n"
+      "from onnx_optax import onnx as ox\n"
+      "X, V = ox.adagrad(np.float32(0.1), 0, np.ones(2, np.float32), np.ones(2, np.float32),\n"
+      "                  np.zeros(2, np.float32), epsilon=0.0)\n"
+      "assert np.allclose(X, 0.9), X\n"
+      "try:\n"
+      "  ox.run_node(object(), 1.0)\n"
+      "except ImportError:\n"
+      "  print('ok')\n")
+  root = str(__import__("pathlib").Path(__file__).resolve().parents[1])
+  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root)
+  assert result.stdout.strip() == "ok", result.stderr
