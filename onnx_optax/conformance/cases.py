@@ -75,6 +75,7 @@ class Case:
     shapes: one shape per leaf; more than one leaf makes a nested pytree.
     gradient: ``"normal"``, ``"zero"``, ``"tiny"`` or ``"huge"``.
     state: ``"random"`` (non-zero) or ``"zero"``.
+    state_dtype: the transform's ``state_dtype`` (None: the parameters' dtype).
   """
 
   rule: str
@@ -86,6 +87,7 @@ class Case:
   shapes: tuple[tuple[int, ...], ...] = ((13,),)
   gradient: str = "normal"
   state: str = "random"
+  state_dtype: str | None = None
 
   @property
   def id(self) -> str:
@@ -100,8 +102,9 @@ class Case:
     """``(X, G, state)``: leaves, gradients and state tensors, rounded to the dtype."""
     rng = np.random.default_rng(zlib.crc32(self.id.encode()))
     dtype = numpy_dtype(self.dtype)
+    state_dtype = numpy_dtype(self.state_dtype or self.dtype)
 
-    def draw(shape, low, high, signed=True, scale=1.0):
+    def draw(shape, low, high, signed=True, scale=1.0, dtype=dtype):
       x = rng.uniform(low, high, size=shape) * scale
       if signed:
         x = x * rng.choice([-1.0, 1.0], size=shape)
@@ -114,11 +117,12 @@ class Case:
     state = []
     for _, second_moment in STATE[self.rule]:
       if self.state == "zero":
-        state.append([np.zeros(s, dtype) for s in self.shapes])
+        state.append([np.zeros(s, state_dtype) for s in self.shapes])
       elif second_moment:
-        state.append([draw(s, 0.1, 1.0, signed=False, scale=state_scale**2) for s in self.shapes])
+        state.append([draw(s, 0.1, 1.0, signed=False, scale=state_scale**2, dtype=state_dtype)
+                      for s in self.shapes])
       else:
-        state.append([draw(s, 0.1, 1.0, scale=state_scale) for s in self.shapes])
+        state.append([draw(s, 0.1, 1.0, scale=state_scale, dtype=state_dtype) for s in self.shapes])
     return X, G, state
 
 
@@ -179,10 +183,17 @@ def cases(rule: str, dtype: str, *, large: bool = True) -> list[Case]:
   # Without L2 (norm_coefficient * X would dwarf a tiny gradient).
   no_l2 = {"norm_coefficient": 0.0} if "norm_coefficient" in _DEFAULTS[rule] else {}
   if rule in _EPSILON:
-    grid.append(c("gradient~epsilon", gradient="tiny", hyper={_EPSILON[rule]: tiny, **no_l2}))
+    # R = 1: the step stays visible next to X even in bfloat16.
+    grid.append(c("gradient~epsilon", R=1.0, gradient="tiny", hyper={_EPSILON[rule]: tiny, **no_l2}))
   else:
     grid.append(c("gradient=tiny", gradient="tiny", hyper=no_l2))
   grid += _edges(rule, dtype)
+  if dtype in ("float16", "bfloat16"):  # The documented way to train in low precision.
+    grid.append(c("state_dtype=float32", shapes=((), (3, 5), (1, 7, 2)), state_dtype="float32"))
+    grid.append(c(f"state_dtype=float32,T={first}", T=first, state_dtype="float32"))
+    if rule in _EPSILON:
+      grid.append(c("state_dtype=float32,gradient~epsilon", R=1.0, gradient="tiny", state_dtype="float32",
+                    hyper={_EPSILON[rule]: tiny, **no_l2}))
   if large:
     grid.append(c("10^6 elements", T=7, shapes=((LARGE,),)))
   return grid

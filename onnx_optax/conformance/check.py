@@ -58,12 +58,14 @@ def x64(enabled: bool) -> contextlib.AbstractContextManager:
   return enable_x64() if enabled else disable_x64()
 
 
-def make_transform(rule: str, R: float, hyper: dict[str, Any]) -> optax.GradientTransformationExtraArgs:
+def make_transform(rule: str, R: float, hyper: dict[str, Any], state_dtype: str | None = None,
+                   ) -> optax.GradientTransformationExtraArgs:
   """The Optax transform of a suite rule name with Python-float hyperparameters."""
+  extra = {} if state_dtype is None else {"state_dtype": numpy_dtype(state_dtype)}
   if rule.startswith("momentum"):
-    return onnx_optax.momentum(R, **hyper)
+    return onnx_optax.momentum(R, **hyper, **extra)
   return {"adagrad": onnx_optax.adagrad, "adam": onnx_optax.adam,
-          "directml_adam": onnx_optax.directml_adam}[rule](R, **hyper)
+          "directml_adam": onnx_optax.directml_adam}[rule](R, **hyper, **extra)
 
 
 _STATE_CLS = {"momentum": onnx_optax.MomentumState, "adagrad": onnx_optax.AdagradState,
@@ -79,6 +81,7 @@ def _tree(leaves: list[Any]) -> Any:
 
 def run_transform(rule: str, dtype: str, platform: str, R: float, T: int, hyper: dict[str, Any],
                   X: list[np.ndarray], G: list[np.ndarray], state: list[list[np.ndarray]],
+                  state_dtype: str | None = None,
                   ) -> tuple[list[np.ndarray], list[list[np.ndarray]], int]:
   """One jitted update of ``rule`` on the first ``platform`` device.
 
@@ -92,7 +95,7 @@ def run_transform(rule: str, dtype: str, platform: str, R: float, T: int, hyper:
     put = lambda leaves: _tree([jax.device_put(jnp.asarray(x), dev) for x in leaves])  # noqa: E731
     params, grads = put(X), put(G)
     opt_state = _STATE_CLS[base](jax.device_put(jnp.asarray(T, jnp.int32), dev), *(put(s) for s in state))
-    opt = make_transform(rule, R, hyper)
+    opt = make_transform(rule, R, hyper, state_dtype)
 
     def step(params, grads, opt_state):
       updates, new_state = opt.update(grads, opt_state, params)
@@ -117,11 +120,12 @@ def expected(rule: str, R: float, T: int, X, G, state, hyper) -> list[tuple[np.n
   return outs
 
 
-def tolerances(rule: str, dtype: str, platform: str, R: float, T: int, X, G, state, hyper
-               ) -> list[tuple[np.ndarray, ...]]:
+def tolerances(rule: str, dtype: str, platform: str, R: float, T: int, X, G, state, hyper,
+               state_dtype: str | None = None) -> list[tuple[np.ndarray, ...]]:
   """Per leaf and output: bound(implementation) + bound(reference)."""
   base = "momentum" if rule.startswith("momentum") else rule
-  impl = tolerance.implementation_context(numpy_dtype(dtype), platform)
+  impl = tolerance.implementation_context(numpy_dtype(dtype), platform,
+                                          state_dtype and numpy_dtype(state_dtype))
   ref = tolerance.reference_context()
   outs = []
   for i, (x, g) in enumerate(zip(X, G)):
@@ -194,7 +198,8 @@ def check_outputs(case: Case, platform: str, got_x, got_state, got_count: int | 
   """Checks given outputs of ``case`` (from any implementation) against the reference."""
   X, G, state = inputs if inputs is not None else case.inputs()
   want = expected(case.rule, case.R, case.T, X, G, state, case.hyper)
-  tol = tolerances(case.rule, case.dtype, platform, case.R, case.T, X, G, state, case.hyper)
+  tol = tolerances(case.rule, case.dtype, platform, case.R, case.T, X, G, state, case.hyper,
+                   case.state_dtype)
   names = OUTPUT_NAMES[case.base_rule]
   worst, where, loose = 0.0, "", 0
   for leaf in range(len(X)):
@@ -215,7 +220,7 @@ def run_case(case: Case, platform: str = "cpu") -> CaseResult:
   inputs = case.inputs()
   try:
     got_x, got_state, count = run_transform(case.rule, case.dtype, platform, case.R, case.T,
-                                            case.hyper, *inputs)
+                                            case.hyper, *inputs, state_dtype=case.state_dtype)
   except Exception as e:  # noqa: BLE001 -- reported as a failure with its message.
     return CaseResult(case.rule, case.dtype, case.name, platform, float("inf"), "", error=repr(e))
   return check_outputs(case, platform, got_x, got_state, count, inputs)

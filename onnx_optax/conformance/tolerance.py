@@ -75,6 +75,7 @@ errors do not all reach their bound at once); the teeth test in
 from __future__ import annotations
 
 from collections.abc import Sequence
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,6 +124,11 @@ class Context:
       hyperparameters, ``pow`` for powers, no rounding to ``dtype`` (the
       float64 reference).
     scalar: the context of the scalar computations (``hyper_dtype``).
+    one_minus_u: the evaluator's float32 ``1 - attribute`` (see
+      :func:`evaluator_context`).
+    param: when the parameters' dtype is narrower than the compute dtype
+      (``state_dtype=float32`` with float16 parameters), its context: the
+      update is rounded to it, then added to ``X`` in it.
   """
 
   dtype: Any
@@ -133,6 +139,7 @@ class Context:
   hyper_dtype: Any = None
   scalar: "Context | None" = None
   one_minus_u: float | None = None
+  param: "Context | None" = None
 
   # -- rounding ---------------------------------------------------------------
   def _rounded(self, v: np.ndarray, e: np.ndarray, k: float = 1.0) -> Bounded:
@@ -152,6 +159,18 @@ class Context:
     # 1 - a to float32 is known exactly (often 0, by Sterbenz' lemma).
     v = 1.0 - a.v
     return Bounded(v, a.e + np.abs(v.astype(np.float32).astype(np.float64) - v))
+
+  def apply(self, X: Bounded, U: Bounded) -> Bounded:
+    """``X + U`` in the parameters' dtype, ``U`` rounded to it first (``param``)."""
+    if self.param is None:
+      return self.add(X, U)
+    return self.param.add(X, self.param._rounded(U.v, U.e))
+
+  def finish(self, X: Bounded, step: Bounded) -> Bounded:
+    """The spec's ``X - step``; with ``param``, ``X + round(-step)`` in its dtype."""
+    if self.param is None:
+      return self.sub(X, step)
+    return self.apply(X, Bounded(-step.v, step.e))
 
   def mul(self, a: Bounded, b: Bounded) -> Bounded:
     return self._rounded(a.v * b.v, np.abs(a.v) * b.e + np.abs(b.v) * a.e + a.e * b.e)
@@ -214,9 +233,16 @@ def _tiny(dtype: Any, platform: str) -> float:
   return float(info.smallest_subnormal) / 2
 
 
-def implementation_context(dtype: Any, platform: str = "cpu") -> Context:
-  """How the JAX rules round in ``dtype`` on ``platform`` (see the module docstring)."""
+def implementation_context(dtype: Any, platform: str = "cpu", state_dtype: Any = None) -> Context:
+  """How the JAX rules round in ``dtype`` on ``platform`` (see the module docstring).
+
+  With a wider ``state_dtype`` the rule runs in it and only the update is
+  rounded to ``dtype`` and added there (the transforms' ``state_dtype``).
+  """
   dtype = np.dtype(dtype)
+  if state_dtype is not None and np.dtype(state_dtype) != dtype:
+    compute = implementation_context(np.promote_types(dtype, state_dtype), platform)
+    return dataclasses.replace(compute, param=implementation_context(dtype, platform))
   hyper = np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
   u = unit_roundoff(dtype)
   exact_ops = platform == "cpu" or dtype == np.float64
@@ -261,7 +287,7 @@ def _momentum(c: Context, R, T, X, G, V, *, alpha, beta, mode, norm_coefficient)
     step = c.mul(R_, V_new)
   else:
     step = c.mul(R_, c.add(G_regularized, c.mul(alpha_, V_new)))
-  return c.sub(X, step).e, V_new.e
+  return c.finish(X, step).e, V_new.e
 
 
 def _adagrad(c: Context, R, T, X, G, H, *, decay_factor, epsilon, norm_coefficient):
@@ -273,7 +299,7 @@ def _adagrad(c: Context, R, T, X, G, H, *, decay_factor, epsilon, norm_coefficie
   H_new = c.add(H, c.mul(G_regularized, G_regularized))
   H_adaptive = c.add(c.sqrt(H_new), eps)
   step = c.div(c.mul(r, G_regularized), H_adaptive)
-  return c.sub(X, step).e, H_new.e
+  return c.finish(X, step).e, H_new.e
 
 
 def _adam(c: Context, R, T, X, G, V, H, *, alpha, beta, epsilon, norm_coefficient, norm_coefficient_post):
@@ -290,11 +316,13 @@ def _adam(c: Context, R, T, X, G, V, H, *, alpha, beta, epsilon, norm_coefficien
   V_new = c.add(c.mul(alpha_, V), c.mul(c.one_minus(alpha_), G_regularized))
   H_new = c.add(c.mul(beta_, H), c.mul(c.mul(c.one_minus(beta_), G_regularized), G_regularized))
   H_sqrt = c.add(c.sqrt(H_new), eps)
-  X_new = c.sub(X, c.div(c.mul(R_adjusted, V_new), H_sqrt))
-  if norm_coefficient_post != 0:
-    X_new = c.mul(c.one_minus(post), X_new)
+  step = c.div(c.mul(R_adjusted, V_new), H_sqrt)
+  if norm_coefficient_post == 0:
+    X_new = c.finish(X, step)
+  else:
+    X_new = c.mul(c.one_minus(post), c.sub(X, step))
     if c.hyper_dtype is not None:  # The transform's U = X_final - X, then X + U.
-      X_new = c.add(X, c.sub(X_new, X))
+      X_new = c.apply(X, c.sub(X_new, X))
   return X_new.e, V_new.e, H_new.e
 
 
@@ -306,7 +334,7 @@ def _directml_adam(c: Context, R, T, X, G, M, V, *, beta1, beta2, epsilon):
   one, X, G, M, V = c.exact(1.0), c.exact(X), c.exact(G), c.exact(M), c.exact(V)
   M_new = c.add(c.mul(b1, M), c.mul(c.one_minus(b1), G))
   V_new = c.add(c.mul(b2, V), c.mul(c.mul(c.one_minus(b2), G), G))
-  X_new = c.sub(X, c.div(c.mul(step_size, M_new), c.add(c.sqrt(V_new), eps)))
+  X_new = c.finish(X, c.div(c.mul(step_size, M_new), c.add(c.sqrt(V_new), eps)))
   return X_new.e, M_new.e, V_new.e
 
 
