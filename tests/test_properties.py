@@ -1,0 +1,262 @@
+"""Property-based tests with Hypothesis (issue 8).
+
+Random pytree structures (nested dicts, lists and tuples), shapes, dtypes,
+start counts and hyperparameters in their valid ranges. Properties:
+
+* the Optax transform, jitted and not, agrees with the float64 NumPy
+  reference, and jit agrees with no-jit;
+* the ONNX-style calls (:mod:`onnx_optax.onnx`, :mod:`onnx_optax.directml`)
+  give the transform's new parameters and state, to the bit;
+* the state's tree structure and dtypes never change across updates;
+* invalid hyperparameter values raise a ValueError naming the argument.
+
+Tolerance against the reference, per output element after ``k`` steps::
+
+    |got - want| <= k * ROUNDINGS * u * scale / (1 - alpha)
+
+the model of ``tests/test_transforms.py`` (each step rounds at most
+ROUNDINGS = 16 times, each relative to ``scale``, the largest magnitude of any
+parameter, state element or update in the reference trajectory), with one
+factor more for the Adam rules: their first moment is a (1 - alpha)-weighted
+average whose roundings are relative to the gradient, while the update it
+makes is relative to (1 - alpha) times the gradient before the bias
+correction; ``1 / (1 - alpha)`` carries the one to the other (1 for Momentum
+and Adagrad). Gradients are drawn away from zero (``|G|`` in [0.5, 2],
+``|norm_coefficient * X| <= 0.2``) so that no element divides a rounding
+error by a cancelled ``G_regularized``: that conditioning is the input's,
+not the implementation's. jit against no-jit: each is within the bound, so
+they are within twice of it.
+
+CI time is bounded by the settings profile: ``ci`` (the default, 20
+examples per property, no deadline since the first example of a shape
+compiles) or ``thorough`` (300); choose one with the environment variable
+``ONNX_OPTAX_HYPOTHESIS_PROFILE``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import onnx_optax
+from onnx_optax import directml
+from onnx_optax import onnx as ox
+from onnx_optax import reference
+
+settings.register_profile(
+    "ci", max_examples=20, deadline=None, derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile(
+    "thorough", max_examples=300, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+PROFILE = settings.get_profile(os.environ.get("ONNX_OPTAX_HYPOTHESIS_PROFILE", "ci"))
+
+ROUNDINGS = 16
+STEPS = 3
+
+# -- strategies ---------------------------------------------------------------
+
+shapes = st.lists(st.integers(1, 4), min_size=0, max_size=3).map(tuple)
+structures = st.recursive(
+    shapes,
+    lambda children: st.one_of(
+        st.dictionaries(st.sampled_from("abcdw"), children, min_size=1, max_size=3),
+        st.lists(children, min_size=1, max_size=3),
+        st.lists(children, min_size=1, max_size=2).map(tuple)),
+    max_leaves=5)
+
+
+def _is_shape(node):
+  return isinstance(node, tuple) and all(isinstance(d, int) for d in node)
+
+
+def _fill(structure, make):
+  """The pytree of ``structure`` with ``make(shape)`` at each shape leaf."""
+  return jax.tree.map(make, structure, is_leaf=_is_shape)
+
+
+unit = st.floats(0.0, 1.0)
+decay = st.floats(0.0, 0.95)
+small = st.floats(0.0, 0.1)
+HYPER = {
+    "momentum": st.fixed_dictionaries(dict(
+        alpha=unit, beta=unit, mode=st.sampled_from(["standard", "nesterov"]),
+        norm_coefficient=small)),
+    "adagrad": st.fixed_dictionaries(dict(
+        decay_factor=unit, epsilon=st.floats(0.0, 1.0), norm_coefficient=small)),
+    "adam": st.fixed_dictionaries(dict(
+        alpha=decay, beta=st.floats(0.0, 0.999), epsilon=st.floats(0.0, 1.0),
+        norm_coefficient=small, norm_coefficient_post=small)),
+    "directml_adam": st.fixed_dictionaries(dict(
+        beta1=decay, beta2=st.floats(0.0, 0.999), epsilon=st.floats(0.0, 1.0))),
+}
+MAKE = {"momentum": onnx_optax.momentum, "adagrad": onnx_optax.adagrad,
+        "adam": onnx_optax.adam, "directml_adam": onnx_optax.directml_adam}
+RULES = sorted(MAKE)
+
+
+@st.composite
+def problems(draw, rules=tuple(RULES)):
+  rule = draw(st.sampled_from(rules))
+  hyper = draw(HYPER[rule])
+  lr = draw(st.floats(1e-4, 1.0))
+  T0 = draw(st.integers(1 if rule == "directml_adam" else 0, 1000))
+  structure = draw(structures)
+  rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+  params = _fill(structure, lambda s: rng.uniform(-2, 2, size=s).astype(np.float32))
+  grads = [_fill(structure, lambda s: (rng.choice([-1, 1], size=s) * rng.uniform(0.5, 2, size=s))
+                 .astype(np.float32)) for _ in range(STEPS)]
+  return rule, hyper, lr, T0, params, grads
+
+
+def _f32(v):
+  return v if isinstance(v, str) else float(np.float32(v))
+
+
+def _run(opt, params, grads, jit):
+  update = jax.jit(opt.update) if jit else opt.update
+  state = opt.init(params)
+  p = jax.tree.map(jnp.asarray, params)
+  xs, states = [], []
+  for g in grads:
+    u, state = update(g, state, p)
+    p = optax.apply_updates(p, u)
+    xs.append(p)
+    states.append(state)
+  return xs, states
+
+
+def _reference(rule, hyper, lr, T0, params, grads):
+  leaves = jax.tree.leaves
+  n_state = reference.RULES[rule][1]
+  zeros = [[np.zeros_like(x, np.float64) for x in leaves(params)] for _ in range(n_state)]
+  xs, state, _ = reference.trajectory(
+      rule, leaves(params), [leaves(g) for g in grads], zeros, T0, [_f32(lr)] * len(grads),
+      **{k: _f32(v) for k, v in hyper.items()})
+  return xs, state
+
+
+def _tolerance(rule, hyper, xs, state, params):
+  scale = max([1.0] + [float(np.abs(a).max(initial=0)) for a in jax.tree.leaves((xs, state))]
+              + [float(np.abs(b - a).max(initial=0))
+                 for a, b in zip(jax.tree.leaves(params), xs[0])])
+  alpha = hyper.get("alpha", 0.0) if rule == "adam" else hyper.get("beta1", 0.0)
+  return ROUNDINGS * 2.0**-24 * scale / (1 - alpha)
+
+
+# -- properties -----------------------------------------------------------------
+
+
+@PROFILE
+@given(problems())
+def test_transform_matches_reference_with_and_without_jit(problem):
+  rule, hyper, lr, T0, params, grads = problem
+  opt = MAKE[rule](lr, **hyper, initial_count=T0)
+  want, _ = _reference(rule, hyper, lr, T0, params, grads)
+  tol = _tolerance(rule, hyper, want, _reference(rule, hyper, lr, T0, params, grads)[1], params)
+  eager, _ = _run(opt, params, grads, jit=False)
+  jitted, _ = _run(opt, params, grads, jit=True)
+  for k in range(STEPS):
+    for e, j, w in zip(jax.tree.leaves(eager[k]), jax.tree.leaves(jitted[k]), want[k]):
+      np.testing.assert_allclose(e, w, rtol=0, atol=(k + 1) * tol, err_msg=f"eager, step {k}")
+      np.testing.assert_allclose(j, w, rtol=0, atol=(k + 1) * tol, err_msg=f"jit, step {k}")
+      np.testing.assert_allclose(j, e, rtol=0, atol=2 * (k + 1) * tol, err_msg=f"jit vs eager {k}")
+
+
+@PROFILE
+@given(problems())
+def test_onnx_call_gives_the_transforms_result_to_the_bit(problem):
+  """Both go through onnx_optax.rules with the same scalars: eagerly, identical."""
+  rule, hyper, lr, T0, params, grads = problem
+  opt = MAKE[rule](lr, **hyper, initial_count=T0)
+  xs, states = _run(opt, params, grads, jit=False)
+  X = [jnp.asarray(x) for x in jax.tree.leaves(params)]
+  n = len(X)
+  S = [[jnp.zeros_like(x) for x in X] for _ in range(len(states[0]) - 1)]
+  for k, g in enumerate(grads):
+    G = [jnp.asarray(x) for x in jax.tree.leaves(g)]
+    if rule == "directml_adam":
+      outs = [directml.adam_optimizer(x, m, v, gg, T0 + k, learning_rate=lr, **hyper)
+              for x, m, v, gg in zip(X, *S, G)]
+      X, S = [o[0] for o in outs], [[o[1] for o in outs], [o[2] for o in outs]]
+    else:
+      call = {"momentum": ox.momentum, "adagrad": ox.adagrad, "adam": ox.adam}[rule]
+      out = call(jnp.float32(lr), T0 + k, *X, *G, *(s for block in S for s in block), **hyper)
+      X = list(out[:n])
+      S = [list(out[n * (i + 1):n * (i + 2)]) for i in range(len(S))]
+    for a, b in zip(X, jax.tree.leaves(xs[k])):
+      np.testing.assert_array_equal(a, b)
+    for block, field in zip(S, states[k][1:]):
+      for a, b in zip(block, jax.tree.leaves(field)):
+        np.testing.assert_array_equal(a, b)
+
+
+@PROFILE
+@given(problems(), st.sampled_from([jnp.float32, jnp.float16, jnp.bfloat16]),
+       st.sampled_from([None, jnp.float32]))
+def test_state_structure_and_dtypes_are_stable(problem, dtype, state_dtype):
+  rule, hyper, lr, T0, params, grads = problem
+  params = jax.tree.map(lambda x: jnp.asarray(x, dtype), params)
+  grads = [jax.tree.map(lambda x: jnp.asarray(x, dtype), g) for g in grads]
+  opt = MAKE[rule](lr, **hyper, initial_count=T0, state_dtype=state_dtype)
+  compute = jnp.promote_types(dtype, state_dtype or dtype)
+  rounds_to_one = [k for k in ("alpha", "beta", "beta1", "beta2")
+                   if k in hyper and (rule != "momentum" or k == "alpha")
+                   and hyper[k] < 1 and float(np.asarray(hyper[k], compute)) == 1.0]
+  if rounds_to_one:  # documented: init refuses a decay that the dtype makes 1
+    with pytest.raises(ValueError, match=rounds_to_one[0]):
+      opt.init(params)
+    return
+  state = opt.init(params)
+  structure = jax.tree.structure(state)
+  dtypes = [x.dtype for x in jax.tree.leaves(state)]
+  assert state.count.dtype == jnp.int32 and int(state.count) == T0
+  for field in state[1:]:
+    assert jax.tree.structure(field) == jax.tree.structure(params)
+    assert all(x.dtype == (state_dtype or dtype) for x in jax.tree.leaves(field))
+  step = jax.jit(opt.update)
+  for k, g in enumerate(grads):
+    updates, state = step(g, state, params)
+    assert jax.tree.structure(state) == structure
+    assert [x.dtype for x in jax.tree.leaves(state)] == dtypes
+    assert jax.tree.structure(updates) == jax.tree.structure(params)
+    assert all(u.dtype == dtype and u.shape == x.shape
+               for u, x in zip(jax.tree.leaves(updates), jax.tree.leaves(params)))
+    assert int(state.count) == T0 + k + 1
+
+
+# name -> strategies of invalid values (nan and inf are invalid everywhere)
+INVALID = {
+    ("adam", "alpha"): st.one_of(st.floats(1.0, 1e6), st.floats(-1e6, -1e-9)),
+    ("adam", "beta"): st.one_of(st.floats(1.0 + 2**-40, 1e6), st.floats(-1e6, -1e-9)),
+    ("adam", "epsilon"): st.floats(-1e6, -1e-30),
+    ("directml_adam", "beta1"): st.one_of(st.floats(1.0, 1e6), st.floats(-1e6, -1e-9)),
+    ("directml_adam", "beta2"): st.one_of(st.floats(1.0 + 2**-40, 1e6), st.floats(-1e6, -1e-9)),
+    ("directml_adam", "epsilon"): st.floats(-1e6, -1e-30),
+    ("adagrad", "decay_factor"): st.floats(-1e6, -1e-30),
+    ("adagrad", "epsilon"): st.floats(-1e6, -1e-30),
+    ("momentum", "alpha"): st.nothing(),
+    ("momentum", "norm_coefficient"): st.nothing(),
+    ("adam", "norm_coefficient_post"): st.nothing(),
+}
+
+
+@PROFILE
+@given(st.sampled_from(sorted(INVALID)), st.data())
+def test_invalid_values_raise_naming_the_argument(key, data):
+  rule, name = key
+  value = data.draw(st.one_of(INVALID[key], st.sampled_from([np.nan, np.inf, -np.inf])))
+  as_array = data.draw(st.booleans())
+  if as_array:
+    value = np.float64(value)
+  required = dict(alpha=0.9, beta=0.9, mode="standard", norm_coefficient=0.0) if rule == "momentum" else {}
+  with pytest.raises(ValueError, match=re.escape(name)):
+    MAKE[rule](0.1, **{**required, name: value})
