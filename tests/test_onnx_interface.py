@@ -453,3 +453,12 @@ def test_operator_calls_need_jax_alone():
   root = str(__import__("pathlib").Path(__file__).resolve().parents[1])
   result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root)
   assert result.stdout.strip() == "ok", result.stderr
+
+
+def test_evaluator_single_tensor_adam_promotes_x_to_float64():
+  """Another evaluator fact (the comparisons cast to float64): ours keeps float32."""
+  node = _node("Adam", 1, {})
+  inputs = _inputs("Adam", 1, 1, np.float32, "normal", np.random.default_rng(7))
+  expected = ReferenceEvaluator(node).run(None, dict(zip(node.input, inputs)))
+  assert [e.dtype for e in expected] == [np.float64, np.float32, np.float32]
+  assert [o.dtype for o in ox.run_node(node, *inputs)] == [np.float32] * 3
