@@ -47,7 +47,10 @@ the model:
   for each of ``log`` and ``expm1``;
 * ``X + U`` (``optax.apply_updates``) is ``X - step`` with one rounding, as
   the rules guarantee; ONNX Adam with ``norm_coefficient_post != 0`` adds the
-  two roundings of ``U = X_final - X`` and ``X + U``.
+  two roundings of ``U = X_final - X`` and ``X + U``;
+* with a wider ``state_dtype`` (float32 state for float16 parameters) the
+  rule runs in the state's dtype, and ``U`` is rounded to the parameters'
+  dtype before ``X + U`` there (``Context.param``).
 
 What a platform may do and the bound still covers:
 
