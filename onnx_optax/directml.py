@@ -92,5 +92,6 @@ def adam_optimizer(
   T = _interface._integer_scalar(
       "training_step", training_step, minimum=1, shape_ok=lambda shape: all(d == 1 for d in shape),
       why=" (at T = 0, Alpha = sqrt(1 - beta2^0) / (1 - beta1^0) is 0/0)")
+  X, M, V, G = _interface._arrays((X, M, V, G))
   U, M_new, V_new = rules.directml_adam(X, M, V, G, T, **hyper)
   return X + U, M_new, V_new

@@ -109,8 +109,7 @@ def _float_scalar(name: str, value: Any) -> Any:
   shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
   if shape is None or dtype is None or tuple(shape) != () or not jnp.issubdtype(dtype, jnp.floating):
     raise TypeError(f"{name} must be a float scalar (ONNX: float or double), got {_describe(value)}")
-  _checks.hyperparameter(name, value)
-  return value if _checks.is_traced(value) else jnp.asarray(value)
+  return _checks.hyperparameter(name, value)
 
 
 def _integer_scalar(name: str, value: Any, *, minimum: int, shape_ok: Callable[[tuple], bool] | None = None,
@@ -158,7 +157,7 @@ def _tensor(name: str, value: Any) -> Array:
     raise TypeError(
         f"{name} has dtype {dtype}, which JAX's default 32-bit mode would truncate; "
         "run under jax.enable_x64(True) (or JAX_ENABLE_X64=1)")
-  return value if _checks.is_traced(value) else jnp.asarray(value)
+  return value
 
 
 def _block(names: Sequence[str], values: Sequence[Any]) -> list[Array]:
@@ -173,6 +172,11 @@ def _block(names: Sequence[str], values: Sequence[Any]) -> list[Array]:
     if tensor.dtype != first.dtype:
       raise TypeError(f"{name} has dtype {tensor.dtype} but {first_name} has dtype {first.dtype}")
   return tensors
+
+
+def _arrays(tensors: Sequence[Any]) -> list[Array]:
+  """JAX arrays of checked tensors: called once every check has passed."""
+  return [t if _checks.is_traced(t) else jnp.asarray(t) for t in tensors]
 
 
 def _tensor_count(op_type: str, n_inputs: int, what: str = "inputs") -> int:
@@ -200,7 +204,7 @@ def _run(op_type: str, rule: Callable[..., tuple[Array, ...]], R: Any, T: Any,
       _block([f"{b}_{i + 1}" for b in blocks], [inputs[j * n + i] for j in range(len(blocks))])
       for i in range(n)]
   xs, states = [], [[] for _ in OPERATORS[op_type]]
-  for X, G, *S in per_tensor:
+  for X, G, *S in map(_arrays, per_tensor):
     U, *S_new = rule(R, T, X, G, *S)
     xs.append(X + U)
     for block, s_new in zip(states, S_new):
