@@ -92,7 +92,7 @@ def run_transform(rule: str, dtype: str, platform: str, R: float, T: int, hyper:
   base = "momentum" if rule.startswith("momentum") else rule
   with x64(numpy_dtype(dtype) == np.float64):
     dev = device(platform)
-    put = lambda leaves: _tree([jax.device_put(jnp.asarray(x), dev) for x in leaves])  # noqa: E731
+    put = lambda leaves: _tree([jax.device_put(np.asarray(x), dev) for x in leaves])  # noqa: E731
     params, grads = put(X), put(G)
     opt_state = _STATE_CLS[base](jax.device_put(jnp.asarray(T, jnp.int32), dev), *(put(s) for s in state))
     opt = make_transform(rule, R, hyper, state_dtype)
@@ -103,6 +103,9 @@ def run_transform(rule: str, dtype: str, platform: str, R: float, T: int, hyper:
 
     with jax.default_device(dev):
       new_params, new_state = jax.jit(step)(params, grads, opt_state)
+    placed = {d for leaf in jax.tree.leaves((new_params, new_state)) for d in leaf.devices()}
+    if placed != {dev}:  # The platform under test must be the one that computed.
+      raise RuntimeError(f"outputs on {placed}, expected {dev}")
     leaves = lambda tree: [np.asarray(x) for x in jax.tree.leaves(tree)]  # noqa: E731
     return leaves(new_params), [leaves(s) for s in new_state[1:]], int(new_state.count)
 
