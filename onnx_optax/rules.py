@@ -26,6 +26,7 @@ Conventions shared by every rule:
   float16 or bfloat16 update as accurate as its own arithmetic allows. The
   bias corrections' ``1 - beta^T`` is evaluated as ``-expm1(T * log(beta))``
   (see :func:`_one_minus_power`): the spec's number, without cancellation.
+  The decays' ``1 - beta`` are such scalars too (see :func:`_one_minus`).
 * Every element-wise operation runs in ``X``'s dtype; callers that want a
   wider compute dtype cast ``X``, ``G`` and the state before the call (the
   Optax transforms do, see ``state_dtype``).
@@ -52,6 +53,18 @@ MODES = ("standard", "nesterov")
 def _like(X: Array, *scalars: Any) -> list[Array]:
   """Rounds scalars once to ``X``'s dtype for the element-wise part of a rule."""
   return [jnp.asarray(s, dtype=X.dtype) for s in scalars]
+
+
+def _one_minus(*decays: Any) -> list[Array]:
+  """``1 - decay`` for each decay, in the hyperparameters' dtype.
+
+  A scalar like the bias corrections, so it is rounded to ``X``'s dtype once,
+  after the subtraction: bfloat16 rounds ``beta = 0.999`` to 1.0, and
+  ``1 - bfloat16(beta)`` would be 0, so that ``H`` never saw a gradient. In
+  float32 ``1 - float32(beta)`` is exact (Sterbenz), so float32 results are
+  those of a runtime that evaluates ``(1 - beta)`` in float32, as ONNX's do.
+  """
+  return [1 - jnp.asarray(d) for d in decays]
 
 
 @jax.custom_jvp
@@ -211,17 +224,18 @@ def adam(
   R_adjusted = jnp.where(
       T > 0, R * jnp.sqrt(_one_minus_power(beta, T_positive)) / _one_minus_power(alpha, T_positive), R)
   post_is_zero = _is_static_zero(norm_coefficient_post)
-  R_adjusted, alpha, beta, epsilon, norm_coefficient, norm_coefficient_post = _like(
-      X, R_adjusted, alpha, beta, epsilon, norm_coefficient, norm_coefficient_post)
+  one_minus_alpha, one_minus_beta, one_minus_post = _one_minus(alpha, beta, norm_coefficient_post)
+  R_adjusted, alpha, beta, epsilon, norm_coefficient, one_minus_alpha, one_minus_beta, one_minus_post = _like(
+      X, R_adjusted, alpha, beta, epsilon, norm_coefficient, one_minus_alpha, one_minus_beta, one_minus_post)
 
   G_regularized = norm_coefficient * X + G
-  V_new = alpha * V + (1 - alpha) * G_regularized
-  H_new = beta * H + (1 - beta) * G_regularized * G_regularized
+  V_new = alpha * V + one_minus_alpha * G_regularized
+  H_new = beta * H + one_minus_beta * G_regularized * G_regularized
   H_sqrt = _sqrt(H_new) + epsilon
   if post_is_zero:
     return -(R_adjusted * V_new / H_sqrt), V_new, H_new
   X_new = X - R_adjusted * V_new / H_sqrt
-  X_final = (1 - norm_coefficient_post) * X_new
+  X_final = one_minus_post * X_new
   return X_final - X, V_new, H_new
 
 
@@ -258,8 +272,10 @@ def directml_adam(
   T = jnp.asarray(T)
   Alpha = jnp.sqrt(_one_minus_power(beta2, T)) / _one_minus_power(beta1, T)
   step_size = learning_rate * Alpha
-  step_size, beta1, beta2, epsilon = _like(X, step_size, beta1, beta2, epsilon)
+  one_minus_beta1, one_minus_beta2 = _one_minus(beta1, beta2)
+  step_size, beta1, beta2, epsilon, one_minus_beta1, one_minus_beta2 = _like(
+      X, step_size, beta1, beta2, epsilon, one_minus_beta1, one_minus_beta2)
 
-  M_new = beta1 * M + (1 - beta1) * G
-  V_new = beta2 * V + (1 - beta2) * G * G
+  M_new = beta1 * M + one_minus_beta1 * G
+  V_new = beta2 * V + one_minus_beta2 * G * G
   return -(step_size * M_new / (_sqrt(V_new) + epsilon)), M_new, V_new
