@@ -172,12 +172,12 @@ def same_trees(updates: Any, others: dict[str, Any]) -> None:
 def decays_representable(decays: dict[str, Any], params: Any, state_dtype: Any) -> None:
   """No decay rate below 1 rounds to 1 in the dtype a leaf is computed in.
 
-  The rules compute ``1 - beta`` element-wise in the compute dtype (the wider
-  of the parameter's and the state's). bfloat16 has 8 significant bits:
-  ``beta = 0.999`` rounds to 1.0, ``1 - beta`` is 0, Adam's second moment
-  never grows from 0 and every step is ``R * V / epsilon``, thousands of
-  times the learning rate. (float16 rounds 0.9999 to 1.0.) A concrete rate
-  is checked; a traced one cannot be.
+  The rules multiply the state by the decay rounded to the compute dtype
+  (the wider of the parameter's and the state's). bfloat16 has 8
+  significant bits: ``beta = 0.999`` rounds to 1.0, so Adam's second moment
+  would never decay and become a running sum: a different algorithm,
+  silently. (float16 rounds 0.9999 to 1.0.) A concrete rate is checked; a
+  traced one cannot be.
   """
   concrete = {name: float(v) for name, v in decays.items() if not is_traced(v) and 0 <= float(v) < 1}
   if not concrete:
@@ -189,5 +189,5 @@ def decays_representable(decays: dict[str, Any], params: Any, state_dtype: Any) 
       if float(np.asarray(value, dtype=dtype)) == 1.0:
         raise ValueError(
             f"{name}={value} rounds to 1.0 in {dtype}, the dtype params{path} is computed in, "
-            f"so 1 - {name} is 0; keep the state in float32 (state_dtype=jnp.float32) "
+            f"so the moment would never decay; keep the state in float32 (state_dtype=jnp.float32) "
             f"or pass {name}=1.0 if that is what you mean")
