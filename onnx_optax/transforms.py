@@ -94,27 +94,34 @@ def _transform(
     learning_rate: ScalarOrSchedule,
     initial_count: int | Array,
     state_dtype: Any,
-    uses_params: bool,
-    decays: dict[str, Any] | None = None,
+    *,
+    minimum_count: int,
+    read_params_for: tuple[Any, ...],
+    decays: dict[str, Any],
 ) -> optax.GradientTransformationExtraArgs:
   """Maps ``rule(R, T, X, G, *S) -> (U, *S_new)`` over the leaves of a pytree.
 
   Args:
-    rule: the single-tensor rule with its hyperparameters bound.
+    rule: the single-tensor rule with its (checked) hyperparameters bound.
     state_cls: the state NamedTuple; its fields after ``count`` are the state
       tensors, in the order ``rule`` takes them.
     learning_rate: float or schedule, see the module docstring.
-    initial_count: the ``T`` of the first update.
-    state_dtype: checked floating dtype, or None for the parameters' dtypes.
-    uses_params: whether ``rule`` reads ``X``; if not, it gets zeros.
+    initial_count: the ``T`` of the first update, at least ``minimum_count``.
+    state_dtype: floating dtype, or None for the parameters' dtypes.
+    read_params_for: the coefficients that multiply ``X``; unless all are the
+      Python number 0 the rule reads the parameters, else it gets zeros.
     decays: the decay rates that the rule subtracts from 1 in the compute
       dtype, checked at ``init`` not to round to 1 there.
   """
+  learning_rate = _learning_rate(learning_rate)
+  initial_count = _checks.count("initial_count", initial_count, minimum=minimum_count)
+  state_dtype = _checks.floating_dtype("state_dtype", state_dtype)
+  uses_params = not all(rules._is_static_zero(c) for c in read_params_for)
   n_state = len(state_cls._fields) - 1
 
   def init_fn(params: optax.Params) -> NamedTuple:
     _checks.floating_leaves("params", params)
-    _checks.decays_representable(decays or {}, params, state_dtype)
+    _checks.decays_representable(decays, params, state_dtype)
     def zeros(p):
       # A fresh buffer per field and leaf: donated states must not alias.
       # zeros_like, not zeros(p.shape): the state inherits the parameter's
@@ -162,10 +169,6 @@ def _learning_rate(learning_rate: ScalarOrSchedule) -> ScalarOrSchedule:
   if callable(learning_rate):
     return learning_rate
   return _checks.hyperparameter("learning_rate", learning_rate)
-
-
-def _needs(*coefficients: Any) -> bool:
-  return not all(rules._is_static_zero(c) for c in coefficients)
 
 
 def momentum(
@@ -234,10 +237,8 @@ def momentum(
     return rules.momentum(R, T, X, G, V, mode=mode, **hyper)
 
   return _transform(
-      rule, MomentumState, _learning_rate(learning_rate),
-      _checks.count("initial_count", initial_count, minimum=0),
-      _checks.floating_dtype("state_dtype", state_dtype), _needs(norm_coefficient),
-      decays={"alpha": hyper["alpha"]})
+      rule, MomentumState, learning_rate, initial_count, state_dtype, minimum_count=0,
+      read_params_for=(norm_coefficient,), decays={"alpha": hyper["alpha"]})
 
 
 def adagrad(
@@ -303,9 +304,8 @@ def adagrad(
     return rules.adagrad(R, T, X, G, H, **hyper)
 
   return _transform(
-      rule, AdagradState, _learning_rate(learning_rate),
-      _checks.count("initial_count", initial_count, minimum=0),
-      _checks.floating_dtype("state_dtype", state_dtype), _needs(norm_coefficient))
+      rule, AdagradState, learning_rate, initial_count, state_dtype, minimum_count=0,
+      read_params_for=(norm_coefficient,), decays={})
 
 
 def adam(
@@ -375,10 +375,8 @@ def adam(
     return rules.adam(R, T, X, G, V, H, **hyper)
 
   return _transform(
-      rule, AdamState, _learning_rate(learning_rate),
-      _checks.count("initial_count", initial_count, minimum=0),
-      _checks.floating_dtype("state_dtype", state_dtype),
-      _needs(norm_coefficient, norm_coefficient_post),
+      rule, AdamState, learning_rate, initial_count, state_dtype, minimum_count=0,
+      read_params_for=(norm_coefficient, norm_coefficient_post),
       decays={"alpha": hyper["alpha"], "beta": hyper["beta"]})
 
 
@@ -440,7 +438,5 @@ def directml_adam(
     return rules.directml_adam(X, M, V, G, T, learning_rate=R, **hyper)
 
   return _transform(
-      rule, DirectMLAdamState, _learning_rate(learning_rate),
-      _checks.count("initial_count", initial_count, minimum=1),
-      _checks.floating_dtype("state_dtype", state_dtype), uses_params=False,
-      decays={"beta1": hyper["beta1"], "beta2": hyper["beta2"]})
+      rule, DirectMLAdamState, learning_rate, initial_count, state_dtype, minimum_count=1,
+      read_params_for=(), decays={"beta1": hyper["beta1"], "beta2": hyper["beta2"]})
