@@ -34,17 +34,8 @@ COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "coll
 
 
 def _configs():
-  import onnx_optax
-  return {
-      "momentum_standard": (onnx_optax.momentum,
-                            dict(alpha=0.9, beta=0.7, mode="standard", norm_coefficient=0.05)),
-      "momentum_nesterov": (onnx_optax.momentum,
-                            dict(alpha=0.8, beta=0.6, mode="nesterov", norm_coefficient=0.05)),
-      "adagrad": (onnx_optax.adagrad, dict(decay_factor=0.2, epsilon=0.5, norm_coefficient=0.05)),
-      "adam": (onnx_optax.adam, dict(alpha=0.85, beta=0.95, epsilon=0.3, norm_coefficient=0.05,
-                                     norm_coefficient_post=0.01)),
-      "directml_adam": (onnx_optax.directml_adam, dict(beta1=0.85, beta2=0.95, epsilon=0.3)),
-  }
+  from rule_configs import RULE_CONFIGS
+  return {k: (c.make, c.hyper) for k, c in RULE_CONFIGS.items()}
 
 
 def main() -> int:

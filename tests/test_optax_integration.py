@@ -34,6 +34,7 @@ import optax
 import pytest
 
 import onnx_optax
+from rule_configs import RULE_CONFIGS
 from onnx_optax import reference
 
 STEPS = 30
@@ -43,19 +44,7 @@ U32 = 2.0**-24
 
 # (reference rule, factory, hyperparameters, learning rate, a second numeric
 # hyperparameter for sweeps). Every term of every formula matters.
-CONFIGS = {
-    "momentum_standard": ("momentum", onnx_optax.momentum,
-                          dict(alpha=0.9, beta=0.7, mode="standard", norm_coefficient=0.05), 0.05, "alpha"),
-    "momentum_nesterov": ("momentum", onnx_optax.momentum,
-                          dict(alpha=0.8, beta=0.6, mode="nesterov", norm_coefficient=0.05), 0.05, "beta"),
-    "adagrad": ("adagrad", onnx_optax.adagrad,
-                dict(decay_factor=0.2, epsilon=0.5, norm_coefficient=0.05), 0.3, "decay_factor"),
-    "adam": ("adam", onnx_optax.adam,
-             dict(alpha=0.85, beta=0.95, epsilon=0.3, norm_coefficient=0.05,
-                  norm_coefficient_post=0.01), 0.05, "beta"),
-    "directml_adam": ("directml_adam", onnx_optax.directml_adam,
-                      dict(beta1=0.85, beta2=0.95, epsilon=0.3), 0.05, "beta1"),
-}
+CONFIGS = {k: (c.rule, c.make, c.hyper, c.learning_rate, c.sweep) for k, c in RULE_CONFIGS.items()}
 NAMES = sorted(CONFIGS)
 N_STATE = {"momentum": 1, "adagrad": 1, "adam": 2, "directml_adam": 2}
 

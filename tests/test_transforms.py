@@ -29,6 +29,7 @@ import optax
 import pytest
 
 import onnx_optax
+from rule_configs import RULE_CONFIGS
 from onnx_optax import reference
 
 STEPS = 30
@@ -36,19 +37,8 @@ ROUNDINGS = 16
 
 # Every term of every formula matters: non-zero norm_coefficient, beta != 1,
 # epsilon comparable to sqrt(H), decay_factor > 0, norm_coefficient_post > 0.
-CONFIGS = {
-    "momentum_standard": ("momentum", onnx_optax.momentum, onnx_optax.MomentumState,
-                          dict(alpha=0.9, beta=0.7, mode="standard", norm_coefficient=0.05), 0.05),
-    "momentum_nesterov": ("momentum", onnx_optax.momentum, onnx_optax.MomentumState,
-                          dict(alpha=0.8, beta=0.6, mode="nesterov", norm_coefficient=0.05), 0.05),
-    "adagrad": ("adagrad", onnx_optax.adagrad, onnx_optax.AdagradState,
-                dict(decay_factor=0.2, epsilon=0.5, norm_coefficient=0.05), 0.3),
-    "adam": ("adam", onnx_optax.adam, onnx_optax.AdamState,
-             dict(alpha=0.85, beta=0.95, epsilon=0.3, norm_coefficient=0.05,
-                  norm_coefficient_post=0.01), 0.05),
-    "directml_adam": ("directml_adam", onnx_optax.directml_adam, onnx_optax.DirectMLAdamState,
-                      dict(beta1=0.85, beta2=0.95, epsilon=0.3), 0.05),
-}
+CONFIGS = {k: (c.rule, c.make, c.state_cls, c.hyper, c.learning_rate)
+           for k, c in RULE_CONFIGS.items()}
 
 SHAPES = {"w": (4, 3), "b": (3,), "nested": [(), (5,)]}
 
