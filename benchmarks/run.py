@@ -439,14 +439,8 @@ def save(args, out: dict) -> str:
 
 
 def _cpu_name() -> str:
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor()
+  from onnx_optax.conformance.report import processor_name  # The one CPU-model probe.
+  return processor_name()
 
 
 def markdown(out: dict) -> str:

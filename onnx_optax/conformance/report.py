@@ -41,7 +41,7 @@ def _jaxlib_version() -> str | None:
   return getattr(jaxlib, "__version__", None)
 
 
-def _processor() -> str:
+def processor_name() -> str:
   """The CPU model (``device_kind`` of a CPU device is just "cpu")."""
   try:
     with open("/proc/cpuinfo") as f:
@@ -56,7 +56,7 @@ def _processor() -> str:
 def _device_name(platform: str) -> str:
   kind = str(check.device(platform).device_kind)
   if platform == "cpu":
-    return f"{kind} ({_processor()}, {os.cpu_count()} logical cores)"
+    return f"{kind} ({processor_name()}, {os.cpu_count()} logical cores)"
   return f"{kind} (x{len(jax.devices(platform))})"
 
 
