@@ -1,4 +1,4 @@
-"""Input checks shared by the Optax transforms and the ONNX interface.
+"""Input checks shared by the Optax transforms, the ONNX interface and DirectML's call.
 
 Every check runs in Python before any computation, on static information
 (tree structures, shapes, dtypes) or on concrete values. Traced values (under
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -191,3 +192,89 @@ def decays_representable(decays: dict[str, Any], params: Any, state_dtype: Any) 
             f"{name}={value} rounds to 1.0 in {dtype}, the dtype params{path} is computed in, "
             f"so the moment would never decay; keep the state in float32 (state_dtype=jnp.float32) "
             f"or pass {name}=1.0 if that is what you mean")
+
+
+# -- operator arguments (the ONNX interface and DirectML's call) -----------------
+
+def describe(value: Any) -> str:
+  shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+  if shape is not None and dtype is not None:
+    return f"an array of shape {tuple(shape)} and dtype {dtype}"
+  return f"{type(value).__name__} {value!r}"
+
+
+def float_scalar(name: str, value: Any) -> Any:
+  """A float scalar (ONNX ``R``: float or double); returned as an array or float."""
+  if isinstance(value, float):
+    return hyperparameter(name, value)
+  shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+  if shape is None or dtype is None or tuple(shape) != () or not jnp.issubdtype(dtype, jnp.floating):
+    raise TypeError(f"{name} must be a float scalar (ONNX: float or double), got {describe(value)}")
+  return hyperparameter(name, value)
+
+
+def integer_scalar(name: str, value: Any, *, minimum: int, shape_ok: Callable[[tuple], bool] | None = None,
+                    why: str = "") -> Any:
+  """An integer scalar (ONNX ``T``: int64), as a JAX array of its canonical dtype.
+
+  A concrete value must be ``>= minimum`` and fit the integer type JAX gives
+  it: under the default 32-bit mode an int64 ``T`` beyond the int32 range
+  raises instead of wrapping.
+  """
+  if isinstance(value, bool) or isinstance(value, np.bool_):
+    raise TypeError(f"{name} must be an integer scalar (ONNX: int64), got {value!r}")
+  if isinstance(value, numbers.Integral):
+    dtype = jax.dtypes.canonicalize_dtype(np.int64)
+  else:
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    scalar = shape is not None and (tuple(shape) == () or (shape_ok is not None and shape_ok(tuple(shape))))
+    if (not scalar or dtype is None or dtype == np.bool_ or not jnp.issubdtype(dtype, jnp.integer)):
+      raise TypeError(f"{name} must be an integer scalar (ONNX: int64), got {describe(value)}")
+    if tuple(shape) != ():
+      value = jnp.reshape(value, ())
+    if is_traced(value):
+      return value
+    dtype = jax.dtypes.canonicalize_dtype(dtype)
+  number = int(value)
+  if number < minimum:
+    raise ValueError(f"{name} must be >= {minimum}, got {number}{why}")
+  if number > np.iinfo(dtype).max:
+    raise ValueError(
+        f"{name} = {number} does not fit {dtype}, JAX's integer type in its default 32-bit "
+        "mode; run under jax.enable_x64(True) (or JAX_ENABLE_X64=1) to keep it int64")
+  return jnp.asarray(number, dtype)
+
+
+def floating_tensor(name: str, value: Any) -> Any:
+  """A real floating tensor that JAX can hold without changing its dtype."""
+  shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+  if shape is None or dtype is None:
+    raise TypeError(f"{name} must be an array, got {describe(value)}")
+  if not jnp.issubdtype(dtype, jnp.floating):
+    raise TypeError(
+        f"{name} has dtype {dtype}; the tensors must be real floating "
+        "(ONNX: float or double; float16 and bfloat16 are accepted too)")
+  if jax.dtypes.canonicalize_dtype(dtype) != dtype:
+    raise TypeError(
+        f"{name} has dtype {dtype}, which JAX's default 32-bit mode would truncate; "
+        "run under jax.enable_x64(True) (or JAX_ENABLE_X64=1)")
+  return value
+
+
+def block(names: Sequence[str], values: Sequence[Any]) -> list[Any]:
+  """Tensors that must share the first one's shape and dtype (never broadcast)."""
+  tensors = [floating_tensor(name, value) for name, value in zip(names, values)]
+  first, first_name = tensors[0], names[0]
+  for name, tensor in zip(names[1:], tensors[1:]):
+    if tuple(tensor.shape) != tuple(first.shape):
+      raise ValueError(
+          f"{name} has shape {tuple(tensor.shape)} but {first_name} has shape "
+          f"{tuple(first.shape)}; the tensors are never broadcast")
+    if tensor.dtype != first.dtype:
+      raise TypeError(f"{name} has dtype {tensor.dtype} but {first_name} has dtype {first.dtype}")
+  return tensors
+
+
+def as_arrays(tensors: Sequence[Any]) -> list[Any]:
+  """JAX arrays of checked tensors: called once every check has passed."""
+  return [t if is_traced(t) else jnp.asarray(t) for t in tensors]

@@ -35,7 +35,6 @@ from typing import Any
 from jax import Array
 
 from onnx_optax import _checks, rules
-from onnx_optax import onnx as _interface
 
 __all__ = ["adam_optimizer"]
 
@@ -86,12 +85,12 @@ def adam_optimizer(
       beta1=_checks.hyperparameter("beta1", beta1, minimum=0.0, maximum=1.0, maximum_exclusive=True),
       beta2=_checks.hyperparameter("beta2", beta2, minimum=0.0, maximum=1.0),
       epsilon=_checks.hyperparameter("epsilon", epsilon, minimum=0.0))
-  X, M, V, G = _interface._block(
+  X, M, V, G = _checks.block(
       ("input_parameters", "input_first_moment", "input_second_moment", "gradient"),
       (input_parameters, input_first_moment, input_second_moment, gradient))
-  T = _interface._integer_scalar(
+  T = _checks.integer_scalar(
       "training_step", training_step, minimum=1, shape_ok=lambda shape: all(d == 1 for d in shape),
       why=" (at T = 0, Alpha = sqrt(1 - beta2^0) / (1 - beta1^0) is 0/0)")
-  X, M, V, G = _interface._arrays((X, M, V, G))
+  X, M, V, G = _checks.as_arrays((X, M, V, G))
   U, M_new, V_new = rules.directml_adam(X, M, V, G, T, **hyper)
   return X + U, M_new, V_new

@@ -62,13 +62,11 @@ import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
-import jax.numpy as jnp
-import numpy as np
 import optax
 from jax import Array
 
 from onnx_optax import _checks, rules, transforms
+from onnx_optax.directml import adam_optimizer
 
 __all__ = [
     "DOMAIN",
@@ -93,92 +91,6 @@ OPERATORS: dict[str, tuple[str, ...]] = {
 }
 
 
-# -- argument checks (shared with onnx_optax.directml) -----------------------------
-
-def _describe(value: Any) -> str:
-  shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
-  if shape is not None and dtype is not None:
-    return f"an array of shape {tuple(shape)} and dtype {dtype}"
-  return f"{type(value).__name__} {value!r}"
-
-
-def _float_scalar(name: str, value: Any) -> Any:
-  """A float scalar (ONNX ``R``: float or double); returned as an array or float."""
-  if isinstance(value, float):
-    return _checks.hyperparameter(name, value)
-  shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
-  if shape is None or dtype is None or tuple(shape) != () or not jnp.issubdtype(dtype, jnp.floating):
-    raise TypeError(f"{name} must be a float scalar (ONNX: float or double), got {_describe(value)}")
-  return _checks.hyperparameter(name, value)
-
-
-def _integer_scalar(name: str, value: Any, *, minimum: int, shape_ok: Callable[[tuple], bool] | None = None,
-                    why: str = "") -> Any:
-  """An integer scalar (ONNX ``T``: int64), as a JAX array of its canonical dtype.
-
-  A concrete value must be ``>= minimum`` and fit the integer type JAX gives
-  it: under the default 32-bit mode an int64 ``T`` beyond the int32 range
-  raises instead of wrapping.
-  """
-  if isinstance(value, bool) or isinstance(value, np.bool_):
-    raise TypeError(f"{name} must be an integer scalar (ONNX: int64), got {value!r}")
-  if isinstance(value, numbers.Integral):
-    dtype = jax.dtypes.canonicalize_dtype(np.int64)
-  else:
-    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
-    scalar = shape is not None and (tuple(shape) == () or (shape_ok is not None and shape_ok(tuple(shape))))
-    if (not scalar or dtype is None or dtype == np.bool_ or not jnp.issubdtype(dtype, jnp.integer)):
-      raise TypeError(f"{name} must be an integer scalar (ONNX: int64), got {_describe(value)}")
-    if tuple(shape) != ():
-      value = jnp.reshape(value, ())
-    if _checks.is_traced(value):
-      return value
-    dtype = jax.dtypes.canonicalize_dtype(dtype)
-  number = int(value)
-  if number < minimum:
-    raise ValueError(f"{name} must be >= {minimum}, got {number}{why}")
-  if number > np.iinfo(dtype).max:
-    raise ValueError(
-        f"{name} = {number} does not fit {dtype}, JAX's integer type in its default 32-bit "
-        "mode; run under jax.enable_x64(True) (or JAX_ENABLE_X64=1) to keep it int64")
-  return jnp.asarray(number, dtype)
-
-
-def _tensor(name: str, value: Any) -> Array:
-  """A real floating tensor that JAX can hold without changing its dtype."""
-  shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
-  if shape is None or dtype is None:
-    raise TypeError(f"{name} must be an array, got {_describe(value)}")
-  if not jnp.issubdtype(dtype, jnp.floating):
-    raise TypeError(
-        f"{name} has dtype {dtype}; the tensors must be real floating "
-        "(ONNX: float or double; float16 and bfloat16 are accepted too)")
-  if jax.dtypes.canonicalize_dtype(dtype) != dtype:
-    raise TypeError(
-        f"{name} has dtype {dtype}, which JAX's default 32-bit mode would truncate; "
-        "run under jax.enable_x64(True) (or JAX_ENABLE_X64=1)")
-  return value
-
-
-def _block(names: Sequence[str], values: Sequence[Any]) -> list[Array]:
-  """Tensors that must share the first one's shape and dtype (never broadcast)."""
-  tensors = [_tensor(name, value) for name, value in zip(names, values)]
-  first, first_name = tensors[0], names[0]
-  for name, tensor in zip(names[1:], tensors[1:]):
-    if tuple(tensor.shape) != tuple(first.shape):
-      raise ValueError(
-          f"{name} has shape {tuple(tensor.shape)} but {first_name} has shape "
-          f"{tuple(first.shape)}; the tensors are never broadcast")
-    if tensor.dtype != first.dtype:
-      raise TypeError(f"{name} has dtype {tensor.dtype} but {first_name} has dtype {first.dtype}")
-  return tensors
-
-
-def _arrays(tensors: Sequence[Any]) -> list[Array]:
-  """JAX arrays of checked tensors: called once every check has passed."""
-  return [t if _checks.is_traced(t) else jnp.asarray(t) for t in tensors]
-
-
 def _tensor_count(op_type: str, n_inputs: int, what: str = "inputs") -> int:
   """``n`` for ``n_inputs = 2 + k*n``, or a ValueError naming the layout."""
   blocks = ("X", "G", *OPERATORS[op_type])
@@ -198,22 +110,18 @@ def _run(op_type: str, rule: Callable[..., tuple[Array, ...]], R: Any, T: Any,
   """Checks everything, then ``rule`` per tensor; outputs in ONNX's block order."""
   n = _tensor_count(op_type, 2 + len(inputs))
   blocks = ("X", "G", *OPERATORS[op_type])
-  R = _float_scalar("R", R)
-  T = _integer_scalar("T", T, minimum=0, why=" (T counts the updates already conducted)")
+  R = _checks.float_scalar("R", R)
+  T = _checks.integer_scalar("T", T, minimum=0, why=" (T counts the updates already conducted)")
   per_tensor = [
-      _block([f"{b}_{i + 1}" for b in blocks], [inputs[j * n + i] for j in range(len(blocks))])
+      _checks.block([f"{b}_{i + 1}" for b in blocks], [inputs[j * n + i] for j in range(len(blocks))])
       for i in range(n)]
   xs, states = [], [[] for _ in OPERATORS[op_type]]
-  for X, G, *S in map(_arrays, per_tensor):
+  for X, G, *S in map(_checks.as_arrays, per_tensor):
     U, *S_new = rule(R, T, X, G, *S)
     xs.append(X + U)
     for block, s_new in zip(states, S_new):
       block.append(s_new)
   return (*xs, *(s for block in states for s in block))
-
-
-def _attribute(name: str, value: Any) -> Any:
-  return _checks.hyperparameter(name, value)
 
 
 def momentum(R: Any, T: Any, *inputs: Any, alpha: float, beta: float, mode: str,
@@ -234,8 +142,8 @@ def momentum(R: Any, T: Any, *inputs: Any, alpha: float, beta: float, mode: str,
   """
   if not isinstance(mode, str) or mode not in rules.MODES:
     raise ValueError(f"mode must be one of {rules.MODES}, got {mode!r}")
-  hyper = dict(alpha=_attribute("alpha", alpha), beta=_attribute("beta", beta),
-               norm_coefficient=_attribute("norm_coefficient", norm_coefficient))
+  hyper = dict(alpha=_checks.hyperparameter("alpha", alpha), beta=_checks.hyperparameter("beta", beta),
+               norm_coefficient=_checks.hyperparameter("norm_coefficient", norm_coefficient))
 
   def rule(R, T, X, G, V):
     return rules.momentum(R, T, X, G, V, mode=mode, **hyper)
@@ -253,9 +161,9 @@ def adagrad(R: Any, T: Any, *inputs: Any, decay_factor: float = 0.0, epsilon: fl
   schema stores ``epsilon`` as the float32 nearest 1e-6; :func:`run_node`
   passes exactly what the schema stores).
   """
-  hyper = dict(decay_factor=_attribute("decay_factor", decay_factor),
-               epsilon=_attribute("epsilon", epsilon),
-               norm_coefficient=_attribute("norm_coefficient", norm_coefficient))
+  hyper = dict(decay_factor=_checks.hyperparameter("decay_factor", decay_factor),
+               epsilon=_checks.hyperparameter("epsilon", epsilon),
+               norm_coefficient=_checks.hyperparameter("norm_coefficient", norm_coefficient))
 
   def rule(R, T, X, G, H):
     return rules.adagrad(R, T, X, G, H, **hyper)
@@ -274,10 +182,10 @@ def adam(R: Any, T: Any, *inputs: Any, alpha: float = 0.9, beta: float = 0.999,
   schema text's order). With a non-zero ``norm_coefficient_post`` the output
   is ``X + (X_final - X)``, within one rounding of ``X_final``.
   """
-  hyper = dict(alpha=_attribute("alpha", alpha), beta=_attribute("beta", beta),
-               epsilon=_attribute("epsilon", epsilon),
-               norm_coefficient=_attribute("norm_coefficient", norm_coefficient),
-               norm_coefficient_post=_attribute("norm_coefficient_post", norm_coefficient_post))
+  hyper = dict(alpha=_checks.hyperparameter("alpha", alpha), beta=_checks.hyperparameter("beta", beta),
+               epsilon=_checks.hyperparameter("epsilon", epsilon),
+               norm_coefficient=_checks.hyperparameter("norm_coefficient", norm_coefficient),
+               norm_coefficient_post=_checks.hyperparameter("norm_coefficient_post", norm_coefficient_post))
 
   def rule(R, T, X, G, V, H):
     return rules.adam(R, T, X, G, V, H, **hyper)
@@ -441,12 +349,3 @@ def from_node(node: Any, learning_rate: transforms.ScalarOrSchedule, *, initial_
     _tensor_count(op_type, len(node.input), "node inputs")
   make = {"Momentum": transforms.momentum, "Adagrad": transforms.adagrad, "Adam": transforms.adam}[op_type]
   return make(learning_rate, initial_count=initial_count, state_dtype=state_dtype, **attributes)
-
-
-def __getattr__(name: str) -> Any:
-  # onnx_optax.directml uses this module's checks; importing it lazily here
-  # avoids an import cycle whichever of the two modules is imported first.
-  if name == "adam_optimizer":
-    from onnx_optax.directml import adam_optimizer
-    return adam_optimizer
-  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
