@@ -9,7 +9,6 @@ in units of the tolerance of :mod:`onnx_optax.conformance.tolerance`.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,14 +49,6 @@ def has_float64(platform: str) -> bool:
   return platform != "tpu"
 
 
-def x64(enabled: bool) -> contextlib.AbstractContextManager:
-  """``jax.enable_x64(enabled)``, for the JAX versions that have it under another name."""
-  if hasattr(jax, "enable_x64"):
-    return jax.enable_x64(enabled)
-  from jax.experimental import enable_x64, disable_x64  # Older JAX.
-  return enable_x64() if enabled else disable_x64()
-
-
 def make_transform(rule: str, R: float, hyper: dict[str, Any], state_dtype: str | None = None,
                    ) -> optax.GradientTransformationExtraArgs:
   """The Optax transform of a suite rule name with Python-float hyperparameters."""
@@ -90,7 +81,7 @@ def run_transform(rule: str, dtype: str, platform: str, R: float, T: int, hyper:
     the spec's order) and the new count, as NumPy arrays.
   """
   base = "momentum" if rule.startswith("momentum") else rule
-  with x64(numpy_dtype(dtype) == np.float64):
+  with jax.enable_x64(numpy_dtype(dtype) == np.float64):
     dev = device(platform)
     put = lambda leaves: _tree([jax.device_put(np.asarray(x), dev) for x in leaves])  # noqa: E731
     params, grads = put(X), put(G)
