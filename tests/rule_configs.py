@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple
 
+import numpy as np
+
 import onnx_optax
 
 
@@ -39,3 +41,13 @@ RULE_CONFIGS = {
         "directml_adam", onnx_optax.directml_adam, onnx_optax.DirectMLAdamState,
         dict(beta1=0.85, beta2=0.95, epsilon=0.3), 0.05, "beta1"),
 }
+
+
+def first_count(rule: str) -> int:
+  """The spec's ``T`` at a rule's first update (DirectML's step starts at 1)."""
+  return 1 if rule == "directml_adam" else 0
+
+
+def as_float32_sees(value: Any) -> Any:
+  """A hyperparameter as a float32 transform sees it (Python floats are weak float32)."""
+  return value if isinstance(value, str) else float(np.float32(value))

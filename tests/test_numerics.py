@@ -18,6 +18,7 @@ import optax
 import pytest
 
 import onnx_optax
+from rule_configs import as_float32_sees as _f32, first_count as _first_count
 from onnx_optax import reference
 
 INT32_MAX = int(np.iinfo(np.int32).max)
@@ -38,15 +39,6 @@ CONFIGS = {
                       dict(beta1=0.9, beta2=0.999, epsilon=1e-8), 1e-3),
 }
 NAMES = sorted(CONFIGS)
-
-
-def _f32(value):
-  """A hyperparameter as a float32 transform sees it (Python floats are weak float32)."""
-  return value if isinstance(value, str) else float(np.float32(value))
-
-
-def _first_count(rule):
-  return 1 if rule == "directml_adam" else 0
 
 
 def _reference_step(rule, T, X, G, state, hyper, lr):

@@ -34,7 +34,7 @@ import optax
 import pytest
 
 import onnx_optax
-from rule_configs import RULE_CONFIGS
+from rule_configs import RULE_CONFIGS, as_float32_sees as _f32, first_count as _first_count
 from onnx_optax import reference
 
 STEPS = 30
@@ -47,15 +47,6 @@ U32 = 2.0**-24
 CONFIGS = {k: (c.rule, c.make, c.hyper, c.learning_rate, c.sweep) for k, c in RULE_CONFIGS.items()}
 NAMES = sorted(CONFIGS)
 N_STATE = {"momentum": 1, "adagrad": 1, "adam": 2, "directml_adam": 2}
-
-
-def _first_count(rule):
-  return 1 if rule == "directml_adam" else 0
-
-
-def _f32(value):
-  """A hyperparameter as a float32 transform sees it."""
-  return value if isinstance(value, str) else float(np.float32(value))
 
 
 def _seen(hyper):

@@ -47,6 +47,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import onnx_optax
+from rule_configs import as_float32_sees as _f32
 from onnx_optax import directml
 from onnx_optax import onnx as ox
 from onnx_optax import reference
@@ -115,10 +116,6 @@ def problems(draw, rules=tuple(RULES)):
   grads = [_fill(structure, lambda s: (rng.choice([-1, 1], size=s) * rng.uniform(0.5, 2, size=s))
                  .astype(np.float32)) for _ in range(STEPS)]
   return rule, hyper, lr, T0, params, grads
-
-
-def _f32(v):
-  return v if isinstance(v, str) else float(np.float32(v))
 
 
 def _run(opt, params, grads, jit):

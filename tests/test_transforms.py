@@ -29,7 +29,7 @@ import optax
 import pytest
 
 import onnx_optax
-from rule_configs import RULE_CONFIGS
+from rule_configs import RULE_CONFIGS, first_count as _first_count
 from onnx_optax import reference
 
 STEPS = 30
@@ -49,10 +49,6 @@ def _tree(rng, dtype, scale=1.0):
       "b": (scale * rng.normal(size=SHAPES["b"])).astype(dtype),
       "nested": [(scale * rng.normal(size=s)).astype(dtype) for s in SHAPES["nested"]],
   }
-
-
-def _first_count(rule):
-  return 1 if rule == "directml_adam" else 0
 
 
 def _run(config, dtype, jit, nonzero_start):
