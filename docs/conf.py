@@ -94,5 +94,44 @@ def _title_reports(app, docname: str, source: list[str]) -> None:
     source[0] = f"# {title}\n\n{source[0]}"
 
 
+# -- Links to repository files outside docs/ -----------------------------------
+# The pages of docs/ also read well on a code host, where they link to files of
+# the repository: ../README.md, ../notebooks/*.ipynb, ../benchmarks/run.py.
+# myst-parser makes a link to an existing file that is not a page of the site
+# a download (the file is copied into the site), but a link to a Markdown file
+# outside docs/ is taken for a page and fails as an unknown document. Those
+# become downloads too, like every other repository file outside docs/. A link
+# to a file that does not exist still fails the build.
+
+
+def _outside_docs_as_downloads(app, doctree) -> None:
+  from sphinx import addnodes
+
+  srcdir = os.path.realpath(app.srcdir)
+  docdir = os.path.dirname(app.env.doc2path(app.env.docname))
+  for node in list(doctree.findall(addnodes.pending_xref)):
+    if node.get("reftype") != "myst" or node.get("refdomain") != "doc":
+      continue
+    target = node["reftarget"]
+    if target in app.env.found_docs:
+      continue
+    # myst gives a page outside the source directory a docname that is its
+    # path without the suffix; find the file it names.
+    candidates = [os.path.normpath(os.path.join(srcdir, target + suffix))
+                  for suffix in app.config.source_suffix]
+    path = next((c for c in candidates if os.path.isfile(c)), None)
+    if path is None or os.path.realpath(path).startswith(srcdir + os.sep):
+      continue
+    download = addnodes.download_reference(
+        refdomain=None, reftype="myst", refdoc=node["refdoc"], refexplicit=True,
+        reftarget=os.path.relpath(path, docdir))
+    content = node[0].deepcopy()
+    content["classes"] = ["xref", "download", "myst"]
+    download += content
+    node.replace_self(download)
+
+
 def setup(app):
   app.connect("source-read", _title_reports)
+  # Before the environment collects the downloads of the page (priority 500).
+  app.connect("doctree-read", _outside_docs_as_downloads, priority=400)
