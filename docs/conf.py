@@ -13,6 +13,7 @@ NumPy and onnx objects in signatures stay plain text (see ``nitpick_ignore``).
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 # The package from this checkout, also when it is not installed (a fresh clone
@@ -131,7 +132,20 @@ def _outside_docs_as_downloads(app, doctree) -> None:
     node.replace_self(download)
 
 
+# -- NamedTuple fields ----------------------------------------------------------
+# A NamedTuple's fields carry Python's generated docstring "Alias for field
+# number N". The field stays listed (its name is the state's or the scalar's
+# name in docs/spec.md), without that text.
+
+
+def _drop_generated_field_docs(app, what, name, obj, options, lines):
+  if what in ("attribute", "property") and len(lines) <= 2 and lines and re.fullmatch(
+      r"Alias for field number \d+", lines[0].strip()):
+    lines.clear()
+
+
 def setup(app):
   app.connect("source-read", _title_reports)
+  app.connect("autodoc-process-docstring", _drop_generated_field_docs)
   # Before the environment collects the downloads of the page (priority 500).
   app.connect("doctree-read", _outside_docs_as_downloads, priority=400)
