@@ -76,6 +76,14 @@ class Case:
     gradient: ``"normal"``, ``"zero"``, ``"tiny"`` or ``"huge"``.
     state: ``"random"`` (non-zero) or ``"zero"``.
     state_dtype: the transform's ``state_dtype`` (None: the parameters' dtype).
+    schedule_steps: None for a constant learning rate ``R``; else the
+      learning rate is ``optax.linear_schedule(R, 0, schedule_steps)``,
+      evaluated at the number of updates applied (:attr:`learning_rate`).
+    initial_count: the transform's ``initial_count`` (None: its default,
+      :attr:`first_T`).
+    unchecked_limit: why this dtype cannot bound some output elements (an
+      infinite tolerance), for a case that exists to show that limit; None
+      (every case of the grid now) makes any unchecked element a failure.
   """
 
   rule: str
@@ -88,10 +96,33 @@ class Case:
   gradient: str = "normal"
   state: str = "random"
   state_dtype: str | None = None
+  schedule_steps: int | None = None
+  initial_count: int | None = None
+  unchecked_limit: str | None = None
 
   @property
   def id(self) -> str:
     return f"{self.rule}-{self.dtype}-{self.name}"
+
+  @property
+  def first_T(self) -> int:
+    """The ``T`` of the transform's first update: its ``initial_count``."""
+    if self.initial_count is not None:
+      return self.initial_count
+    return 1 if self.rule == "directml_adam" else 0  # DirectML's T starts at 1.
+
+  @property
+  def learning_rate(self) -> float:
+    """The spec's ``R`` of this update, from the case alone (not from Optax).
+
+    With a schedule it is the linear schedule's value after ``n = T -
+    initial_count`` updates: ``R * (1 - min(n, steps) / steps)``, exact in
+    every dtype for the ``R`` and ``steps`` (powers of two) of the grid.
+    """
+    if self.schedule_steps is None:
+      return self.R
+    n = min(self.T - self.first_T, self.schedule_steps)
+    return self.R * (1 - n / self.schedule_steps)
 
   @property
   def base_rule(self) -> str:
@@ -153,6 +184,31 @@ def _edges(rule: str, dtype: str) -> list[Case]:
           c("epsilon=0", hyper=dict(epsilon=0.0))]
 
 
+#: A state dtype narrower than each parameter dtype (or, for float16 and
+#: bfloat16, the other half-precision type: JAX computes in float32 then):
+#: the new state is rounded to it, and only a transform that keeps the
+#: state's dtype passes.
+NARROW_STATE = {"float64": "float32", "float32": "bfloat16", "float16": "bfloat16", "bfloat16": "float16"}
+
+
+def _transform_layer(rule: str, dtype: str, first: int) -> list[Case]:
+  """What the Optax layer adds to the rule: schedules, ``initial_count``, state dtypes.
+
+  A schedule is evaluated at the number of updates applied, ``T -
+  initial_count``; with ``initial_count = 0`` (the ONNX rules' default) that
+  is ``T`` itself, so the ONNX rules also run with ``initial_count = 1``
+  (Adagrad's 1-based convention), where a schedule evaluated at ``T`` is
+  off by one update. R = 0.5 and 16 steps keep every value of the schedule
+  exact in every dtype.
+  """
+  c = lambda name, **kw: _case(rule, dtype, name, **kw)  # noqa: E731
+  grid = [c("schedule", T=first + 3, R=0.5, schedule_steps=16),
+          c(f"state_dtype={NARROW_STATE[dtype]}", state_dtype=NARROW_STATE[dtype])]
+  if first == 0:
+    grid.append(c("schedule,initial_count=1", T=4, R=0.5, schedule_steps=16, initial_count=1))
+  return grid
+
+
 def cases(rule: str, dtype: str, *, large: bool = True) -> list[Case]:
   """Every case of one rule in one dtype.
 
@@ -188,6 +244,7 @@ def cases(rule: str, dtype: str, *, large: bool = True) -> list[Case]:
   else:
     grid.append(c("gradient=tiny", gradient="tiny", hyper=no_l2))
   grid += _edges(rule, dtype)
+  grid += _transform_layer(rule, dtype, first)
   if dtype in ("float16", "bfloat16"):  # The documented way to train in low precision.
     grid.append(c("state_dtype=float32", shapes=((), (3, 5), (1, 7, 2)), state_dtype="float32"))
     grid.append(c(f"state_dtype=float32,T={first}", T=first, state_dtype="float32"))

@@ -10,7 +10,7 @@ in units of the tolerance of :mod:`onnx_optax.conformance.tolerance`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +22,8 @@ from onnx_optax import reference
 from onnx_optax.conformance import tolerance
 from onnx_optax.conformance.cases import INT32_MAX, Case, numpy_dtype
 
-__all__ = ["CaseResult", "check_outputs", "compare", "device", "platforms", "run_case", "x64"]
+__all__ = ["OUTPUT_NAMES", "CaseResult", "Comparison", "check_outputs", "compare", "device", "expected",
+           "has_float64", "make_transform", "platforms", "run_case", "run_transform", "tolerances"]
 
 _PLATFORM_ORDER = ("cpu", "gpu", "tpu")
 
@@ -49,10 +50,16 @@ def has_float64(platform: str) -> bool:
   return platform != "tpu"
 
 
-def make_transform(rule: str, R: float, hyper: dict[str, Any], state_dtype: str | None = None,
-                   ) -> optax.GradientTransformationExtraArgs:
-  """The Optax transform of a suite rule name with Python-float hyperparameters."""
-  extra = {} if state_dtype is None else {"state_dtype": numpy_dtype(state_dtype)}
+def make_transform(rule: str, R: float | optax.Schedule, hyper: dict[str, Any], state_dtype: str | None = None,
+                   initial_count: int | None = None) -> optax.GradientTransformationExtraArgs:
+  """The Optax transform of a suite rule name with Python-float hyperparameters.
+
+  ``R`` is a float or a schedule; ``state_dtype`` and ``initial_count``
+  (None: the transform's default) are passed on.
+  """
+  extra: dict[str, Any] = {} if state_dtype is None else {"state_dtype": numpy_dtype(state_dtype)}
+  if initial_count is not None:
+    extra["initial_count"] = initial_count
   if rule.startswith("momentum"):
     return onnx_optax.momentum(R, **hyper, **extra)
   return {"adagrad": onnx_optax.adagrad, "adam": onnx_optax.adam,
@@ -70,23 +77,28 @@ def _tree(leaves: list[Any]) -> Any:
   return {"a": {"b": leaves[0], "c": leaves[1]}, "d": list(leaves[2:])}  # Flattens in this order.
 
 
-def run_transform(rule: str, dtype: str, platform: str, R: float, T: int, hyper: dict[str, Any],
-                  X: list[np.ndarray], G: list[np.ndarray], state: list[list[np.ndarray]],
-                  state_dtype: str | None = None,
+def run_transform(rule: str, dtype: str, platform: str, R: float | optax.Schedule, T: int,
+                  hyper: dict[str, Any], X: list[np.ndarray], G: list[np.ndarray],
+                  state: list[list[np.ndarray]], state_dtype: str | None = None,
+                  initial_count: int | None = None,
                   ) -> tuple[list[np.ndarray], list[list[np.ndarray]], int]:
   """One jitted update of ``rule`` on the first ``platform`` device.
+
+  ``R`` is the transform's learning rate (a float or a schedule), the other
+  arguments those of :func:`make_transform` and the inputs, in ``dtype``
+  (the state in ``state_dtype``).
 
   Returns:
     ``(X_new, state_new, count)``: the new tensors, the new state tensors (in
     the spec's order) and the new count, as NumPy arrays.
   """
   base = "momentum" if rule.startswith("momentum") else rule
-  with jax.enable_x64(numpy_dtype(dtype) == np.float64):
+  with jax.enable_x64(np.float64 in (numpy_dtype(dtype), numpy_dtype(state_dtype or dtype))):
     dev = device(platform)
     put = lambda leaves: _tree([jax.device_put(np.asarray(x), dev) for x in leaves])  # noqa: E731
     params, grads = put(X), put(G)
     opt_state = _STATE_CLS[base](jax.device_put(jnp.asarray(T, jnp.int32), dev), *(put(s) for s in state))
-    opt = make_transform(rule, R, hyper, state_dtype)
+    opt = make_transform(rule, R, hyper, state_dtype, initial_count)
 
     def step(params, grads, opt_state):
       updates, new_state = opt.update(grads, opt_state, params)
@@ -115,11 +127,17 @@ def expected(rule: str, R: float, T: int, X, G, state, hyper) -> list[tuple[np.n
 
 
 def tolerances(rule: str, dtype: str, platform: str, R: float, T: int, X, G, state, hyper,
-               state_dtype: str | None = None) -> list[tuple[np.ndarray, ...]]:
-  """Per leaf and output: bound(implementation) + bound(reference)."""
+               state_dtype: str | None = None, scalar_dtype: str | None = None,
+               ) -> list[tuple[np.ndarray, ...]]:
+  """Per leaf and output: bound(implementation) + bound(reference).
+
+  ``scalar_dtype``: the dtype of the rule's ``T``-dependent scalars when it
+  is not the default (see :func:`tolerance.implementation_context`).
+  """
   base = "momentum" if rule.startswith("momentum") else rule
   impl = tolerance.implementation_context(numpy_dtype(dtype), platform,
-                                          state_dtype and numpy_dtype(state_dtype))
+                                          state_dtype and numpy_dtype(state_dtype),
+                                          scalar_dtype and numpy_dtype(scalar_dtype))
   ref = tolerance.reference_context()
   outs = []
   for i, (x, g) in enumerate(zip(X, G)):
@@ -130,15 +148,30 @@ def tolerances(rule: str, dtype: str, platform: str, R: float, T: int, X, G, sta
   return outs
 
 
-def compare(got: np.ndarray, want: np.ndarray, tol: np.ndarray) -> tuple[float, int, int]:
-  """Worst ``|got - want| / tol``; the index of the worst element; loose elements.
+class Comparison(NamedTuple):
+  """The outcome of :func:`compare` on one output tensor."""
+
+  worst: float  #: largest ``|got - want| / tol``
+  index: int  #: flat index of that element
+  loose: int  #: elements whose tolerance reaches their magnitude
+  unchecked: int  #: finite elements with an infinite tolerance
+
+
+def compare(got: np.ndarray, want: np.ndarray, tol: np.ndarray) -> Comparison:
+  """Worst ``|got - want| / tol``, where, and the elements checked weakly or not at all.
 
   NaN must match NaN and an infinity the same infinity (ratio 0, else inf).
-  Where ``tol`` is infinite the element is not checked beyond its
-  finiteness. Elements whose tolerance reaches the expected value's
-  magnitude (the dtype cannot hold the result, e.g. bfloat16's
-  ``1 - 0.999 == 0``) are counted as *loose*: the check holds, but
+  Where ``tol`` is infinite the element is checked for nothing but
+  finiteness: it is counted as *unchecked*, and a case with any fails
+  unless it documents that limit (:attr:`Case.unchecked_limit`). Elements
+  whose tolerance reaches the expected value's magnitude (cancellation in
+  ``alpha * V + beta * G``) are counted as *loose*: the check holds, but
   guarantees no significant digit there.
+
+  Example:
+    >>> import numpy as np
+    >>> compare(np.array([1.0, 2.5, 7.0]), np.array([1.0, 2.0, 3.0]), np.array([1.0, 1.0, np.inf]))
+    Comparison(worst=0.5, index=1, loose=1, unchecked=1)
   """
   want = np.asarray(want, np.float64)
   tol = np.broadcast_to(np.asarray(tol, np.float64), want.shape).ravel()
@@ -152,11 +185,11 @@ def compare(got: np.ndarray, want: np.ndarray, tol: np.ndarray) -> tuple[float, 
   ratio = np.where(special, np.where(same_special, 0.0, np.inf), ratio)
   unbounded = np.isinf(tol) & ~special
   ratio = np.where(unbounded, 0.0, ratio)
-  loose = ~special & (tol >= np.abs(want)) & (want != 0)
+  loose = ~special & ~unbounded & (tol >= np.abs(want)) & (want != 0)
   if ratio.size == 0:
-    return 0.0, 0, 0
+    return Comparison(0.0, 0, 0, 0)
   worst = int(np.argmax(ratio))
-  return float(ratio[worst]), worst, int(loose.sum())
+  return Comparison(float(ratio[worst]), worst, int(loose.sum()), int(unbounded.sum()))
 
 
 @dataclass
@@ -165,8 +198,11 @@ class CaseResult:
 
   ``worst`` is the largest error over all outputs and elements in units of
   the tolerance (``<= 1`` passes); ``where`` names that element; ``loose``
-  counts the elements whose tolerance reaches their magnitude (see
-  :func:`compare`).
+  counts the elements whose tolerance reaches their magnitude and
+  ``unchecked`` those whose tolerance is infinite (see :func:`compare`).
+  A case with unchecked elements passes only with ``limit``: the
+  documented limit of its dtype that makes them unavoidable
+  (:attr:`Case.unchecked_limit`).
   """
 
   rule: str
@@ -178,10 +214,14 @@ class CaseResult:
   loose: int = 0
   count_ok: bool = True
   error: str = ""
+  unchecked: int = 0
+  limit: str | None = None
+  wrong_dtypes: str = ""
 
   @property
   def passed(self) -> bool:
-    return self.worst <= 1.0 and self.count_ok and not self.error
+    return (self.worst <= 1.0 and self.count_ok and not self.error and not self.wrong_dtypes
+            and (self.unchecked == 0 or bool(self.limit)))
 
 
 OUTPUT_NAMES = {"momentum": ("X_new", "V_new"), "adagrad": ("X_new", "H_new"),
@@ -189,32 +229,49 @@ OUTPUT_NAMES = {"momentum": ("X_new", "V_new"), "adagrad": ("X_new", "H_new"),
 
 
 def check_outputs(case: Case, platform: str, got_x, got_state, got_count: int | None, inputs=None) -> CaseResult:
-  """Checks given outputs of ``case`` (from any implementation) against the reference."""
+  """Checks given outputs of ``case`` (from any implementation) against the reference.
+
+  Values (in units of the tolerance), the new count (``T + 1``, saturating
+  at the int32 maximum) and dtypes: the new parameters keep the case's
+  dtype and the new state the case's ``state_dtype``.
+  """
   X, G, state = inputs if inputs is not None else case.inputs()
-  want = expected(case.rule, case.R, case.T, X, G, state, case.hyper)
-  tol = tolerances(case.rule, case.dtype, platform, case.R, case.T, X, G, state, case.hyper,
-                   case.state_dtype)
+  R = case.learning_rate
+  want = expected(case.rule, R, case.T, X, G, state, case.hyper)
+  # Optax's schedules are evaluated at the int32 count and return float32,
+  # under x64 too: the rule's scalars are then computed in float32.
+  scalar_dtype = "float32" if case.schedule_steps is not None else None
+  tol = tolerances(case.rule, case.dtype, platform, R, case.T, X, G, state, case.hyper,
+                   case.state_dtype, scalar_dtype)
   names = OUTPUT_NAMES[case.base_rule]
-  worst, where, loose = 0.0, "", 0
+  worst, where, loose, unchecked = 0.0, "", 0, 0
   for leaf in range(len(X)):
     got = [got_x[leaf]] + [s[leaf] for s in got_state]
     for k, name in enumerate(names):
-      ratio, index, n = compare(got[k], want[leaf][k], tol[leaf][k])
-      loose += n
+      ratio, index, n, m = compare(got[k], want[leaf][k], tol[leaf][k])
+      loose, unchecked = loose + n, unchecked + m
       if ratio > worst or not where:
         flat_got = np.asarray(got[k]).astype(np.float64).ravel()
         worst, where = ratio, (f"{name}[leaf {leaf}, element {index}]: got {float(flat_got[index])!r}, "
                                f"expected {float(np.ravel(want[leaf][k])[index])!r}")
   count_ok = got_count is None or got_count == min(case.T + 1, INT32_MAX)
-  return CaseResult(case.rule, case.dtype, case.name, platform, worst, where, loose, count_ok)
+  wrong = []
+  for label, arrays, dtype in [("X_new", got_x, case.dtype)] + [
+      (names[k + 1], s, case.state_dtype or case.dtype) for k, s in enumerate(got_state)]:
+    found = sorted({str(np.asarray(a).dtype) for a in arrays if hasattr(a, "dtype")} - {str(numpy_dtype(dtype))})
+    if found:
+      wrong.append(f"{label} in {', '.join(found)}, expected {dtype}")
+  return CaseResult(case.rule, case.dtype, case.name, platform, worst, where, loose, count_ok,
+                    unchecked=unchecked, limit=case.unchecked_limit, wrong_dtypes="; ".join(wrong))
 
 
 def run_case(case: Case, platform: str = "cpu") -> CaseResult:
   """Runs ``case`` through its Optax transform on ``platform`` and checks it."""
   inputs = case.inputs()
+  R = case.R if case.schedule_steps is None else optax.linear_schedule(case.R, 0.0, case.schedule_steps)
   try:
-    got_x, got_state, count = run_transform(case.rule, case.dtype, platform, case.R, case.T,
-                                            case.hyper, *inputs, state_dtype=case.state_dtype)
+    got_x, got_state, count = run_transform(case.rule, case.dtype, platform, R, case.T, case.hyper, *inputs,
+                                            state_dtype=case.state_dtype, initial_count=case.initial_count)
   except Exception as e:  # noqa: BLE001 -- reported as a failure with its message.
     return CaseResult(case.rule, case.dtype, case.name, platform, float("inf"), "", error=repr(e))
   return check_outputs(case, platform, got_x, got_state, count, inputs)

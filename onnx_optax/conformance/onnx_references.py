@@ -108,18 +108,18 @@ def _check(label: str, rule: str, dtype: str, platform: str, R: float, T: int, h
   impl = tolerance.implementation_context(np.dtype(dtype), platform)
   n = len(X)
   got = list(got_x) + [x for block in got_state for x in block]
-  worst, where, loose = 0.0, "", 0
+  worst, where, loose, unchecked = 0.0, "", 0, 0
   for i in range(n):
     s = [block[i] for block in state]
     tols = [a + b for a, b in zip(tolerance.bounds(base, impl, R, T, X[i], G[i], s, **hyper),
                                   tolerance.bounds(base, other, R, T, X[i], G[i], s, **hyper))]
     for k, tol in enumerate(tols):
-      ratio, index, m = check.compare(got[k * n + i], want[k * n + i], tol)
-      loose += m
+      ratio, index, m, inf = check.compare(got[k * n + i], want[k * n + i], tol)
+      loose, unchecked = loose + m, unchecked + inf
       if ratio > worst or not where:
         worst, where = ratio, f"output {k * n + i}, element {index}"
   count_ok = count == T + 1
-  return CaseResult(rule, dtype, label, platform, worst, where, loose, count_ok)
+  return CaseResult(rule, dtype, label, platform, worst, where, loose, count_ok, unchecked=unchecked)
 
 
 def run_backend_case(name: str, platform: str = "cpu", cases: dict[str, Any] | None = None) -> CaseResult:

@@ -62,10 +62,24 @@ def _device_name(platform: str) -> str:
 
 def _row(platform: str, rule: str, dtype: str, results: list[CaseResult]) -> dict[str, Any]:
   worst = max(results, key=lambda r: r.worst)
-  failures = [f"{r.name}: {r.error or r.where or 'count'} ({r.worst:.3g})" for r in results if not r.passed]
+  failures = [f"{r.name}: {_why(r)} ({r.worst:.3g})" for r in results if not r.passed]
+  limits = [f"{r.name}: {r.unchecked} unchecked, {r.limit}" for r in results if r.unchecked and r.limit]
   return dict(platform=platform, rule=rule, dtype=dtype, cases=len(results), worst=worst.worst,
               worst_case=worst.name, where=worst.where, loose=sum(r.loose for r in results),
+              unchecked=sum(r.unchecked for r in results), limits=limits,
               passed=all(r.passed for r in results), failures=failures)
+
+
+def _why(r: CaseResult) -> str:
+  if r.error:
+    return r.error
+  if r.worst > 1:
+    return r.where
+  if not r.count_ok:
+    return "count not advanced to T + 1"
+  if r.wrong_dtypes:
+    return r.wrong_dtypes
+  return f"{r.unchecked} elements unchecked (infinite tolerance) and no documented limit"
 
 
 def run(platforms: Sequence[str] | None = None, *, include_onnx: bool = True, large: bool = True,
@@ -109,15 +123,16 @@ def run(platforms: Sequence[str] | None = None, *, include_onnx: bool = True, la
       for name in refs.BACKEND_CASES:
         r = refs.run_backend_case(name, platform, backend)
         report["onnx_rows"].append(dict(platform=platform, source="onnx backend test case", name=name,
-                                         dtype=r.dtype, worst=r.worst, passed=r.passed,
-                                         error=r.error))
+                                         dtype=r.dtype, worst=r.worst, unchecked=r.unchecked,
+                                         passed=r.passed, error=r.error))
       for label, node, inputs in refs.evaluator_cases():
         if not check.has_float64(platform):
           report["skipped"].append(dict(platform=platform, rule=label, dtype="float64", reason=NO_FLOAT64))
           continue
         r = refs.run_evaluator_case(label, node, inputs, platform)
         report["onnx_rows"].append(dict(platform=platform, source="onnx ReferenceEvaluator", name=r.name,
-                                        dtype="float64", worst=r.worst, passed=r.passed, error=r.error))
+                                        dtype="float64", worst=r.worst, unchecked=r.unchecked,
+                                        passed=r.passed, error=r.error))
       log(f"{platform} onnx references: done")
   report["seconds"] = round(time.perf_counter() - start, 1)
   report["passed"] = all(r["passed"] for r in report["rows"] + report["onnx_rows"])
@@ -135,13 +150,15 @@ def format_table(report: dict[str, Any]) -> str:
   for p, kind in report["devices"].items():
     lines.append(f"  {p}: {kind}")
   lines.append("worst = largest |got - expected| / tolerance over all cases and elements (pass: <= 1); "
-               "loose = elements whose tolerance reaches their magnitude")
-  header = f"{'device':<6} {'rule':<18} {'dtype':<9} {'cases':>5} {'worst':>8} {'loose':>7}  result"
+               "loose = elements whose tolerance reaches their magnitude; unchecked = elements with an "
+               "infinite tolerance (a failure unless a documented limit of the dtype)")
+  header = (f"{'device':<6} {'rule':<18} {'dtype':<9} {'cases':>5} {'worst':>8} {'loose':>7} "
+            f"{'unchecked':>9}  result")
   lines += [header, "-" * len(header)]
   for r in report["rows"]:
     lines.append(f"{r['platform']:<6} {r['rule']:<18} {r['dtype']:<9} {r['cases']:>5} {r['worst']:>8.3f} "
-                 f"{r['loose']:>7}  {_mark(r['passed'])}")
-    for f in r["failures"]:
+                 f"{r['loose']:>7} {r['unchecked']:>9}  {_mark(r['passed'])}")
+    for f in r["failures"] + r["limits"]:
       lines.append(f"         {f}")
   if report["onnx_rows"]:
     lines.append("")
@@ -169,13 +186,19 @@ def format_markdown(report: dict[str, Any], command: str = "python -m onnx_optax
          "`worst` is the largest `|got - expected| / tolerance` over every case and element "
          "(expected: the float64 NumPy reference; tolerance: the rounding-error bound of "
          "[docs/conformance.md](../conformance.md)); a case passes at `<= 1`. `loose` counts "
-         "elements whose tolerance reaches their own magnitude (the dtype cannot hold the "
-         "result, e.g. bfloat16 rounds `beta = 0.999` to 1).", "",
-         "| device | rule | dtype | cases | worst | loose | result |",
-         "|---|---|---|---:|---:|---:|---|"]
+         "elements whose tolerance reaches their own magnitude (cancellation: the check holds "
+         "but guarantees no significant digit there). `unchecked` counts elements whose "
+         "tolerance is infinite, checked for finiteness only: a case with any fails unless it "
+         "documents that limit of its dtype (listed below the table).", "",
+         "| device | rule | dtype | cases | worst | loose | unchecked | result |",
+         "|---|---|---|---:|---:|---:|---:|---|"]
   for r in report["rows"]:
     out.append(f"| {r['platform']} | {r['rule']} | {r['dtype']} | {r['cases']} | {r['worst']:.3f} | "
-               f"{r['loose']} | {_mark(r['passed'])} |")
+               f"{r['loose']} | {r['unchecked']} | {_mark(r['passed'])} |")
+  limits = [(r, f) for r in report["rows"] for f in r["limits"]]
+  if limits:
+    out += ["", "Documented limits:", ""] + [f"- {r['platform']} {r['rule']} {r['dtype']}: {f}"
+                                              for r, f in limits]
   failures = [(r, f) for r in report["rows"] for f in r["failures"]]
   if failures:
     out += ["", "Failures:", ""] + [f"- {r['platform']} {r['rule']} {r['dtype']}: {f}" for r, f in failures]

@@ -86,7 +86,7 @@ import ml_dtypes
 import numpy as np
 
 __all__ = ["Bounded", "Context", "K_TRANSCENDENTAL", "bounds", "evaluator_context", "implementation_context",
-           "reference_context"]
+           "promote", "reference_context"]
 
 #: Unit roundoffs (in units of u) allowed for each of XLA's float32 / float64
 #: ``log`` and ``expm1``: two ulps each. IEEE does not specify them.
@@ -132,6 +132,9 @@ class Context:
     param: when the parameters' dtype is narrower than the compute dtype
       (``state_dtype=float32`` with float16 parameters), its context: the
       update is rounded to it, then added to ``X`` in it.
+    state: when the state's dtype is narrower than the compute dtype
+      (``state_dtype=bfloat16`` with float32 parameters), its context: the
+      new state is rounded to it (:meth:`store`).
   """
 
   dtype: Any
@@ -143,6 +146,7 @@ class Context:
   scalar: "Context | None" = None
   one_minus_u: float | None = None
   param: "Context | None" = None
+  state: "Context | None" = None
 
   # -- rounding ---------------------------------------------------------------
   def _rounded(self, v: np.ndarray, e: np.ndarray, k: float = 1.0) -> Bounded:
@@ -154,14 +158,28 @@ class Context:
   def sub(self, a: Bounded, b: Bounded) -> Bounded:
     return self._rounded(a.v - b.v, a.e + b.e)
 
-  def one_minus(self, a: Bounded) -> Bounded:
-    """``1 - a`` for a hyperparameter ``a`` (``one_minus_u``: rounded to float32)."""
-    if self.one_minus_u is None:
-      return self.sub(Bounded(1.0), a)
-    # The evaluator: ``a`` is an exact float32 attribute, the rounding of
-    # 1 - a to float32 is known exactly (often 0, by Sterbenz' lemma).
-    v = 1.0 - a.v
-    return Bounded(v, a.e + np.abs(v.astype(np.float32).astype(np.float64) - v))
+  def one_minus(self, value: float) -> Bounded:
+    """``1 - value`` for a Python-float hyperparameter (a decay), as this context computes it.
+
+    The implementation (``hyper_dtype`` set) follows ``rules._one_minus``:
+    ``value`` rounded to the hyperparameter dtype, ``1 - value`` computed
+    there, and the difference rounded once to ``dtype``. Only that is
+    charged, not a rounding of ``value`` to ``dtype`` first: bfloat16 rounds
+    ``beta = 0.999`` to 1, and a rule that subtracted after that rounding
+    would compute ``1 - beta = 0`` and must fail.
+
+    The reference (no ``hyper_dtype``) subtracts in float64; the evaluator
+    (``one_minus_u``) gets ``value`` as a float32 attribute and rounds
+    ``1 - value`` to float32, a rounding known exactly (often 0, by
+    Sterbenz' lemma).
+    """
+    if self.one_minus_u is not None:
+      v = np.float64(1.0 - value)
+      return Bounded(v, np.abs(v.astype(np.float32).astype(np.float64) - v))
+    if self.hyper_dtype is None:
+      return self.sub(self.exact(1.0), self.const(value))
+    s = self.scalar
+    return self.to_elementwise(s.sub(s.exact(1.0), s.const(value)))
 
   def apply(self, X: Bounded, U: Bounded) -> Bounded:
     """``X + U`` in the parameters' dtype, ``U`` rounded to it first (``param``)."""
@@ -174,6 +192,12 @@ class Context:
     if self.param is None:
       return self.sub(X, step)
     return self.apply(X, Bounded(-step.v, step.e))
+
+  def store(self, S: Bounded) -> Bounded:
+    """A new state tensor as stored: rounded to the state's dtype (``state``)."""
+    if self.state is None:
+      return S
+    return self.state._rounded(S.v, S.e)
 
   def mul(self, a: Bounded, b: Bounded) -> Bounded:
     return self._rounded(a.v * b.v, np.abs(a.v) * b.e + np.abs(b.v) * a.e + a.e * b.e)
@@ -229,6 +253,14 @@ class Context:
     return Bounded(value, e0 + k * self.u * (abs(value) + e0) + self.tiny)
 
 
+def promote(a: Any, b: Any) -> np.dtype:
+  """The dtype JAX computes ``a op b`` in: the wider; float32 for float16 with bfloat16."""
+  a, b = np.dtype(a), np.dtype(b)
+  if {a, b} == {np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)}:
+    return np.dtype(np.float32)
+  return np.promote_types(a, b)
+
+
 def _tiny(dtype: Any, platform: str) -> float:
   info = ml_dtypes.finfo(dtype)
   if platform == "tpu":
@@ -236,17 +268,30 @@ def _tiny(dtype: Any, platform: str) -> float:
   return float(info.smallest_subnormal) / 2
 
 
-def implementation_context(dtype: Any, platform: str = "cpu", state_dtype: Any = None) -> Context:
+def implementation_context(dtype: Any, platform: str = "cpu", state_dtype: Any = None,
+                           hyper_dtype: Any = None) -> Context:
   """How the JAX rules round in ``dtype`` on ``platform`` (see the module docstring).
 
-  With a wider ``state_dtype`` the rule runs in it and only the update is
-  rounded to ``dtype`` and added there (the transforms' ``state_dtype``).
+  With a ``state_dtype`` other than ``dtype`` (the transforms'
+  ``state_dtype``) the rule runs in the wider of the two (float32 for
+  float16 with bfloat16, as in JAX); the update is rounded to ``dtype`` and
+  added there, the new state rounded to ``state_dtype``, where narrower.
+  ``hyper_dtype`` is the dtype of the ``T``-dependent scalars when it is
+  not the default (float64 for float64, else float32): a float32 learning
+  rate (an Optax schedule's value) makes them float32 under x64 too.
   """
   dtype = np.dtype(dtype)
-  if state_dtype is not None and np.dtype(state_dtype) != dtype:
-    compute = implementation_context(np.promote_types(dtype, state_dtype), platform)
-    return dataclasses.replace(compute, param=implementation_context(dtype, platform))
-  hyper = np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
+  state = dtype if state_dtype is None else np.dtype(state_dtype)
+  if state != dtype:
+    compute = promote(dtype, state)
+    return dataclasses.replace(
+        implementation_context(compute, platform, hyper_dtype=hyper_dtype),
+        param=None if dtype == compute else implementation_context(dtype, platform),
+        state=None if state == compute else implementation_context(state, platform))
+  if hyper_dtype is not None:
+    hyper = np.dtype(hyper_dtype)
+  else:
+    hyper = np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
   u = unit_roundoff(dtype)
   exact_ops = platform == "cpu" or dtype == np.float64
   k = 1.0 if exact_ops else 1.0 + 3 * _U32 / u
@@ -290,7 +335,7 @@ def _momentum(c: Context, R, T, X, G, V, *, alpha, beta, mode, norm_coefficient)
     step = c.mul(R_, V_new)
   else:
     step = c.mul(R_, c.add(G_regularized, c.mul(alpha_, V_new)))
-  return c.finish(X, step).e, V_new.e
+  return c.finish(X, step).e, c.store(V_new).e
 
 
 def _adagrad(c: Context, R, T, X, G, H, *, decay_factor, epsilon, norm_coefficient):
@@ -302,7 +347,7 @@ def _adagrad(c: Context, R, T, X, G, H, *, decay_factor, epsilon, norm_coefficie
   H_new = c.add(H, c.mul(G_regularized, G_regularized))
   H_adaptive = c.add(c.sqrt(H_new), eps)
   step = c.div(c.mul(r, G_regularized), H_adaptive)
-  return c.finish(X, step).e, H_new.e
+  return c.finish(X, step).e, c.store(H_new).e
 
 
 def _adam(c: Context, R, T, X, G, V, H, *, alpha, beta, epsilon, norm_coefficient, norm_coefficient_post):
@@ -313,20 +358,20 @@ def _adam(c: Context, R, T, X, G, V, H, *, alpha, beta, epsilon, norm_coefficien
     R_adjusted = s.const(R)
   R_adjusted = c.to_elementwise(R_adjusted)
   alpha_, beta_, eps = c.const(alpha), c.const(beta), c.const(epsilon)
-  nc, post = c.const(norm_coefficient), c.const(norm_coefficient_post)
-  one, X, G, V, H = c.exact(1.0), c.exact(X), c.exact(G), c.exact(V), c.exact(H)
+  nc = c.const(norm_coefficient)
+  X, G, V, H = c.exact(X), c.exact(G), c.exact(V), c.exact(H)
   G_regularized = c.add(c.mul(nc, X), G)
-  V_new = c.add(c.mul(alpha_, V), c.mul(c.one_minus(alpha_), G_regularized))
-  H_new = c.add(c.mul(beta_, H), c.mul(c.mul(c.one_minus(beta_), G_regularized), G_regularized))
+  V_new = c.add(c.mul(alpha_, V), c.mul(c.one_minus(alpha), G_regularized))
+  H_new = c.add(c.mul(beta_, H), c.mul(c.mul(c.one_minus(beta), G_regularized), G_regularized))
   H_sqrt = c.add(c.sqrt(H_new), eps)
   step = c.div(c.mul(R_adjusted, V_new), H_sqrt)
   if norm_coefficient_post == 0:
     X_new = c.finish(X, step)
   else:
-    X_new = c.mul(c.one_minus(post), c.sub(X, step))
+    X_new = c.mul(c.one_minus(norm_coefficient_post), c.sub(X, step))
     if c.hyper_dtype is not None:  # The transform's U = X_final - X, then X + U.
       X_new = c.apply(X, c.sub(X_new, X))
-  return X_new.e, V_new.e, H_new.e
+  return X_new.e, c.store(V_new).e, c.store(H_new).e
 
 
 def _directml_adam(c: Context, R, T, X, G, M, V, *, beta1, beta2, epsilon):
@@ -334,11 +379,11 @@ def _directml_adam(c: Context, R, T, X, G, M, V, *, beta1, beta2, epsilon):
   Alpha = s.div(s.sqrt(s.one_minus_power(beta2, T)), s.one_minus_power(beta1, T))
   step_size = c.to_elementwise(s.mul(s.const(R), Alpha))
   b1, b2, eps = c.const(beta1), c.const(beta2), c.const(epsilon)
-  one, X, G, M, V = c.exact(1.0), c.exact(X), c.exact(G), c.exact(M), c.exact(V)
-  M_new = c.add(c.mul(b1, M), c.mul(c.one_minus(b1), G))
-  V_new = c.add(c.mul(b2, V), c.mul(c.mul(c.one_minus(b2), G), G))
+  X, G, M, V = c.exact(X), c.exact(G), c.exact(M), c.exact(V)
+  M_new = c.add(c.mul(b1, M), c.mul(c.one_minus(beta1), G))
+  V_new = c.add(c.mul(b2, V), c.mul(c.mul(c.one_minus(beta2), G), G))
   X_new = c.finish(X, c.div(c.mul(step_size, M_new), c.add(c.sqrt(V_new), eps)))
-  return X_new.e, M_new.e, V_new.e
+  return X_new.e, c.store(M_new).e, c.store(V_new).e
 
 
 _BOUNDS = {"momentum": _momentum, "adagrad": _adagrad, "adam": _adam, "directml_adam": _directml_adam}
