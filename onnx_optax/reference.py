@@ -1,4 +1,4 @@
-"""NumPy expectations for the four rules, written from SPEC.md alone.
+"""NumPy expectations for the four rules, written from docs/spec.md alone.
 
 Nothing here imports JAX or calls :mod:`onnx_optax.rules`: these functions are
 an independent transcription of the spec, so that the tests and the
