@@ -1,0 +1,27 @@
+"""Bridges that carry a training run, optimizer state included, across frameworks.
+
+* :func:`from_torch` / :func:`to_torch`: ``torch.optim.SGD`` (ONNX
+  ``Momentum``) and ``torch.optim.Adagrad`` (ONNX ``Adagrad``);
+  :func:`torch_params` copies the weights.
+* :func:`from_keras` / :func:`to_keras`: Keras 3's ``keras.optimizers.Adam``
+  (DirectML Adam, on any Keras backend).
+
+``from_*(optimizer, params)`` returns ``(tx, state)``: the transform of
+:mod:`onnx_optax.transforms` with the other optimizer's hyperparameters and
+the state with its tensors, so that the next JAX updates are the steps the
+other framework would have taken. ``to_*(state, optimizer)`` loads the state
+back. Whatever does not map exactly is refused, with the reason and the
+nearest exact alternative. The tables, the refusals and the bounds that the
+tests check: docs/interop.md.
+
+The bridges only map state: every formula is the transforms'. Importing this
+package imports neither PyTorch nor Keras; a function that needs one imports
+it and says which extra installs it (``pip install 'onnx_optax[interop]'``).
+"""
+
+from __future__ import annotations
+
+from onnx_optax.interop.keras import from_keras, to_keras
+from onnx_optax.interop.torch import from_torch, to_torch, torch_params
+
+__all__ = ["from_keras", "from_torch", "to_keras", "to_torch", "torch_params"]

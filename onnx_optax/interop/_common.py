@@ -1,0 +1,224 @@
+"""What the PyTorch and Keras bridges share: lazy imports, leaf checks, state surgery.
+
+Nothing here knows a rule's formula. A bridge decides which transform of
+:mod:`onnx_optax.transforms` and which hyperparameters reproduce another
+framework's optimizer, builds it, calls its ``init`` and then writes the other
+framework's state tensors into the state ``init`` returned. The reverse
+direction reads them back out of the same places.
+"""
+
+from __future__ import annotations
+
+import importlib
+import numbers
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from onnx_optax import transforms
+
+#: The transforms' state NamedTuples: what the bridges look for inside a state
+#: (alone, in an ``optax.chain`` or under ``optax.multi_transform``).
+RULE_STATES = (
+    transforms.MomentumState,
+    transforms.AdagradState,
+    transforms.AdamState,
+    transforms.DirectMLAdamState,
+)
+
+
+def require(module: str, caller: str) -> ModuleType:
+  """Imports ``module`` or says which extra installs it."""
+  try:
+    return importlib.import_module(module)
+  except ImportError as error:
+    raise ImportError(
+        f"{caller} needs {module}, which is not installed: "
+        f"pip install 'onnx_optax[interop]'") from error
+
+
+def leaf_paths(params: Any) -> tuple[list[Any], jax.tree_util.PyTreeDef, list[str]]:
+  """The leaves of ``params``, its structure, and each leaf's path as text."""
+  with_path, treedef = jax.tree_util.tree_flatten_with_path(params)
+  return ([leaf for _, leaf in with_path], treedef,
+          [jax.tree_util.keystr(path) or "<root>" for path, _ in with_path])
+
+
+def dtype_name(dtype: Any) -> str:
+  """A dtype's NumPy name: ``torch.float32`` and ``jnp.float32`` give ``float32``."""
+  text = str(dtype)
+  return text.removeprefix("torch.")
+
+
+def check_leaves(
+    leaves: Sequence[Any],
+    paths: Sequence[str],
+    others: Sequence[tuple[tuple[int, ...], str, str]],
+    framework: str,
+) -> None:
+  """Checks that the JAX leaves match the other framework's parameters one by one.
+
+  Args:
+    leaves: the leaves of the JAX ``params`` (anything with ``shape`` and
+      ``dtype``).
+    paths: their pytree paths, for the error messages.
+    others: per parameter of the other framework, ``(shape, dtype name,
+      description)``, in its order.
+    framework: ``"PyTorch"`` or ``"Keras"``, for the error messages.
+
+  Raises:
+    ValueError: different numbers of leaves, or a shape or dtype that differs
+      (nothing is broadcast or cast).
+  """
+  if len(leaves) != len(others):
+    raise ValueError(
+        f"params has {len(leaves)} leaves but the {framework} optimizer has {len(others)} "
+        f"parameters; jax.tree.leaves(params) must list them in the optimizer's order")
+  for leaf, path, (shape, dtype, where) in zip(leaves, paths, others):
+    if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
+      raise TypeError(f"params{path} must be an array, got {type(leaf).__name__}")
+    if tuple(leaf.shape) != tuple(shape):
+      raise ValueError(
+          f"params{path} has shape {tuple(leaf.shape)} but the {framework} {where} has shape "
+          f"{tuple(shape)}")
+    if jnp.dtype(leaf.dtype).name != dtype:
+      raise ValueError(
+          f"params{path} has dtype {jnp.dtype(leaf.dtype).name} but the {framework} {where} "
+          f"has dtype {dtype} (nothing is cast; for float64 enable jax_enable_x64)")
+
+
+def put_like(value: np.ndarray, leaf: Any) -> jax.Array:
+  """``value`` as a JAX array with ``leaf``'s dtype, on ``leaf``'s devices."""
+  array = jnp.asarray(value, dtype=leaf.dtype)
+  sharding = getattr(leaf, "sharding", None)
+  return jax.device_put(array, sharding) if sharding is not None else array
+
+
+def real_number(name: str, value: Any) -> float:
+  """A hyperparameter read from another framework, as a Python float.
+
+  Scalar tensors (PyTorch accepts a tensor ``lr``) are read with their value:
+  it is the number the other framework computes with.
+  """
+  if isinstance(value, bool) or value is None:
+    raise TypeError(f"{name} must be a real number, got {value!r}")
+  if isinstance(value, numbers.Real):
+    return float(value)
+  try:
+    array = np.asarray(value)
+  except Exception as error:  # noqa: BLE001 -- any failure means: not a number.
+    raise TypeError(f"{name} must be a real number, got {type(value).__name__}") from error
+  if array.shape != () or not np.issubdtype(array.dtype, np.number):
+    raise TypeError(f"{name} must be a real scalar, got {type(value).__name__} {value!r}")
+  return float(array)
+
+
+class Position(NamedTuple):
+  """Where one parameter's state lives inside a transform's state."""
+  rule_state: Any  # the MomentumState, AdagradState, ... that owns this leaf
+  values: tuple[Any, ...]  # the leaf's entry in each tensor field of rule_state
+
+
+def positions(state: Any, n_leaves: int, kinds: tuple[type, ...]) -> list[Position]:
+  """Finds, for every parameter, the rule state that owns it and its tensors.
+
+  ``state`` is what a bridge's transform keeps: one rule state, an
+  ``optax.chain`` of stateless transforms and one rule state, or an
+  ``optax.multi_transform`` of those, in which each rule state holds
+  ``optax.MaskedNode`` at the other labels' leaves.
+
+  Raises:
+    TypeError: no rule state of the expected kinds, or one of another kind.
+    ValueError: a parameter owned by no rule state or by several, or a rule
+      state with another number of leaves.
+  """
+  found = [node for node in jax.tree.leaves(state, is_leaf=_is_rule_state) if _is_rule_state(node)]
+  names = " or ".join(kind.__name__ for kind in kinds)
+  if not found:
+    raise TypeError(f"state holds no {names}: pass the state of the transform the bridge returned")
+  for node in found:
+    if not isinstance(node, kinds):
+      raise TypeError(f"state holds a {type(node).__name__}, this optimizer needs {names}")
+  owners: list[Position | None] = [None] * n_leaves
+  for node in found:
+    fields = [_entries(tree) for tree in node[1:]]
+    if any(len(entries) != n_leaves for entries in fields):
+      raise ValueError(
+          f"the {type(node).__name__} in state has {len(fields[0])} leaves but the optimizer has "
+          f"{n_leaves} parameters")
+    for i, entries in enumerate(zip(*fields)):
+      if isinstance(entries[0], optax.MaskedNode):
+        continue
+      if owners[i] is not None:
+        raise ValueError(f"parameter {i} has state in two places of state")
+      owners[i] = Position(node, entries)
+  missing = [i for i, owner in enumerate(owners) if owner is None]
+  if missing:
+    raise ValueError(f"parameters {missing} have no state in state")
+  return owners  # type: ignore[return-value]
+
+
+def _is_rule_state(node: Any) -> bool:
+  return isinstance(node, RULE_STATES)
+
+
+def _entries(tree: Any) -> list[Any]:
+  return jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, optax.MaskedNode))
+
+
+def fill(state: Any, treedef: jax.tree_util.PyTreeDef, values: Sequence[Sequence[Any]]) -> Any:
+  """``state`` with each rule state's tensor fields replaced by ``values``.
+
+  Args:
+    state: a state returned by ``init`` of a transform the bridges build.
+    treedef: the structure of the parameters.
+    values: per state field after ``count`` (``v``; ``h``; ``m, v``...), one
+      value per parameter leaf; leaves a rule state masks keep their
+      ``MaskedNode``.
+  """
+  def fill_one(node):
+    if not _is_rule_state(node):
+      return node
+    fields = []
+    for tree, field_values in zip(node[1:], values):
+      entries = treedef.flatten_up_to(tree)
+      fields.append(treedef.unflatten(
+          [entry if isinstance(entry, optax.MaskedNode) else value
+           for entry, value in zip(entries, field_values)]))
+    return type(node)(node.count, *fields)
+  return jax.tree.map(fill_one, state, is_leaf=_is_rule_state)
+
+
+def partition(
+    transforms_by_label: dict[str, optax.GradientTransformation],
+    labels: Sequence[str],
+    treedef: jax.tree_util.PyTreeDef,
+) -> optax.GradientTransformation:
+  """One transform for one label, else ``optax.multi_transform`` over the labels."""
+  if len(transforms_by_label) == 1:
+    return next(iter(transforms_by_label.values()))
+  return optax.multi_transform(transforms_by_label, treedef.unflatten(list(labels)))
+
+
+def negated(tx: optax.GradientTransformation, maximize: bool) -> optax.GradientTransformation:
+  """``tx`` on the negated gradient when ``maximize``: exact, a sign flip."""
+  return optax.chain(optax.scale(-1.0), tx) if maximize else tx
+
+
+def learning_rates(learning_rate: Any, n_groups: int) -> list[Any]:
+  """``learning_rate`` as one entry per param group (None: read the optimizer's)."""
+  if learning_rate is None or callable(learning_rate) or not isinstance(learning_rate, Sequence):
+    return [learning_rate] * n_groups
+  if len(learning_rate) != n_groups:
+    raise ValueError(
+        f"learning_rate has {len(learning_rate)} entries but the optimizer has {n_groups} param "
+        f"groups: pass one float or schedule, or one per group")
+  return list(learning_rate)
+
+
+Schedule = Callable[[Any], Any]
