@@ -31,7 +31,6 @@ version = release
 extensions = [
     "myst_parser",
     "sphinx.ext.autodoc",
-    "sphinx.ext.autosummary",
     "sphinx.ext.napoleon",
     "sphinx.ext.mathjax",
     "sphinx.ext.viewcode",
@@ -54,7 +53,11 @@ autodoc_default_options = {
 autodoc_typehints = "description"
 autodoc_typehints_format = "short"
 autodoc_preserve_defaults = True
-autosummary_generate = False
+# The learning-rate type reads as its name, not as optax.Schedule's expansion.
+autodoc_type_aliases = {
+    "ScalarOrSchedule": "onnx_optax.transforms.ScalarOrSchedule",
+    "transforms.ScalarOrSchedule": "onnx_optax.transforms.ScalarOrSchedule",
+}
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 napoleon_use_rtype = False
