@@ -147,7 +147,55 @@ def _drop_generated_field_docs(app, what, name, obj, options, lines):
     lines.clear()
 
 
+# -- Re-exported names ----------------------------------------------------------
+# The package documents its functions under the names users call
+# (onnx_optax.adam, onnx_optax.interop.from_torch), while a docstring in the
+# defining module cites them by their local name (:func:`to_keras` in
+# onnx_optax.interop.keras). autodoc records that alias for classes only; for
+# a function, a reference that does not resolve is looked up again by the
+# Python object it names: if that very function or class is documented under
+# another name, the reference goes there. A name that names nothing documented
+# still fails the build.
+
+
+def _import_object(name: str):
+  import importlib
+
+  parts = name.split(".")
+  for i in range(len(parts), 0, -1):
+    try:
+      obj = importlib.import_module(".".join(parts[:i]))
+    except ImportError:
+      continue
+    try:
+      for attr in parts[i:]:
+        obj = getattr(obj, attr)
+    except AttributeError:
+      return None
+    return obj
+  return None
+
+
+def _resolve_reexports(app, env, node, contnode):
+  import inspect
+
+  if node.get("refdomain") != "py" or not node.get("reftarget"):
+    return None
+  target, module = node["reftarget"].lstrip("~."), node.get("py:module")
+  names = ([f"{module}.{target}"] if module else []) + [target]
+  obj = next((o for o in map(_import_object, names) if o is not None), None)
+  if not (inspect.isfunction(obj) or inspect.isclass(obj)):
+    return None
+  domain = env.get_domain("py")
+  for documented in domain.objects:
+    if documented.startswith("onnx_optax") and _import_object(documented) is obj:
+      return domain.resolve_xref(env, node["refdoc"], app.builder, node["reftype"], documented, node,
+                                 contnode)
+  return None
+
+
 def setup(app):
+  app.connect("missing-reference", _resolve_reexports)
   app.connect("source-read", _title_reports)
   app.connect("autodoc-process-docstring", _drop_generated_field_docs)
   # Before the environment collects the downloads of the page (priority 500).
