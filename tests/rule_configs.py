@@ -51,3 +51,105 @@ def first_count(rule: str) -> int:
 def as_float32_sees(value: Any) -> Any:
   """A hyperparameter as a float32 transform sees it (Python floats are weak float32)."""
   return value if isinstance(value, str) else float(np.float32(value))
+
+
+# ----------------------------------------------------------------------------
+# The tolerance of a trajectory against the float64 reference
+
+#: Roundings of one update, each relative to an operand no larger than the
+#: update's magnitude (the longest rule, ONNX Adam, has 11 element-wise
+#: operations and 5 scalar ones).
+ROUNDINGS = 16
+
+
+def feedback_gain(rule: str, hyper: dict[str, Any], learning_rate: float, T0: int, steps: int) -> float:
+  """``L``: how much an error ``e`` in ``X`` can move the next update, at most ``L * e``.
+
+  Only ``norm_coefficient`` (``c``) reads ``X``, through ``G_regularized = c X + G``.
+  An error that stays in ``X`` enters every later step:
+
+  * Momentum: ``V`` sums it with weights ``beta alpha^j``, so ``|dV| <= c e / (1 - alpha)``
+    and ``|dU| <= R c e (1 + alpha) / (1 - alpha)`` (Nesterov adds ``R G_regularized``);
+  * Adagrad: ``r G' / (sqrt(H) + epsilon)`` moves by ``r c e / epsilon`` through ``G'``
+    and by as much again through ``H`` (``G'^2 <= H``): ``2 R c / epsilon``;
+  * ONNX Adam: ``V`` is an average (weights sum to 1), ``|dV| <= c e``; through ``V``
+    and ``H`` alike ``2 max(R_adjusted) c / epsilon``;
+  * DirectML Adam does not read ``X``: 0.
+
+  The worst case: ``H = 0`` in the denominators. ``steps`` and ``T0`` give the
+  largest bias correction ``R_adjusted / R`` of the run.
+  """
+  c = float(hyper.get("norm_coefficient", 0.0))
+  if rule == "directml_adam" or c == 0:
+    return 0.0
+  R = float(learning_rate)
+  if rule == "momentum":
+    alpha = float(hyper["alpha"])
+    return R * c * (1 + alpha) / (1 - alpha)
+  eps = float(hyper["epsilon"])
+  if eps <= 0:
+    raise ValueError(f"feedback_gain needs epsilon > 0 to bound 1 / (sqrt(H) + epsilon), got {eps}")
+  if rule == "adagrad":
+    return 2 * R * c / eps
+  alpha, beta = float(hyper["alpha"]), float(hyper["beta"])
+  T = np.arange(max(T0, 1), T0 + steps + 1, dtype=np.float64)
+  correction = max(1.0, float(np.max(np.sqrt(1 - beta**T) / (1 - alpha**T))))
+  return 2 * R * correction * c / eps
+
+
+def trajectory_tolerances(rule: str, hypers: Any, learning_rate: float, X0: Any, xs: Any, u: float,
+                          T0: int | None = None) -> list[float]:
+  """``tol[k]``: a bound on ``max |x_k - x_ref_k|`` after update ``k`` of a run.
+
+  Args:
+    rule: a key of ``onnx_optax.reference.RULES``.
+    hypers: the rule's hyperparameters, or a list of the sets a run uses
+      (the bound takes the worst).
+    learning_rate: the largest learning rate of the run.
+    X0: the starting parameters (a list of leaves).
+    xs: the float64 reference trajectory, ``xs[k]`` the leaves after update ``k``.
+    u: the unit roundoff of the run's dtype.
+    T0: the ``T`` of the first update (default: the rule's first).
+
+  The error is charged to what the roundings are relative to, not to the
+  state (``H`` of Adagrad grows to hundreds, ``X`` stays near 1; charging
+  ``H`` allowed updates 5% too large):
+
+  * ``X + U`` rounds once relative to ``X_k``; the reference's own
+    ``X - step`` once more, hence ``2 u |X_k|``;
+  * the update ``U_t = x_ref_t - x_ref_{t-1}`` is computed with at most
+    ROUNDINGS roundings relative to the largest update so far, ``M_t`` (an
+    operand cancelled in ``U_t`` was an update-sized quantity before);
+  * the state carries the relative error of every earlier update with a gain
+    of at most 1 (every decay rate is in [0, 1]; an error ``d`` in Adagrad's
+    ``H`` or Adam's ``H`` is ``d / 2`` in ``U``): ``t * ROUNDINGS * u * M_t``
+    at update ``t``;
+  * the Adam rules' first moment is a ``(1 - alpha)``-weighted average whose
+    roundings are relative to ``G``, while the update it makes is relative to
+    ``(1 - alpha) G`` until the moment fills: one factor ``1 / (1 - alpha)``;
+  * an error in ``X`` feeds back through ``norm_coefficient`` (see
+    :func:`feedback_gain`): a factor ``(1 + L)`` per update.
+
+  So ``tol[k] = (1 + L)^(k+1) A sum_{t<=k} (2 u max|X_t| + (t + 1) ROUNDINGS u M_t)``
+  with ``A = 1 / (1 - alpha)`` for the Adam rules, 1 otherwise. A relative
+  error ``delta`` in every update moves ``x_0`` by ``delta |U_0|``, and
+  ``tol[0] ~ 16 A u M_0``: ``delta = 0.001`` fails at the first update
+  wherever ``|U_0|`` is within a factor 60 / A of the largest update.
+  """
+  hypers = [hypers] if isinstance(hypers, dict) else list(hypers)
+  T0 = first_count(rule) if T0 is None else T0
+  steps = len(xs)
+  L = max(feedback_gain(rule, h, learning_rate, T0, steps) for h in hypers)
+  alphas = [float(h.get("alpha" if rule == "adam" else "beta1", 0.0)) for h in hypers
+            if rule in ("adam", "directml_adam")]
+  A = 1 / (1 - max(alphas)) if alphas else 1.0
+  previous = [np.asarray(x, np.float64) for x in X0]
+  total, M, out = 0.0, 0.0, []
+  for k, X in enumerate(xs):
+    X = [np.asarray(x, np.float64) for x in X]
+    M = max([M] + [float(np.max(np.abs(a - b), initial=0)) for a, b in zip(X, previous)])
+    size = max(float(np.max(np.abs(a), initial=0)) for a in X)
+    total += 2 * u * size + (k + 1) * ROUNDINGS * u * M
+    out.append((1 + L) ** (k + 1) * A * total)
+    previous = X
+  return out
