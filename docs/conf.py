@@ -154,8 +154,9 @@ def _drop_generated_field_docs(app, what, name, obj, options, lines):
 # onnx_optax.interop.keras). autodoc records that alias for classes only; for
 # a function, a reference that does not resolve is looked up again by the
 # Python object it names: if that very function or class is documented under
-# another name, the reference goes there. A name that names nothing documented
-# still fails the build.
+# another name, the reference goes there (an attribute reference, Case.field
+# in a module that imports Case, goes to the field of the documented class).
+# A name that names nothing documented still fails the build.
 
 
 def _import_object(name: str):
@@ -182,15 +183,22 @@ def _resolve_reexports(app, env, node, contnode):
   if node.get("refdomain") != "py" or not node.get("reftarget"):
     return None
   target, module = node["reftarget"].lstrip("~."), node.get("py:module")
-  names = ([f"{module}.{target}"] if module else []) + [target]
-  obj = next((o for o in map(_import_object, names) if o is not None), None)
-  if not (inspect.isfunction(obj) or inspect.isclass(obj)):
+  parts = target.split(".")
+  # The longest prefix of the target that names a function or class (an
+  # attribute reference such as Case.unchecked_limit keeps its tail).
+  for i in range(len(parts), 0, -1):
+    prefix, rest = ".".join(parts[:i]), parts[i:]
+    names = ([f"{module}.{prefix}"] if module else []) + [prefix]
+    obj = next((o for o in map(_import_object, names) if o is not None), None)
+    if inspect.isfunction(obj) or inspect.isclass(obj):
+      break
+  else:
     return None
   domain = env.get_domain("py")
-  for documented in domain.objects:
+  for documented in list(domain.objects):
     if documented.startswith("onnx_optax") and _import_object(documented) is obj:
-      return domain.resolve_xref(env, node["refdoc"], app.builder, node["reftype"], documented, node,
-                                 contnode)
+      return domain.resolve_xref(env, node["refdoc"], app.builder, node["reftype"],
+                                 ".".join([documented, *rest]), node, contnode)
   return None
 
 
