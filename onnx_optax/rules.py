@@ -1,10 +1,24 @@
-"""The update rules, one pure function each, written line by line as in SPEC.md.
+"""The update rules, written once each, in the names and order of docs/spec.md.
 
 This is the only place in the package where the arithmetic of the four rules
 is written. The Optax transforms (:mod:`onnx_optax.transforms`) and the ONNX
 interface (:mod:`onnx_optax.onnx`) call these functions; they never restate a
 formula. The NumPy expectations (:mod:`onnx_optax.reference`) are written
 independently, from the spec, so that they can catch mistakes here.
+
+Each rule is written in two parts, which together are the spec's formula in
+the spec's order:
+
+* ``<rule>_scalars(R, T, **hyperparameters)``: the scalars that depend only on
+  the hyperparameters and ``T`` (the bias corrections, Adagrad's decayed rate,
+  Momentum's ``beta_adjusted``, the decays' ``1 - beta``), a ``NamedTuple``.
+  A pytree of many leaves needs them once per update, not once per leaf.
+* ``<rule>_elementwise(scalars, X, G, *state, **static)``: the element-wise
+  work on one tensor, with the scalars already rounded to ``X``'s dtype by
+  :func:`like`.
+
+The single-tensor function ``<rule>(R, T, X, G, *state, ...)`` is the two
+composed, and is what the ONNX interface calls.
 
 Conventions shared by every rule:
 
@@ -17,19 +31,22 @@ Conventions shared by every rule:
   This is what lets ``optax.apply_updates(params, updates)`` reproduce the
   spec exactly. The one exception is ONNX Adam with a non-zero
   ``norm_coefficient_post``, documented in :func:`adam`.
-* Scalars that depend only on hyperparameters and ``T`` (the bias
-  corrections, Adagrad's decayed rate, Momentum's ``beta_adjusted``) are
-  computed in the dtype the hyperparameters arrive in (float32 for Python
-  floats and for Optax's injected hyperparameters; float64 under
-  ``jax_enable_x64``) and rounded once to ``X``'s dtype. Computing
-  ``1 - beta**T`` in float16 would lose most of its digits, and this keeps a
-  float16 or bfloat16 update as accurate as its own arithmetic allows. The
-  bias corrections' ``1 - beta^T`` is evaluated as ``-expm1(T * log(beta))``
-  (see :func:`_one_minus_power`): the spec's number, without cancellation.
-  The decays' ``1 - beta`` are such scalars too (see :func:`_one_minus`).
+* The scalars are computed in the dtype the hyperparameters arrive in
+  (float32 for Python floats and for Optax's injected hyperparameters;
+  float64 under ``jax_enable_x64``) and rounded once to ``X``'s dtype.
+  Computing ``1 - beta**T`` in float16 would lose most of its digits, and
+  this keeps a float16 or bfloat16 update as accurate as its own arithmetic
+  allows. The bias corrections' ``1 - beta^T`` is evaluated as
+  ``-expm1(T * log(beta))`` (see :func:`_one_minus_power`): the spec's
+  number, without cancellation. The decays' ``1 - beta`` are such scalars
+  too (see :func:`_one_minus`).
 * Every element-wise operation runs in ``X``'s dtype; callers that want a
   wider compute dtype cast ``X``, ``G`` and the state before the call (the
   Optax transforms do, see ``state_dtype``).
+* ``X=None`` in an element-wise part means that the parameters are not read:
+  the caller knows ``norm_coefficient`` is the Python number 0, and the spec's
+  ``0 * X + G`` is ``G`` for every finite ``X``. The Optax transforms use it;
+  the single-tensor functions always read ``X``.
 * ``T`` is an integer scalar (array or Python int). Branches on ``T > 0`` use
   :func:`jax.numpy.where`, so every rule is jittable and has no Python
   control flow on traced values.
@@ -37,26 +54,50 @@ Conventions shared by every rule:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
 from jax import Array
-from jax.typing import ArrayLike
+from jax.typing import ArrayLike, DTypeLike
 
-__all__ = ["MODES", "adagrad", "adam", "directml_adam", "momentum"]
+__all__ = [
+    "MODES",
+    "AdagradScalars",
+    "AdamScalars",
+    "DirectMLAdamScalars",
+    "MomentumScalars",
+    "adagrad",
+    "adagrad_elementwise",
+    "adagrad_scalars",
+    "adam",
+    "adam_elementwise",
+    "adam_scalars",
+    "directml_adam",
+    "directml_adam_elementwise",
+    "directml_adam_scalars",
+    "like",
+    "momentum",
+    "momentum_elementwise",
+    "momentum_scalars",
+]
 
 #: The values of ONNX Momentum's ``mode`` attribute.
 MODES = ("standard", "nesterov")
 
-
-def _like(X: Array, *scalars: Any) -> list[Array]:
-  """Rounds scalars once to ``X``'s dtype for the element-wise part of a rule."""
-  return [jnp.asarray(s, dtype=X.dtype) for s in scalars]
+Scalars = TypeVar("Scalars", bound=tuple)
 
 
-def _one_minus(*decays: Any) -> list[Array]:
-  """``1 - decay`` for each decay, in the hyperparameters' dtype.
+def like(scalars: Scalars, dtype: DTypeLike) -> Scalars:
+  """Rounds each scalar of a rule once to ``dtype``, the element-wise dtype.
+
+  ``None`` fields (a term the rule leaves out) stay ``None``.
+  """
+  return jax.tree.map(lambda s: jnp.asarray(s, dtype=dtype), scalars)
+
+
+def _one_minus(decay: ArrayLike) -> Array:
+  """``1 - decay``, in the hyperparameters' dtype.
 
   A scalar like the bias corrections, so it is rounded to ``X``'s dtype once,
   after the subtraction: bfloat16 rounds ``beta = 0.999`` to 1.0, and
@@ -64,7 +105,7 @@ def _one_minus(*decays: Any) -> list[Array]:
   float32 ``1 - float32(beta)`` is exact (Sterbenz), so float32 results are
   those of a runtime that evaluates ``(1 - beta)`` in float32, as ONNX's do.
   """
-  return [1 - jnp.asarray(d) for d in decays]
+  return 1 - jnp.asarray(decay)
 
 
 @jax.custom_jvp
@@ -89,6 +130,7 @@ def _one_minus_power_jvp(primals, tangents):
   return _one_minus_power(beta, T), -T * jnp.power(beta, T - 1) * beta_dot
 
 
+@jax.custom_jvp
 def _sqrt(H: Array) -> Array:
   """``Sqrt(H)`` of a second-moment tensor, differentiated as 0 at ``H = 0``.
 
@@ -96,16 +138,69 @@ def _sqrt(H: Array) -> Array:
   far (a dead unit, an unused embedding row). There ``d Sqrt(H)`` is
   infinite, a zero cotangent makes inf * 0 = NaN, and that NaN poisons every
   meta-gradient (``jax.grad`` through updates w.r.t. a hyperparameter). 0 is a
-  subgradient of ``|G| = Sqrt(G^2)``. The forward value is ``Sqrt(H)`` to the
-  bit: at ``H = 0`` it returns ``H`` itself.
+  subgradient of ``|G| = Sqrt(G^2)``. The value is ``jnp.sqrt(H)``: the rule
+  changes only the derivative, so a step that is not differentiated costs
+  one square root per element and nothing more.
   """
+  return jnp.sqrt(H)
+
+
+@_sqrt.defjvp
+def _sqrt_jvp(primals, tangents):
+  H, = primals
+  H_dot, = tangents
+  root = jnp.sqrt(H)
   zero = H == 0
-  return jnp.where(zero, H, jnp.sqrt(jnp.where(zero, 1, H)))
+  # The tangent is linear in H_dot (so that it transposes) and has no 0/0
+  # on either branch: the cotangent of the unused branch is 0 / 2, not 0 / 0.
+  return root, jnp.where(zero, 0, H_dot / (2 * jnp.where(zero, 1, root)))
 
 
 def _is_static_zero(value: Any) -> bool:
   """True for a Python (not traced) number that is zero."""
   return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
+
+
+def _regularized(norm_coefficient: Array, X: Array | None, G: Array) -> Array:
+  """``G_regularized = norm_coefficient * X + G`` (``G`` when ``X`` is not read)."""
+  return G if X is None else norm_coefficient * X + G
+
+
+# -- Momentum ------------------------------------------------------------------------
+
+class MomentumScalars(NamedTuple):
+  """The per-update scalars of ONNX ``Momentum``."""
+  R: Any
+  alpha: Any
+  beta_adjusted: Any
+  norm_coefficient: Any
+
+
+def momentum_scalars(
+    R: ArrayLike, T: ArrayLike, *, alpha: ArrayLike, beta: ArrayLike, norm_coefficient: ArrayLike,
+) -> MomentumScalars:
+  """``beta_adjusted = T > 0 ? beta : 1``, and the hyperparameters."""
+  beta_adjusted = jnp.where(jnp.asarray(T) > 0, beta, 1)
+  return MomentumScalars(R, alpha, beta_adjusted, norm_coefficient)
+
+
+def momentum_elementwise(
+    s: MomentumScalars, X: Array | None, G: Array, V: Array, *, mode: str,
+) -> tuple[Array, Array]:
+  """The element-wise part of ONNX ``Momentum``::
+
+      G_regularized = norm_coefficient * X + G
+      V_new         = alpha * V + beta_adjusted * G_regularized
+      standard:  X_new = X - R * V_new
+      nesterov:  X_new = X - R * (G_regularized + alpha * V_new)
+  """
+  if mode not in MODES:
+    raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+  G_regularized = _regularized(s.norm_coefficient, X, G)
+  V_new = s.alpha * V + s.beta_adjusted * G_regularized
+  if mode == "standard":
+    return -(s.R * V_new), V_new
+  return -(s.R * (G_regularized + s.alpha * V_new)), V_new
 
 
 def momentum(
@@ -134,16 +229,45 @@ def momentum(
   Returns:
     ``(U, V_new)`` with ``X + U == X_new`` to the bit.
   """
-  if mode not in MODES:
-    raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-  beta_adjusted = jnp.where(jnp.asarray(T) > 0, beta, 1)
-  R, alpha, beta_adjusted, norm_coefficient = _like(X, R, alpha, beta_adjusted, norm_coefficient)
+  s = momentum_scalars(R, T, alpha=alpha, beta=beta, norm_coefficient=norm_coefficient)
+  return momentum_elementwise(like(s, X.dtype), X, G, V, mode=mode)
 
-  G_regularized = norm_coefficient * X + G
-  V_new = alpha * V + beta_adjusted * G_regularized
-  if mode == "standard":
-    return -(R * V_new), V_new
-  return -(R * (G_regularized + alpha * V_new)), V_new
+
+# -- Adagrad -------------------------------------------------------------------------
+
+class AdagradScalars(NamedTuple):
+  """The per-update scalars of ONNX ``Adagrad``."""
+  r: Any
+  epsilon: Any
+  norm_coefficient: Any
+
+
+def adagrad_scalars(
+    R: ArrayLike, T: ArrayLike, *, decay_factor: ArrayLike, epsilon: ArrayLike,
+    norm_coefficient: ArrayLike,
+) -> AdagradScalars:
+  """``r = R / (1 + T * decay_factor)``, and the hyperparameters."""
+  r = R / (1 + jnp.asarray(T) * decay_factor)
+  return AdagradScalars(r, epsilon, norm_coefficient)
+
+
+def adagrad_elementwise(
+    s: AdagradScalars, X: Array | None, G: Array, H: Array,
+) -> tuple[Array, Array]:
+  """The element-wise part of ONNX ``Adagrad``::
+
+      G_regularized = norm_coefficient * X + G
+      H_new         = H + G_regularized * G_regularized
+      H_adaptive    = Sqrt(H_new) + epsilon
+      X_new         = X - r * G_regularized / H_adaptive
+
+  ``r * G_regularized / H_adaptive`` is evaluated left to right, as the
+  spec's C-like pseudo code reads: ``(r * G_regularized) / H_adaptive``.
+  """
+  G_regularized = _regularized(s.norm_coefficient, X, G)
+  H_new = H + G_regularized * G_regularized
+  H_adaptive = _sqrt(H_new) + s.epsilon
+  return -(s.r * G_regularized / H_adaptive), H_new
 
 
 def adagrad(
@@ -165,19 +289,71 @@ def adagrad(
       H_adaptive    = Sqrt(H_new) + epsilon
       X_new         = X - r * G_regularized / H_adaptive
 
-  ``r * G_regularized / H_adaptive`` is evaluated left to right, as the
-  spec's C-like pseudo code reads: ``(r * G_regularized) / H_adaptive``.
-
   Returns:
     ``(U, H_new)`` with ``X + U == X_new`` to the bit.
   """
-  r = R / (1 + jnp.asarray(T) * decay_factor)
-  r, norm_coefficient, epsilon = _like(X, r, norm_coefficient, epsilon)
+  s = adagrad_scalars(R, T, decay_factor=decay_factor, epsilon=epsilon, norm_coefficient=norm_coefficient)
+  return adagrad_elementwise(like(s, X.dtype), X, G, H)
 
-  G_regularized = norm_coefficient * X + G
-  H_new = H + G_regularized * G_regularized
-  H_adaptive = _sqrt(H_new) + epsilon
-  return -(r * G_regularized / H_adaptive), H_new
+
+# -- ONNX Adam -----------------------------------------------------------------------
+
+class AdamScalars(NamedTuple):
+  """The per-update scalars of ONNX ``Adam``.
+
+  ``one_minus_post`` is None when ``norm_coefficient_post`` is the Python
+  number 0: then ``X_final`` is ``X_new`` and the additive update is exact.
+  """
+  R_adjusted: Any
+  alpha: Any
+  beta: Any
+  one_minus_alpha: Any
+  one_minus_beta: Any
+  epsilon: Any
+  norm_coefficient: Any
+  one_minus_post: Any
+
+
+def adam_scalars(
+    R: ArrayLike, T: ArrayLike, *, alpha: ArrayLike, beta: ArrayLike, epsilon: ArrayLike,
+    norm_coefficient: ArrayLike, norm_coefficient_post: ArrayLike,
+) -> AdamScalars:
+  """``R_adjusted = T > 0 ? R * Sqrt(1 - beta^T) / (1 - alpha^T) : R``, the decays' ``1 - alpha``,
+  ``1 - beta``, ``1 - norm_coefficient_post``, and the hyperparameters."""
+  T = jnp.asarray(T)
+  # Both branches of a `where` are evaluated; T = 0 in the bias correction
+  # would be 0/0, whose NaN poisons gradients taken through the `where`.
+  T_positive = jnp.where(T > 0, T, 1)
+  R_adjusted = jnp.where(
+      T > 0, R * jnp.sqrt(_one_minus_power(beta, T_positive)) / _one_minus_power(alpha, T_positive), R)
+  one_minus_post = None if _is_static_zero(norm_coefficient_post) else _one_minus(norm_coefficient_post)
+  return AdamScalars(R_adjusted, alpha, beta, _one_minus(alpha), _one_minus(beta), epsilon,
+                     norm_coefficient, one_minus_post)
+
+
+def adam_elementwise(
+    s: AdamScalars, X: Array | None, G: Array, V: Array, H: Array,
+) -> tuple[Array, Array, Array]:
+  """The element-wise part of ONNX ``Adam``::
+
+      G_regularized = norm_coefficient * X + G
+      V_new         = alpha * V + (1 - alpha) * G_regularized
+      H_new         = beta * H + (1 - beta) * G_regularized * G_regularized
+      H_sqrt        = Sqrt(H_new) + epsilon
+      X_new         = X - R_adjusted * V_new / H_sqrt
+      X_final       = (1 - norm_coefficient_post) * X_new
+  """
+  G_regularized = _regularized(s.norm_coefficient, X, G)
+  V_new = s.alpha * V + s.one_minus_alpha * G_regularized
+  H_new = s.beta * H + s.one_minus_beta * G_regularized * G_regularized
+  H_sqrt = _sqrt(H_new) + s.epsilon
+  if s.one_minus_post is None:
+    return -(s.R_adjusted * V_new / H_sqrt), V_new, H_new
+  if X is None:
+    raise ValueError("norm_coefficient_post multiplies X: the parameters must be read")
+  X_new = X - s.R_adjusted * V_new / H_sqrt
+  X_final = s.one_minus_post * X_new
+  return X_final - X, V_new, H_new
 
 
 def adam(
@@ -217,26 +393,51 @@ def adam(
     lemma makes the subtraction exact), and is within one rounding of it
     otherwise.
   """
-  T = jnp.asarray(T)
-  # Both branches of a `where` are evaluated; T = 0 in the bias correction
-  # would be 0/0, whose NaN poisons gradients taken through the `where`.
-  T_positive = jnp.where(T > 0, T, 1)
-  R_adjusted = jnp.where(
-      T > 0, R * jnp.sqrt(_one_minus_power(beta, T_positive)) / _one_minus_power(alpha, T_positive), R)
-  post_is_zero = _is_static_zero(norm_coefficient_post)
-  one_minus_alpha, one_minus_beta, one_minus_post = _one_minus(alpha, beta, norm_coefficient_post)
-  R_adjusted, alpha, beta, epsilon, norm_coefficient, one_minus_alpha, one_minus_beta, one_minus_post = _like(
-      X, R_adjusted, alpha, beta, epsilon, norm_coefficient, one_minus_alpha, one_minus_beta, one_minus_post)
+  s = adam_scalars(R, T, alpha=alpha, beta=beta, epsilon=epsilon, norm_coefficient=norm_coefficient,
+                   norm_coefficient_post=norm_coefficient_post)
+  return adam_elementwise(like(s, X.dtype), X, G, V, H)
 
-  G_regularized = norm_coefficient * X + G
-  V_new = alpha * V + one_minus_alpha * G_regularized
-  H_new = beta * H + one_minus_beta * G_regularized * G_regularized
-  H_sqrt = _sqrt(H_new) + epsilon
-  if post_is_zero:
-    return -(R_adjusted * V_new / H_sqrt), V_new, H_new
-  X_new = X - R_adjusted * V_new / H_sqrt
-  X_final = one_minus_post * X_new
-  return X_final - X, V_new, H_new
+
+# -- DirectML Adam -------------------------------------------------------------------
+
+class DirectMLAdamScalars(NamedTuple):
+  """The per-update scalars of DirectML's Adam: ``LearningRate * Alpha`` and the decays."""
+  step_size: Any
+  beta1: Any
+  beta2: Any
+  one_minus_beta1: Any
+  one_minus_beta2: Any
+  epsilon: Any
+
+
+def directml_adam_scalars(
+    learning_rate: ArrayLike, T: ArrayLike, *, beta1: ArrayLike, beta2: ArrayLike, epsilon: ArrayLike,
+) -> DirectMLAdamScalars:
+  """``Alpha = sqrt(1 - Beta2^T) / (1 - Beta1^T)``, ``LearningRate * Alpha``, ``1 - Beta1``,
+  ``1 - Beta2``, and the hyperparameters.
+
+  ``LearningRate * Alpha * M_new / D`` is evaluated left to right, so
+  ``LearningRate * Alpha`` is a scalar product.
+  """
+  T = jnp.asarray(T)
+  Alpha = jnp.sqrt(_one_minus_power(beta2, T)) / _one_minus_power(beta1, T)
+  return DirectMLAdamScalars(learning_rate * Alpha, beta1, beta2, _one_minus(beta1), _one_minus(beta2),
+                             epsilon)
+
+
+def directml_adam_elementwise(
+    s: DirectMLAdamScalars, X: Array | None, G: Array, M: Array, V: Array,
+) -> tuple[Array, Array, Array]:
+  """The element-wise part of DirectML's Adam (``X`` is not read: no weight decay)::
+
+      M_new = Beta1 * M + (1 - Beta1) * G
+      V_new = Beta2 * V + (1 - Beta2) * G * G
+      X_new = X - LearningRate * Alpha * M_new / (sqrt(V_new) + Epsilon)
+  """
+  del X
+  M_new = s.beta1 * M + s.one_minus_beta1 * G
+  V_new = s.beta2 * V + s.one_minus_beta2 * G * G
+  return -(s.step_size * M_new / (_sqrt(V_new) + s.epsilon)), M_new, V_new
 
 
 def directml_adam(
@@ -269,13 +470,5 @@ def directml_adam(
   Returns:
     ``(U, M_new, V_new)`` with ``X + U == X_new`` to the bit.
   """
-  T = jnp.asarray(T)
-  Alpha = jnp.sqrt(_one_minus_power(beta2, T)) / _one_minus_power(beta1, T)
-  step_size = learning_rate * Alpha
-  one_minus_beta1, one_minus_beta2 = _one_minus(beta1, beta2)
-  step_size, beta1, beta2, epsilon, one_minus_beta1, one_minus_beta2 = _like(
-      X, step_size, beta1, beta2, epsilon, one_minus_beta1, one_minus_beta2)
-
-  M_new = beta1 * M + one_minus_beta1 * G
-  V_new = beta2 * V + one_minus_beta2 * G * G
-  return -(step_size * M_new / (_sqrt(V_new) + epsilon)), M_new, V_new
+  s = directml_adam_scalars(learning_rate, T, beta1=beta1, beta2=beta2, epsilon=epsilon)
+  return directml_adam_elementwise(like(s, X.dtype), X, G, M, V)

@@ -89,7 +89,8 @@ class DirectMLAdamState(NamedTuple):
 
 
 def _transform(
-    rule: Callable[..., tuple[Array, ...]],
+    scalars: Callable[..., tuple],
+    elementwise: Callable[..., tuple[Array, ...]],
     state_cls: type,
     learning_rate: ScalarOrSchedule,
     initial_count: int | Array,
@@ -99,17 +100,24 @@ def _transform(
     read_params_for: tuple[Any, ...],
     decays: dict[str, Any],
 ) -> optax.GradientTransformationExtraArgs:
-  """Maps ``rule(R, T, X, G, *S) -> (U, *S_new)`` over the leaves of a pytree.
+  """Maps a rule over the leaves of a pytree.
+
+  The rule comes in its two parts (see :mod:`onnx_optax.rules`):
+  ``scalars(R, T)`` runs once per update, ``elementwise(s, X, G, *S) ->
+  (U, *S_new)`` once per leaf, with ``s`` rounded once per compute dtype. A
+  tree of a thousand leaves pays for the bias corrections once, not a
+  thousand times.
 
   Args:
-    rule: the single-tensor rule with its (checked) hyperparameters bound.
+    scalars: the rule's per-update part, hyperparameters bound.
+    elementwise: the rule's per-leaf part, static arguments bound.
     state_cls: the state NamedTuple; its fields after ``count`` are the state
-      tensors, in the order ``rule`` takes them.
+      tensors, in the order ``elementwise`` takes them.
     learning_rate: float or schedule, see the module docstring.
     initial_count: the ``T`` of the first update, at least ``minimum_count``.
     state_dtype: floating dtype, or None for the parameters' dtypes.
     read_params_for: the coefficients that multiply ``X``; unless all are the
-      Python number 0 the rule reads the parameters, else it gets zeros.
+      Python number 0 the rule reads the parameters, else it gets ``X=None``.
     decays: the decay rates that the rule subtracts from 1 in the compute
       dtype, checked at ``init`` not to round to 1 there.
   """
@@ -147,22 +155,30 @@ def _transform(
 
     T = state.count
     R = learning_rate(T - initial_count) if callable(learning_rate) else learning_rate
+    s = scalars(R, T)
     grads, treedef = jax.tree.flatten(updates)
     xs = treedef.flatten_up_to(params) if uses_params else [None] * len(grads)
     states = [treedef.flatten_up_to(tree) for tree in state[1:]]
 
+    s_in: dict[Any, tuple] = {}  # The scalars rounded to each compute dtype, once.
     new_updates, new_states = [], [[] for _ in range(n_state)]
     for G, X, *S in zip(grads, xs, *states):
       dtype = jnp.promote_types(G.dtype, S[0].dtype) if S else G.dtype
-      X = jnp.zeros_like(G, dtype) if X is None else X.astype(dtype)
-      U, *S_new = rule(R, T, X, G.astype(dtype), *(s.astype(dtype) for s in S))
-      new_updates.append(U.astype(G.dtype))
-      for out, s_new, s in zip(new_states, S_new, S):
-        out.append(s_new.astype(s.dtype))
+      if dtype not in s_in:
+        s_in[dtype] = rules.like(s, dtype)
+      U, *S_new = elementwise(s_in[dtype], _cast(X, dtype), _cast(G, dtype), *(_cast(x, dtype) for x in S))
+      new_updates.append(_cast(U, G.dtype))
+      for out, s_new, s_old in zip(new_states, S_new, S):
+        out.append(_cast(s_new, s_old.dtype))
     return (treedef.unflatten(new_updates),
-            state_cls(optax.safe_increment(T), *(treedef.unflatten(s) for s in new_states)))
+            state_cls(optax.safe_increment(T), *(treedef.unflatten(t) for t in new_states)))
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _cast(x: Array | None, dtype: Any) -> Array | None:
+  """``x`` in ``dtype``; no operation is traced when it already is."""
+  return x if x is None or x.dtype == dtype else x.astype(dtype)
 
 
 def _learning_rate(learning_rate: ScalarOrSchedule) -> ScalarOrSchedule:
@@ -233,11 +249,15 @@ def momentum(
       beta=_checks.hyperparameter("beta", beta),
       norm_coefficient=_checks.hyperparameter("norm_coefficient", norm_coefficient))
 
-  def rule(R, T, X, G, V):
-    return rules.momentum(R, T, X, G, V, mode=mode, **hyper)
+  # Looked up in `rules` at each update, not bound here: a test may replace a part.
+  def scalars(R, T):
+    return rules.momentum_scalars(R, T, **hyper)
+
+  def elementwise(s, X, G, V):
+    return rules.momentum_elementwise(s, X, G, V, mode=mode)
 
   return _transform(
-      rule, MomentumState, learning_rate, initial_count, state_dtype, minimum_count=0,
+      scalars, elementwise, MomentumState, learning_rate, initial_count, state_dtype, minimum_count=0,
       read_params_for=(norm_coefficient,), decays={"alpha": hyper["alpha"]})
 
 
@@ -300,11 +320,14 @@ def adagrad(
       epsilon=_checks.hyperparameter("epsilon", epsilon, minimum=0.0),
       norm_coefficient=_checks.hyperparameter("norm_coefficient", norm_coefficient))
 
-  def rule(R, T, X, G, H):
-    return rules.adagrad(R, T, X, G, H, **hyper)
+  def scalars(R, T):
+    return rules.adagrad_scalars(R, T, **hyper)
+
+  def elementwise(s, X, G, H):
+    return rules.adagrad_elementwise(s, X, G, H)
 
   return _transform(
-      rule, AdagradState, learning_rate, initial_count, state_dtype, minimum_count=0,
+      scalars, elementwise, AdagradState, learning_rate, initial_count, state_dtype, minimum_count=0,
       read_params_for=(norm_coefficient,), decays={})
 
 
@@ -371,11 +394,14 @@ def adam(
       norm_coefficient=_checks.hyperparameter("norm_coefficient", norm_coefficient),
       norm_coefficient_post=_checks.hyperparameter("norm_coefficient_post", norm_coefficient_post))
 
-  def rule(R, T, X, G, V, H):
-    return rules.adam(R, T, X, G, V, H, **hyper)
+  def scalars(R, T):
+    return rules.adam_scalars(R, T, **hyper)
+
+  def elementwise(s, X, G, V, H):
+    return rules.adam_elementwise(s, X, G, V, H)
 
   return _transform(
-      rule, AdamState, learning_rate, initial_count, state_dtype, minimum_count=0,
+      scalars, elementwise, AdamState, learning_rate, initial_count, state_dtype, minimum_count=0,
       read_params_for=(norm_coefficient, norm_coefficient_post),
       decays={"alpha": hyper["alpha"], "beta": hyper["beta"]})
 
@@ -434,9 +460,12 @@ def directml_adam(
       beta2=_checks.hyperparameter("beta2", beta2, minimum=0.0, maximum=1.0),
       epsilon=_checks.hyperparameter("epsilon", epsilon, minimum=0.0))
 
-  def rule(R, T, X, G, M, V):
-    return rules.directml_adam(X, M, V, G, T, learning_rate=R, **hyper)
+  def scalars(R, T):
+    return rules.directml_adam_scalars(R, T, **hyper)
+
+  def elementwise(s, X, G, M, V):
+    return rules.directml_adam_elementwise(s, X, G, M, V)
 
   return _transform(
-      rule, DirectMLAdamState, learning_rate, initial_count, state_dtype, minimum_count=1,
+      scalars, elementwise, DirectMLAdamState, learning_rate, initial_count, state_dtype, minimum_count=1,
       read_params_for=(), decays={"beta1": hyper["beta1"], "beta2": hyper["beta2"]})
