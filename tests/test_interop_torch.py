@@ -1,0 +1,536 @@
+"""onnx_optax.interop against PyTorch's own SGD and Adagrad.
+
+Every expectation is PyTorch: a run of N + M ``optimizer.step()`` calls. The
+bridged runs take N steps in PyTorch and M in JAX (``from_torch``), or N in
+JAX and M in PyTorch (``to_torch``), and must end at PyTorch's parameters and
+state: to 1e-12 relative in float64, and within the float32 bound derived in
+:func:`momentum_bound` and :func:`adagrad_bound`.
+
+Gradients are fixed random arrays (not functions of the parameters), so that
+the runs differ only by the optimizers; the parameters still feed back
+through ``weight_decay``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import torch
+
+import onnx_optax
+from onnx_optax.interop import from_torch, to_torch, torch_params
+
+SHAPES = [(3,), (2, 4), (), (5,)]
+GROUPS = [[0, 1], [2, 3]]  # indices into SHAPES, one list per param group
+
+
+def like(dtype):
+  """JAX structure of the parameters: a dict whose sorted keys follow the groups."""
+  return {f"p{i}": jax.ShapeDtypeStruct(shape, dtype) for i, shape in enumerate(SHAPES)}
+
+
+def initial(dtype, seed=0):
+  rng = np.random.default_rng(seed)
+  return [rng.normal(size=shape).astype(dtype) for shape in SHAPES]
+
+
+def gradients(steps, dtype, seed=1):
+  rng = np.random.default_rng(seed)
+  return [[rng.normal(size=shape).astype(dtype) for shape in SHAPES] for _ in range(steps)]
+
+
+def torch_parameters(values):
+  return [torch.nn.Parameter(torch.from_numpy(np.array(v))) for v in values]
+
+
+def torch_steps(opt, ps, grads, missing=()):
+  """``opt.step()`` per gradient list; ``missing``: (step, leaf) pairs left without grad."""
+  records = []
+  for t, step_grads in enumerate(grads):
+    for i, (p, g) in enumerate(zip(ps, step_grads)):
+      p.grad = None if (t, i) in missing else torch.from_numpy(np.array(g))
+    opt.step()
+    records.append(([p.detach().numpy().copy() for p in ps], _torch_state(opt, ps)))
+  return records
+
+
+def _torch_state(opt, ps):
+  out = []
+  for p in ps:
+    slot = opt.state.get(p, {})
+    tensor = slot.get("momentum_buffer", slot.get("sum"))
+    step = slot.get("step")
+    out.append((None if tensor is None else tensor.detach().numpy().copy(),
+                None if step is None else float(step)))
+  return out
+
+
+def jax_steps(tx, state, params, grads):
+  step = jax.jit(tx.update)
+  for step_grads in grads:
+    g = jax.tree.unflatten(jax.tree.structure(params), [jnp.asarray(x) for x in step_grads])
+    updates, state = step(g, state, params)
+    params = optax.apply_updates(params, updates)
+  return params, state
+
+
+# --- the optimizers, every hyperparameter away from its default -------------
+
+def sgd(ps, **overrides):
+  groups = [
+      dict(params=[ps[i] for i in GROUPS[0]], lr=0.05, momentum=0.9, dampening=0.3,
+           weight_decay=0.01, maximize=True),
+      dict(params=[ps[i] for i in GROUPS[1]], lr=0.02, momentum=0.5, nesterov=True,
+           weight_decay=0.03)]
+  return torch.optim.SGD(groups, **overrides)
+
+
+def sgd_plain(ps, **overrides):
+  # momentum = 0: PyTorch ignores dampening and keeps no buffer.
+  return torch.optim.SGD(ps, lr=0.1, momentum=0.0, dampening=0.7, weight_decay=0.02, **overrides)
+
+
+def adagrad(ps, **overrides):
+  groups = [
+      dict(params=[ps[i] for i in GROUPS[0]], lr=0.3, lr_decay=0.05, eps=1e-3,
+           weight_decay=0.02, maximize=True),
+      dict(params=[ps[i] for i in GROUPS[1]], lr=0.1, eps=1e-6)]
+  return torch.optim.Adagrad(groups, initial_accumulator_value=0.25, **overrides)
+
+
+OPTIMIZERS = {"sgd": sgd, "sgd_plain": sgd_plain, "adagrad": adagrad}
+
+
+# --- the float32 bounds -----------------------------------------------------
+
+U32 = float(np.finfo(np.float32).eps) / 2  # unit roundoff
+
+
+def _groups_of(opt):
+  return [group for group in opt.param_groups for _ in group["params"]]
+
+
+def momentum_bound(opt64, x0, grads, records, u=U32):
+  """Per leaf, twice a first-order bound on one float32 SGD run's distance from exact.
+
+  Exact means the float64 run (``records``, from PyTorch) of the same float32
+  inputs. With ``s = -1`` for ``maximize``, ``a = momentum``, ``b = 1 -
+  dampening`` (1 at a parameter's first step), each rounding is at most ``u``
+  relative, and so is each hyperparameter's conversion to float32. Step by
+  step, with ``e`` each quantity's accumulated error::
+
+      G  = s g + wd x            eG = wd eX + 2u (|g| + wd |x|)
+      V  = a V + b G             eV = a eV + b eG + 3u (a |V_prev| + b |G|)
+                                 (the first step copies G: eV = eG)
+      D  = V  or  G + a V        eD = eV  or  eG + a eV + 2u (|G| + a |V|)
+      x' = x - lr D              eX = eX + lr eD + 3u (|x'| + lr |D|)
+
+  Both PyTorch and the transform are within ``eX`` of exact (products of
+  errors, ``O(u^2)``, are left out: with these ten steps they are below
+  1e-6 of the bound), so they are within ``2 eX`` of each other.
+  """
+  groups = _groups_of(opt64)
+  xs = [x0] + [r[0] for r in records]
+  Vs = [[None] * len(x0)] + [[v for v, _ in r[1]] for r in records]
+  bounds = []
+  for i, group in enumerate(groups):
+    s = -1.0 if group["maximize"] else 1.0
+    a, wd, lr = group["momentum"], group["weight_decay"], group["lr"]
+    eX = eV = np.zeros_like(x0[i])
+    for t in range(len(grads)):
+      x, g, x_new = xs[t][i], grads[t][i], xs[t + 1][i]
+      G = s * g + wd * x
+      eG = wd * eX + 2 * u * (np.abs(g) + wd * np.abs(x))
+      first = Vs[t][i] is None
+      V = G if a == 0 else Vs[t + 1][i]
+      if a == 0 or first:
+        eV = eG
+      else:
+        b = 1 - group["dampening"]
+        eV = a * eV + b * eG + 3 * u * (a * np.abs(Vs[t][i]) + b * np.abs(G))
+      if group["nesterov"]:
+        D, eD = G + a * V, eG + a * eV + 2 * u * (np.abs(G) + a * np.abs(V))
+      else:
+        D, eD = V, eV
+      eX = eX + lr * eD + 3 * u * (np.abs(x_new) + lr * np.abs(D))
+    bounds.append(2 * eX)
+  return bounds
+
+
+def adagrad_bound(opt64, x0, grads, records, u=U32, first_T=None):
+  """Per leaf, twice a first-order bound on one float32 Adagrad run's distance from exact.
+
+  As in :func:`momentum_bound`, against the float64 run; ``T`` is the step
+  count before the update and ``H`` starts at ``initial_accumulator_value``::
+
+      G  = s g + wd x                 eG = wd eX + 2u (|g| + wd |x|)
+      H' = H + G G                    eH = eH + 2 |G| eG + 3u H'
+      d  = sqrt(H') + eps             ed = eH / (2 sqrt(H')) + 3u d
+      r  = lr / (1 + T lr_decay)      er = 5u r   (PyTorch: in float64, then
+                                                  rounded; the transform: float32)
+      q  = r G / d                    eq = (r / d) eG + |q| (er / r + ed / d + 3u)
+      x' = x - q                      eX = eX + eq + 2u (|x'| + |q|)
+
+  and the two runs are within ``2 eX`` of each other (products of errors
+  left out, as there).
+  """
+  groups = _groups_of(opt64)
+  xs = [x0] + [r[0] for r in records]
+  Hs = [[r[1][i][0] for i in range(len(x0))] for r in records]
+  Ts = [[r[1][i][1] for i in range(len(x0))] for r in records]
+  bounds = []
+  for i, group in enumerate(groups):
+    s = -1.0 if group["maximize"] else 1.0
+    wd, lr, decay, eps = group["weight_decay"], group["lr"], group["lr_decay"], group["eps"]
+    eX = eH = np.zeros_like(x0[i])
+    for t in range(len(grads)):
+      x, g, x_new, H = xs[t][i], grads[t][i], xs[t + 1][i], Hs[t][i]
+      T = Ts[t][i] - 1  # PyTorch's step after the update, minus one
+      G = s * g + wd * x
+      eG = wd * eX + 2 * u * (np.abs(g) + wd * np.abs(x))
+      eH = eH + 2 * np.abs(G) * eG + 3 * u * H
+      d = np.sqrt(H) + eps
+      ed = np.where(H > 0, eH / (2 * np.sqrt(np.where(H > 0, H, 1))), np.sqrt(eH)) + 3 * u * d
+      r = lr / (1 + T * decay)
+      q = r * G / d
+      eq = r / d * eG + np.abs(q) * (5 * u + ed / d + 3 * u)
+      eX = eX + eq + 2 * u * (np.abs(x_new) + np.abs(q))
+    bounds.append(2 * eX)
+  return bounds
+
+
+BOUNDS = {"sgd": momentum_bound, "sgd_plain": momentum_bound, "adagrad": adagrad_bound}
+
+
+# --- the runs ----------------------------------------------------------------
+
+def assert_close(actual, expected, bound, what):
+  actual, expected = np.asarray(actual), np.asarray(expected)
+  assert actual.shape == expected.shape and actual.dtype == expected.dtype, what
+  err = np.abs(actual.astype(np.float64) - expected.astype(np.float64))
+  worst = np.max(err - bound) if err.size else -1.0
+  assert worst <= 0, f"{what}: error {np.max(err)} over the bound {bound}"
+
+
+def tolerance64(expected):
+  return [1e-12 * max(np.max(np.abs(e)), 1.0) for e in expected]
+
+
+def reference_run(name, dtype, steps, missing=()):
+  """PyTorch alone: ``steps`` steps; the records of a float64 run of the same inputs."""
+  make = OPTIMIZERS[name]
+  x0, grads = initial(dtype), gradients(steps, dtype)
+  ps = torch_parameters(x0)
+  opt = make(ps)
+  records = torch_steps(opt, ps, grads, missing)
+  x0_64 = [x.astype(np.float64) for x in x0]
+  grads64 = [[g.astype(np.float64) for g in step] for step in grads]
+  ps64 = torch_parameters(x0_64)
+  opt64 = make(ps64)
+  records64 = torch_steps(opt64, ps64, grads64, missing)
+  return x0, grads, records, (opt64, x0_64, grads64, records64)
+
+
+def expected_bounds(name, dtype, run64):
+  if dtype == np.float64:
+    return None
+  return BOUNDS[name](*run64)
+
+
+def check_final(name, dtype, params_list, state_list, records, run64):
+  """The bridged run's parameters and state against PyTorch's after the last step."""
+  final_x, final_state = records[-1]
+  bounds = expected_bounds(name, dtype, run64)
+  xs_tol = tolerance64(final_x) if bounds is None else bounds
+  for i, (x, expected, tol) in enumerate(zip(params_list, final_x, xs_tol)):
+    assert_close(x, expected, tol, f"parameter {i}")
+  for i, (got, (expected, step)) in enumerate(zip(state_list, final_state)):
+    if expected is None:  # plain SGD: no buffer in PyTorch
+      continue
+    got_tensor, got_step = got
+    if step is not None:
+      assert got_step == step, f"step of parameter {i}"
+    if bounds is None:
+      assert_close(got_tensor, expected, 1e-12 * max(np.max(np.abs(expected)), 1.0), f"state {i}")
+    else:
+      # The state's own error is not what the bound bounds; 1e-3 relative
+      # is far above float32 rounding over ten steps, far below any
+      # mistake in the mapping (a missing maximize flips signs, a dropped
+      # dampening changes V by 30%).
+      assert_close(got_tensor, expected, 1e-3 * np.abs(expected) + 1e-6, f"state {i}")
+
+
+def carried_from_torch(name, dtype, N, M, missing=()):
+  """N steps in PyTorch, ``from_torch``, M steps in JAX: the final params and state."""
+  x0, grads, records, run64 = reference_run(name, dtype, N + M, missing)
+  ps = torch_parameters(x0)
+  opt = OPTIMIZERS[name](ps)
+  torch_steps(opt, ps, grads[:N], missing)
+  params = torch_params(opt, like(dtype))
+  tx, state = from_torch(opt, params)
+  params, state = jax_steps(tx, state, params, grads[N:])
+  # Read the JAX state through to_torch into a fresh optimizer: PyTorch's
+  # own layout, compared with PyTorch's own state.
+  ps2 = torch_parameters(x0)
+  opt2 = OPTIMIZERS[name](ps2)
+  to_torch(state, opt2, params)
+  return params, opt2, ps2, records, run64
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("N, M", [(3, 5), (0, 6), (6, 1)])
+def test_from_torch_float64(name, N, M):
+  with jax.enable_x64(True):
+    params, opt2, ps2, records, run64 = carried_from_torch(name, np.float64, N, M)
+    check_final(name, np.float64, [np.asarray(x) for x in jax.tree.leaves(params)],
+                [_tensor_and_step(opt2, p) for p in ps2], records, run64)
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_from_torch_float32(name):
+  params, opt2, ps2, records, run64 = carried_from_torch(name, np.float32, 4, 6)
+  check_final(name, np.float32, [np.asarray(x) for x in jax.tree.leaves(params)],
+              [_tensor_and_step(opt2, p) for p in ps2], records, run64)
+
+
+def _tensor_and_step(opt, p):
+  slot = opt.state.get(p, {})
+  tensor = slot.get("momentum_buffer", slot.get("sum"))
+  step = slot.get("step")
+  return (None if tensor is None else tensor.detach().numpy(),
+          None if step is None else float(step))
+
+
+def carried_to_torch(name, dtype, N, M):
+  """N steps in JAX (from a fresh optimizer), ``to_torch``, M steps in PyTorch."""
+  x0, grads, records, run64 = reference_run(name, dtype, N + M)
+  ps = torch_parameters(x0)
+  opt = OPTIMIZERS[name](ps)
+  params = torch_params(opt, like(dtype))
+  tx, state = from_torch(opt, params)
+  params, state = jax_steps(tx, state, params, grads[:N])
+  to_torch(state, opt, params)
+  torch_steps(opt, ps, grads[N:])
+  return ([p.detach().numpy() for p in ps], [_tensor_and_step(opt, p) for p in ps], records, run64)
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("N, M", [(3, 5), (6, 0)])
+def test_to_torch_float64(name, N, M):
+  with jax.enable_x64(True):
+    xs, states, records, run64 = carried_to_torch(name, np.float64, N, M)
+    check_final(name, np.float64, xs, states, records, run64)
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_to_torch_float32(name):
+  xs, states, records, run64 = carried_to_torch(name, np.float32, 4, 6)
+  check_final(name, np.float32, xs, states, records, run64)
+
+
+@pytest.mark.parametrize("name", ["sgd", "adagrad"])
+def test_parameters_at_different_steps(name):
+  """Leaves that missed steps in PyTorch (no grad): SGD without a buffer, Adagrad at a lower step."""
+  missing = {(0, 1), (1, 1), (0, 3)}  # leaf 1 gets its first grad at step 2, leaf 3 at step 1
+  with jax.enable_x64(True):
+    params, opt2, ps2, records, run64 = carried_from_torch(name, np.float64, 2, 4, missing)
+    check_final(name, np.float64, [np.asarray(x) for x in jax.tree.leaves(params)],
+                [_tensor_and_step(opt2, p) for p in ps2], records, run64)
+
+
+def test_parameters_at_different_steps_get_their_own_transforms():
+  ps = torch_parameters(initial(np.float32))
+  opt = sgd(ps)
+  torch_steps(opt, ps, gradients(1, np.float32), missing={(0, 1)})
+  tx, state = from_torch(opt, torch_params(opt, like(jnp.float32)))
+  def rule_state(inner):  # maximize chains a negation before the rule
+    return inner if isinstance(inner, onnx_optax.MomentumState) else inner[-1]
+  counts = {label: int(rule_state(s.inner_state).count) for label, s in state.inner_states.items()}
+  assert counts == {"group0.T0": 0, "group0.T1": 1, "group1": 1}
+
+
+@pytest.mark.parametrize("options", [dict(foreach=True), dict(foreach=False)])
+def test_foreach_is_the_same_rule(options):
+  with jax.enable_x64(True):
+    x0, grads = initial(np.float64), gradients(5, np.float64)
+    ps_ref = torch_parameters(x0)
+    opt_ref = adagrad(ps_ref, **options)
+    torch_steps(opt_ref, ps_ref, grads)
+    ps = torch_parameters(x0)
+    opt = adagrad(ps, **options)
+    torch_steps(opt, ps, grads[:2])
+    params = torch_params(opt, like(jnp.float64))
+    tx, state = from_torch(opt, params)
+    params, _ = jax_steps(tx, state, params, grads[2:])
+    for x, p in zip(jax.tree.leaves(params), ps_ref):
+      np.testing.assert_allclose(x, p.detach().numpy(), rtol=1e-12, atol=1e-14)
+
+
+def test_scheduler_with_learning_rate_schedule():
+  """A StepLR run continued in JAX with the same schedule shifted by the steps taken."""
+  N, M = 3, 5
+  with jax.enable_x64(True):
+    x0, grads = initial(np.float64), gradients(N + M, np.float64)
+
+    def run(ps, grads):
+      opt = torch.optim.SGD(ps, lr=0.1, momentum=0.9)
+      sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+      for step_grads in grads:
+        torch_steps(opt, ps, [step_grads])
+        sched.step()
+      return opt
+
+    ps_ref = torch_parameters(x0)
+    run(ps_ref, grads)
+    ps = torch_parameters(x0)
+    opt = run(ps, grads[:N])
+    params = torch_params(opt, like(jnp.float64))
+    with pytest.raises(ValueError, match="'initial_lr': a learning-rate scheduler is attached"):
+      from_torch(opt, params)
+
+    def torch_lr(step):  # StepLR(step_size=2, gamma=0.5) after `step` steps, in float64
+      return jnp.float64(0.1) * jnp.float64(0.5) ** (step // 2)
+
+    tx, state = from_torch(opt, params, learning_rate=lambda n: torch_lr(n + N))
+    params, _ = jax_steps(tx, state, params, grads[N:])
+    for x, p in zip(jax.tree.leaves(params), ps_ref):
+      np.testing.assert_allclose(x, p.detach().numpy(), rtol=1e-12)
+
+
+def test_learning_rate_per_group():
+  ps = torch_parameters(initial(np.float32))
+  opt = sgd(ps)
+  params = torch_params(opt, like(jnp.float32))
+  tx, state = from_torch(opt, params, learning_rate=[0.5, 0.0])
+  grads = jax.tree.map(jnp.ones_like, params)
+  updates, _ = tx.update(grads, state, params)
+  # Group 1 (p2, p3) has learning rate 0: no update at all.
+  assert float(jnp.abs(updates["p2"]).max()) == 0 and float(jnp.abs(updates["p3"]).max()) == 0
+  # Group 0 at T = 0 with maximize: -(lr) * (-1 + wd * x).
+  expected = -0.5 * (-1.0 + 0.01 * params["p0"])
+  np.testing.assert_allclose(updates["p0"], expected, rtol=1e-6)
+  with pytest.raises(ValueError, match="learning_rate has 3 entries but the optimizer has 2 param groups"):
+    from_torch(opt, params, learning_rate=[0.1, 0.2, 0.3])
+
+
+def test_single_group_returns_the_plain_transform():
+  ps = torch_parameters(initial(np.float32))
+  opt = torch.optim.Adagrad(ps, lr=0.1)
+  tx, state = from_torch(opt, torch_params(opt, like(jnp.float32)))
+  assert isinstance(state, onnx_optax.AdagradState) and int(state.count) == 0
+
+
+# --- refusals ----------------------------------------------------------------
+
+def _params32():
+  ps = torch_parameters(initial(np.float32))
+  return ps, like(jnp.float32)
+
+
+@pytest.mark.parametrize("cls, match", [
+    (torch.optim.Adam, r"torch.optim.Adam puts epsilon inside the bias correction.*optax.adam"),
+    (torch.optim.AdamW, r"AdamW puts epsilon inside.*optax.adamw"),
+    (torch.optim.RMSprop, r"no onnx_optax rule is torch.optim.rmsprop.RMSprop.*torch.optim.SGD"),
+])
+def test_refuses_other_optimizers(cls, match):
+  ps, structure = _params32()
+  with pytest.raises(TypeError, match=match):
+    from_torch(cls(ps), torch_params(torch.optim.SGD(ps), structure))
+
+
+def test_refuses_subclasses():
+  class MySGD(torch.optim.SGD):
+    pass
+  ps, structure = _params32()
+  with pytest.raises(TypeError, match="subclasses a PyTorch optimizer"):
+    from_torch(MySGD(ps, lr=0.1), structure)
+
+
+def test_refuses_nesterov_with_dampening():
+  ps, structure = _params32()
+  opt = torch.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True)
+  opt.param_groups[0]["dampening"] = 0.1  # PyTorch's constructor refuses it; an edit does not
+  with pytest.raises(ValueError, match="nesterov=True with momentum=0.9 and dampening=0.1"):
+    from_torch(opt, torch_params(torch.optim.SGD(ps), structure))
+
+
+def test_refuses_unknown_options():
+  ps, structure = _params32()
+  opt = torch.optim.SGD(ps, lr=0.1, momentum=0.9)
+  torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=10)  # cycles momentum too
+  with pytest.raises(ValueError, match=r"options \[.*'max_lr'.*\] that torch.optim.SGD does not have"):
+    from_torch(opt, structure, learning_rate=0.1)
+
+
+def test_refuses_differentiable():
+  ps, structure = _params32()
+  opt = torch.optim.SGD(ps, lr=0.1, momentum=0.9, differentiable=True)
+  with pytest.raises(ValueError, match="differentiable=True"):
+    from_torch(opt, structure)
+
+
+def test_refuses_mismatched_params():
+  ps, structure = _params32()
+  opt = torch.optim.SGD(ps, lr=0.1)
+  params = {k: jnp.zeros(v.shape, v.dtype) for k, v in structure.items()}
+  with pytest.raises(ValueError, match=r"params\['p1'\] has shape \(4, 2\) but the PyTorch "
+                                       r"param_groups\[0\]\['params'\]\[1\] has shape \(2, 4\)"):
+    from_torch(opt, dict(params, p1=jnp.zeros((4, 2))))
+  with pytest.raises(ValueError, match=r"params\['p2'\] has dtype float16 but .* has dtype float32"):
+    from_torch(opt, dict(params, p2=jnp.zeros((), jnp.float16)))
+  with pytest.raises(ValueError, match="params has 3 leaves but the PyTorch optimizer has 4"):
+    from_torch(opt, {k: params[k] for k in ("p0", "p1", "p2")})
+
+
+def test_names_named_parameters():
+  layer = torch.nn.Linear(2, 1)
+  opt = torch.optim.SGD(layer.named_parameters(), lr=0.1)
+  with pytest.raises(ValueError, match=r"param_groups\[0\]\['params'\]\[1\] \('bias'\)"):
+    from_torch(opt, [jnp.zeros((1, 2)), jnp.zeros((2,))])
+
+
+def test_to_torch_refuses_before_writing():
+  ps, structure = _params32()
+  opt = sgd(ps)
+  grads = gradients(2, np.float32)
+  torch_steps(opt, ps, grads)
+  before = [(p.detach().clone(), opt.state[p]["momentum_buffer"].clone()) for p in ps]
+  params = torch_params(opt, structure)
+  tx, state = from_torch(opt, params)
+  ada_state = from_torch(torch.optim.Adagrad(ps), params)[1]
+  with pytest.raises(TypeError, match="state holds a AdagradState, this optimizer needs MomentumState"):
+    to_torch(ada_state, opt, params)
+  wide = jax.tree.map(lambda x: x.astype(jnp.float16) if x.dtype == jnp.float32 else x, state)
+  with pytest.raises(ValueError, match=r"the state of param_groups\[0\]\['params'\]\[0\] has shape "
+                                       r"\(3,\) and dtype float16"):
+    to_torch(wide, opt, params)
+  with pytest.raises(ValueError, match=r"params\['p0'\] has shape \(4,\)"):
+    to_torch(state, opt, dict(params, p0=jnp.zeros(4)))
+  for p, (x, buffer) in zip(ps, before):
+    assert torch.equal(p.detach(), x) and torch.equal(opt.state[p]["momentum_buffer"], buffer)
+
+
+def test_import_needs_neither_torch_nor_keras():
+  """``import onnx_optax.interop`` imports neither; a call without torch says what to install.
+
+  Run in a fresh interpreter: this process has imported torch already.
+  """
+  code = textwrap.dedent("""
+      import sys
+      import onnx_optax, onnx_optax.interop
+      assert "torch" not in sys.modules and "keras" not in sys.modules, "imported eagerly"
+      sys.modules["torch"] = None  # as if torch were not installed
+      try:
+        onnx_optax.interop.from_torch(object(), [])
+      except ImportError as error:
+        print(error)
+  """)
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+  assert "needs torch, which is not installed: pip install 'onnx_optax[interop]'" in out.stdout
