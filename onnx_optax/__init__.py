@@ -10,10 +10,15 @@ Layers, one module each:
 * :mod:`onnx_optax.rules`: the update rules, one pure function per rule.
 * :mod:`onnx_optax.transforms`: the Optax transforms (re-exported here).
 * :mod:`onnx_optax.onnx`: the ONNX operators' own calls, ``run_node`` and
-  ``from_node``; the DirectML operator's call.
+  ``from_node``; the DirectML operator's call, re-exported.
+* :mod:`onnx_optax.directml`: DirectML's Adam call, in its operand order.
+* :mod:`onnx_optax.interop`: optimizer state to and from PyTorch and Keras 3.
 * :mod:`onnx_optax.reference`: NumPy expectations written from the spec.
 * :mod:`onnx_optax.conformance`: the conformance suite and report
   (``python -m onnx_optax.conformance``).
+
+The spec, each rule's formulas, ``T``, defaults, dtypes and operand orders:
+docs/spec.md.
 """
 
 from onnx_optax.transforms import (
