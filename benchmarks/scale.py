@@ -70,9 +70,74 @@ from run import RULES, onnx_optimizer, optax_optimizer
 import onnx_optax
 
 TREES = ("16M", "mix100", "mix1000", "mix10k")
-LIBRARIES = ("onnx_optax", "optax")
+#: The contenders; ``--baseline`` appends "baseline" (another onnx_optax).
+LIBRARIES: list[str] = ["onnx_optax", "optax"]
 MAKERS: dict[str, Callable[[str], optax.GradientTransformation]] = {
     "onnx_optax": onnx_optimizer, "optax": optax_optimizer}
+
+
+def rotation(r: int) -> list[str]:
+  """The contenders in the order of repeat ``r``: each goes first in turn."""
+  k = r % len(LIBRARIES)
+  return LIBRARIES[k:] + LIBRARIES[:k]
+
+
+def add_baseline(where: str) -> str:
+  """Adds another onnx_optax, "baseline", to the contenders; returns its description.
+
+  ``where`` is a folder (a checkout, or the ``onnx_optax`` package folder) or
+  a git revision of this checkout (``HEAD~1``, a commit). The package is copied
+  under the name ``onnx_optax_baseline`` so that both versions live in one
+  process and are measured interleaved: on a busy machine that is the only
+  fair before / after comparison.
+  """
+  import importlib
+  import shutil
+  import subprocess
+  import tempfile
+
+  import run as run_module
+  name = "onnx_optax_baseline"
+  tmp = tempfile.mkdtemp(prefix="scale_baseline_")
+  if os.path.isdir(where):
+    src = where if os.path.basename(os.path.normpath(where)) == "onnx_optax" else os.path.join(where, "onnx_optax")
+    shutil.copytree(src, os.path.join(tmp, name), ignore=shutil.ignore_patterns("__pycache__"))
+    description = where
+    commit_file = os.path.join(os.path.dirname(os.path.normpath(src)), "COMMIT")
+    if os.path.exists(commit_file):
+      with open(commit_file) as f:
+        description = f.read().strip()[:60]
+  else:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    archive = subprocess.run(["git", "-C", root, "archive", where, "onnx_optax"], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
+    os.rename(os.path.join(tmp, "onnx_optax"), os.path.join(tmp, name))
+    description = subprocess.run(["git", "-C", root, "log", "-1", "--format=%h %s", where], capture_output=True,
+                                 text=True, check=True).stdout.strip()[:60]
+  for folder, _, files in os.walk(os.path.join(tmp, name)):
+    for file in files:
+      if file.endswith(".py"):
+        path = os.path.join(folder, file)
+        with open(path) as f:
+          text = f.read()
+        with open(path, "w") as f:
+          f.write(re.sub(r"\bonnx_optax\b", name, text))
+  sys.path.insert(0, tmp)
+  module = importlib.import_module(name)
+
+  def make(rule: str) -> optax.GradientTransformation:
+    # run.onnx_optimizer holds the hyperparameters; it reads its module's
+    # global onnx_optax, swapped for the duration of the call.
+    saved = run_module.onnx_optax
+    run_module.onnx_optax = module
+    try:
+      return run_module.onnx_optimizer(rule)
+    finally:
+      run_module.onnx_optax = saved
+
+  MAKERS["baseline"] = make
+  LIBRARIES.append("baseline")
+  return description
 
 
 # --------------------------------------------------------------------------- trees
@@ -196,9 +261,8 @@ def time_steps(compiled: dict[str, Any], makers: dict[str, Callable[[], tuple]],
     run(name, 1)
     inner[name] = max(1, min(1000, int(target_s / max(time.perf_counter() - t0, 1e-6))))
   times: dict[str, list[float]] = {name: [] for name in makers}
-  names = list(makers)
   for r in range(repeats):
-    for name in (names if r % 2 == 0 else names[::-1]):
+    for name in rotation(r):
       time.sleep(pause_s)  # Let a spinning thread pool park before the clock starts.
       t0 = time.perf_counter()
       run(name, inner[name])
@@ -216,7 +280,7 @@ def measure(tree: str, rule: str, repeats: int, step_repeats: int, device, args)
   samples: dict[str, list[dict]] = {lib: [] for lib in LIBRARIES}
   last: dict[str, Any] = {}
   for r in range(repeats):
-    for lib in (LIBRARIES if r % 2 == 0 else LIBRARIES[::-1]):
+    for lib in rotation(r):
       sample, last[lib] = compile_once(lib, rule, params)
       samples[lib].append(sample)
   row: dict[str, Any] = {"tree": tree, "rule": rule, "leaves": len(shapes),
@@ -241,10 +305,19 @@ def measure(tree: str, rule: str, repeats: int, step_repeats: int, device, args)
     for lib in LIBRARIES:
       med[lib]["step_ms"] = 1e3 * statistics.median(times[lib])
   last.clear()
-  ours, theirs = med["onnx_optax"], med["optax"]
-  row["ratio"] = {k: ours[k] / theirs[k] for k in ("trace_s", "lower_s", "compile_s", "total_s", "step_ms")
-                  if k in ours and theirs[k]}
+  ratios(row)
   return row
+
+
+def ratios(row: dict) -> None:
+  """onnx_optax / optax, and with a baseline, onnx_optax / baseline and baseline / optax."""
+  med = row["median"]
+  pairs = {"ratio": ("onnx_optax", "optax")}
+  if "baseline" in med:
+    pairs.update(ratio_to_baseline=("onnx_optax", "baseline"), baseline_ratio=("baseline", "optax"))
+  for key, (a, b) in pairs.items():
+    row[key] = {k: med[a][k] / med[b][k] for k in ("trace_s", "lower_s", "compile_s", "total_s", "step_ms")
+                if k in med[a] and med[b][k]}
 
 
 def table(out: dict) -> str:
@@ -264,14 +337,30 @@ def table(out: dict) -> str:
       f"{'ours/optax   x':>17} {'ours/optax    x':>19}"),
   ]
   lines.append("-" * len(lines[-2]))
+  lines += _time_rows(out, "onnx_optax", "optax", "ratio")
+  if "baseline" in env:
+    lines += ["", f"the same for the baseline, onnx_optax {env['baseline']}, against optax:", ""]
+    lines += _time_rows(out, "baseline", "optax", "baseline_ratio")
+    lines += ["", "onnx_optax / baseline (below 1: this onnx_optax is faster than the baseline):", ""]
+    lines += _time_rows(out, "onnx_optax", "baseline", "ratio_to_baseline")
+  lines += _leaf_rows(out)
+  return "\n".join(lines) + "\n"
+
+
+def _time_rows(out: dict, a: str, b: str, key: str) -> list[str]:
+  lines = []
   for row in out["rows"]:
-    o, t, x = row["median"]["onnx_optax"], row["median"]["optax"], row["ratio"]
+    o, t, x = row["median"][a], row["median"][b], row[key]
     def cell(k, w, p, o=o, t=t, x=x):
       return f"{o[k]:{w}.{p}f}/{t[k]:<{w}.{p}f}{x[k]:5.2f}" if k in x else " " * (2 * w + 6)
     lines.append(f"{row['tree']:8} {row['leaves']:6d} {row['rule']:14} {cell('trace_s', 4, 2)} "
                  f"{cell('lower_s', 4, 2)} {cell('compile_s', 4, 2)} {cell('total_s', 5, 2)} "
                  f"{cell('step_ms', 6, 2)}")
-  lines += ["", ("per leaf (first compile): jaxpr equations, StableHLO lines, kernels of the compiled step "
+  return lines
+
+
+def _leaf_rows(out: dict) -> list[str]:
+  lines = ["", ("per leaf (first compile): jaxpr equations, StableHLO lines, kernels of the compiled step "
             "(fusions + unfused ops), temporary bytes of the donated step"), "",
             (f"{'tree':8} {'leaves':>6} {'rule':14} {'eqns/leaf':>15} {'hlo lines/leaf':>15} "
             f"{'kernels/leaf':>15} {'temp bytes':>19}"),
@@ -280,11 +369,14 @@ def table(out: dict) -> str:
   lines.append("-" * len(lines[-2]))
   for row in out["rows"]:
     o, t, n = row["median"]["onnx_optax"], row["median"]["optax"], row["leaves"]
-    lines.append(
-        f"{row['tree']:8} {n:6d} {row['rule']:14} {o['jaxpr_eqns'] / n:7.1f} {t['jaxpr_eqns'] / n:7.1f} "
-        f"{o['stablehlo_lines'] / n:7.1f} {t['stablehlo_lines'] / n:7.1f} "
-        f"{o['kernels'] / n:7.2f} {t['kernels'] / n:7.2f} {o['temp_bytes']!s:>9} {t['temp_bytes']!s:>9}")
-  return "\n".join(lines) + "\n"
+    rows = [("", o)] + ([("baseline", row["median"]["baseline"])] if "baseline" in row["median"] else [])
+    for label, o in rows:
+      lines.append(
+          f"{row['tree']:8} {n:6d} {(row['rule'] + ' ' + label).strip():14} "
+          f"{o['jaxpr_eqns'] / n:7.1f} {t['jaxpr_eqns'] / n:7.1f} "
+          f"{o['stablehlo_lines'] / n:7.1f} {t['stablehlo_lines'] / n:7.1f} "
+          f"{o['kernels'] / n:7.2f} {t['kernels'] / n:7.2f} {o['temp_bytes']!s:>9} {t['temp_bytes']!s:>9}")
+  return lines
 
 
 def environment(args, device) -> dict:
@@ -329,6 +421,8 @@ def main(argv=None) -> dict:
   ap.add_argument("--target-ms", type=float, default=50.0, help="minimum duration of one step sample")
   ap.add_argument("--pause-ms", type=float, default=50.0, help="idle time before each step sample")
   ap.add_argument("--device", default="cpu", help="JAX platform: cpu, gpu, tpu")
+  ap.add_argument("--baseline", default=None,
+                  help="another onnx_optax to measure in the same run: a folder or a git revision (HEAD~1)")
   ap.add_argument("--json", default=None, help="write every sample to this file")
   ap.add_argument("--text", default=None, help="write the tables to this file")
   args = ap.parse_args(argv)
@@ -344,6 +438,8 @@ def main(argv=None) -> dict:
       ap.error(f"--trees: {e}")
   device = jax.devices(args.device)[0]
   env = environment(args, device)
+  if args.baseline:
+    env["baseline"] = add_baseline(args.baseline)
   print("# " + ", ".join(f"{k}={v}" for k, v in env.items()), flush=True)
   out: dict[str, Any] = {"env": env, "rows": []}
   t_start = time.perf_counter()
