@@ -20,6 +20,7 @@ import pytest
 import onnx_optax
 from rule_configs import as_float32_sees as _f32, first_count as _first_count
 from onnx_optax import reference
+from onnx_optax.conformance import tolerance
 
 INT32_MAX = int(np.iinfo(np.int32).max)
 U32 = 2.0**-24  # float32 unit roundoff
@@ -41,13 +42,14 @@ CONFIGS = {
 NAMES = sorted(CONFIGS)
 
 
-def _reference_step(rule, T, X, G, state, hyper, lr):
+def _reference_step(rule, T, X, G, state, hyper, lr, seen=_f32):
+  """One float64 reference step; ``seen``: the hyperparameters as the transform sees them."""
   step, _ = reference.RULES[rule]
   with warnings.catch_warnings():
     warnings.simplefilter("ignore", RuntimeWarning)  # inf - inf, 0/0: the point of some tests
-    X_new, *S = step(_f32(lr), T, np.asarray(X, np.float64), np.asarray(G, np.float64),
+    X_new, *S = step(seen(lr), T, np.asarray(X, np.float64), np.asarray(G, np.float64),
                      *(np.asarray(s, np.float64) for s in state),
-                     **{k: _f32(v) for k, v in hyper.items()})
+                     **{k: seen(v) for k, v in hyper.items()})
   return X_new, S
 
 
@@ -125,9 +127,22 @@ def test_apply_if_finite_leaves_params_and_state_untouched(config, bad):
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float16, jnp.bfloat16])
 @pytest.mark.parametrize("config", NAMES)
 def test_count_at_int32_max_is_finite_right_and_does_not_wrap(config, dtype):
-  rule, make, hyper, lr = CONFIGS[config]
-  # Decay rates that every dtype here can hold below 1 (see the bfloat16 test).
+  """Four updates from T = int32 max - 1: T saturates, every update is the spec's.
+
+  Each update is compared with one float64 reference step from the dtype's
+  own parameters and state, within the conformance suite's per-element bound
+  (``conformance.tolerance``: the rounding of every operation in ``dtype``,
+  the hyperparameters' rounding to it, and the reference's own), which is a
+  small fraction of the update: a zero or doubled update fails (checked).
+  """
+  rule, make, hyper, _ = CONFIGS[config]
+  # Decay rates that every dtype here can hold below 1 (see the bfloat16 test),
+  # and updates that bfloat16 resolves next to |X| = 2 (ONNX Adam's X_final
+  # adds two roundings relative to X): a learning rate of 1 and a
+  # decay_factor that leaves Adagrad's r = R / (1 + T d) at R / 3.
   hyper = {**hyper, **{k: 0.75 for k in ("beta", "beta2") if k in hyper}}
+  hyper = {**hyper, **({"decay_factor": 1e-9} if "decay_factor" in hyper else {})}
+  lr = 1.0
   opt = make(lr, **hyper, initial_count=INT32_MAX - 1)
   X = jnp.array([1.0, -2.0, 0.5], dtype)
   G = jnp.array([0.5, 0.25, -1.0], dtype)
@@ -135,17 +150,27 @@ def test_count_at_int32_max_is_finite_right_and_does_not_wrap(config, dtype):
   S = [np.zeros(3)] * (len(state) - 1)
   x = X
   step = jax.jit(opt.update)
+  implementation = tolerance.implementation_context(np.dtype(dtype), jax.devices()[0].platform)
+  ref = tolerance.reference_context()
   for k in range(4):
     T = min(INT32_MAX - 1 + k, INT32_MAX)
     assert int(state.count) == T
     updates, state = step(G, state, x)
     assert np.all(np.isfinite(np.asarray(updates, np.float32)))
-    want, S = _reference_step(rule, T, x, G, S, hyper, lr)
+    X64, G64 = np.asarray(x, np.float64), np.asarray(G, np.float64)
+    # The hyperparameters as passed: their rounding to `dtype` is in the bound.
+    want, S_want = _reference_step(rule, T, X64, G64, S, hyper, lr, seen=lambda v: v)
+    tol = [a + b for a, b in zip(tolerance.bounds(rule, implementation, lr, T, X64, G64, S, **hyper),
+                                 tolerance.bounds(rule, ref, lr, T, X64, G64, S, **hyper))]
+    assert all(np.all(np.isfinite(t)) for t in tol)
+    step_size = np.abs(want - X64)
+    assert np.all(tol[0] < 0.5 * step_size), (tol[0], step_size)  # the check has teeth
     x = optax.apply_updates(x, updates)
-    # Some rounding of a few operations in `dtype` (the state is in `dtype` too).
-    rtol = {jnp.float32: 1e-5, jnp.float16: 1e-2, jnp.bfloat16: 5e-2}[dtype]
-    np.testing.assert_allclose(np.asarray(x, np.float64), want, rtol=rtol, atol=rtol)
-    S = [np.asarray(s, np.float64) for s in state[1:]]  # follow the dtype's own state
+    np.testing.assert_array_less(np.abs(np.asarray(x, np.float64) - want), tol[0] + 1e-300)
+    S_new = [np.asarray(s, np.float64) for s in state[1:]]
+    for got, w, t in zip(S_new, S_want, tol[1:]):
+      np.testing.assert_array_less(np.abs(got - w), t + 1e-300)
+    S = S_new  # follow the dtype's own state
   assert int(state.count) == INT32_MAX and state.count.dtype == jnp.int32
 
 
@@ -265,9 +290,33 @@ def test_low_precision_adagrad_accumulator_stalls(dtype, g, stall):
   assert h32[-1] == g**2 * steps
 
 
-def test_float16_epsilon_1e8_is_zero():
-  assert np.float16(1e-8) == 0  # below half the smallest subnormal, 2**-25
-  assert float(jnp.bfloat16(1e-8)) > 0  # bfloat16 has float32's exponent range
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_float16_epsilon_1e8_is_zero(dtype):
+  """DirectML's default epsilon, 1e-8, is 0 in onnx_optax's float16 arithmetic.
+
+  1e-8 is below half of float16's smallest subnormal (2**-25), and the rule
+  adds epsilon in the parameters' dtype: a float16 update with the default
+  epsilon is the epsilon = 0 update to the bit, and a zero gradient from a
+  zero state gives 0 / (0 + 0) = NaN. bfloat16 has float32's exponent range
+  and keeps 1e-8: the same zero gradient gives a zero update, where epsilon =
+  0 gives NaN.
+  """
+  assert 1e-8 < 2.0**-25  # the IEEE fact the float16 behaviour rests on
+  x = jnp.ones(4, dtype)
+  g = jnp.array([0.0, 0.1, -2.0, 0.5], dtype)
+
+  def update(**kw):
+    # beta2 = 0.75: bfloat16 rounds the default 0.999 to 1 (rejected at init).
+    opt = onnx_optax.directml_adam(1e-3, beta2=0.75, **kw)
+    return np.asarray(opt.update(g, opt.init(x))[0], np.float64)
+
+  default, zero = update(), update(epsilon=0.0)
+  assert np.isnan(zero[0]) and np.all(np.isfinite(zero[1:]))
+  if dtype == jnp.float16:
+    np.testing.assert_array_equal(default, zero)  # NaN where zero has NaN
+  else:
+    assert default[0] == 0
+    np.testing.assert_array_equal(default[1:], zero[1:])  # 1e-8 is below bfloat16's resolution there
 
 
 # One step from a zero state with lr = 1e-3, decays 0.9 / 0.999, epsilon 1e-8:
