@@ -1,0 +1,161 @@
+"""The four rules inside Flax NNX: ``nnx.Optimizer(model, tx, wrt=nnx.Param)`` (issue 13).
+
+A small MLP is trained with ``optimizer.update(model, grads)`` inside
+``nnx.jit``, gradients from ``nnx.grad``. Each step is checked against the
+NumPy reference (:mod:`onnx_optax.reference`, float64) applied to the same
+inputs: the parameters, the optimizer state and ``T`` read from the model and
+the optimizer before the step, the gradients the step computed. The allowed
+difference is the conformance suite's per-element bound on the rounding error
+of the rule's arithmetic in the dtype used (:mod:`onnx_optax.conformance.tolerance`,
+derived in docs/conformance.md), plus that of the float64 reference; not a
+fitted ``rtol``. Checking each step from the state before it keeps the bound
+rigorous (errors of earlier steps are inputs, not accumulated slack).
+
+Flax hands ``update`` the parameters (``tx.update(grads, state, params)``),
+so the rules' ``norm_coefficient`` works; the model also holds a plain
+``nnx.Variable`` that ``wrt=nnx.Param`` must leave alone.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from onnx_optax import reference
+from onnx_optax.conformance import tolerance
+from rule_configs import RULE_CONFIGS, first_count
+
+nnx = pytest.importorskip("flax.nnx", reason="flax is in the flax and test extras: pip install onnx_optax[flax]")
+
+NAMES = sorted(RULE_CONFIGS)
+STEPS = 4
+
+
+class MLP(nnx.Module):
+  """Two dense layers and a fixed output scale that is not a parameter."""
+
+  def __init__(self, rngs: nnx.Rngs, dtype=jnp.float32):
+    self.hidden = nnx.Linear(5, 7, rngs=rngs, dtype=dtype, param_dtype=dtype)
+    self.out = nnx.Linear(7, 3, rngs=rngs, dtype=dtype, param_dtype=dtype)
+    self.scale = nnx.Variable(jnp.asarray(1.5, dtype))  # not an nnx.Param: not trained
+
+  def __call__(self, x):
+    return self.scale[...] * self.out(jax.nn.tanh(self.hidden(x)))
+
+
+def _data(dtype):
+  rng = np.random.default_rng(5)
+  return jnp.asarray(rng.normal(size=(16, 5)), dtype), jnp.asarray(rng.normal(size=(16, 3)), dtype)
+
+
+@nnx.jit
+def _train_step(model, optimizer, x, y):
+  loss = lambda m: jnp.mean((m(x) - y).astype(jnp.float32) ** 2)
+  grads = nnx.grad(loss)(model)  # the nnx.Param leaves: nnx.grad's default wrt
+  optimizer.update(model, grads)
+  return nnx.as_pure(grads)
+
+
+def _leaves(tree):
+  return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+def _snapshot(model, optimizer):
+  """(T, parameter leaves, one list of leaves per state tensor), as NumPy arrays."""
+  state = nnx.as_pure(optimizer.opt_state)
+  inner = state.inner_state if hasattr(state, "inner_state") else state
+  params = _leaves(nnx.as_pure(nnx.state(model, nnx.Param)))
+  return int(inner.count), params, [_leaves(field) for field in inner[1:]]
+
+
+def _as64(x):
+  return np.asarray(x, np.float64)
+
+
+def _check_step(config, R, before, grads, after, *, dtype, state_dtype=None):
+  """The step from ``before`` with ``grads`` equals the reference within its bound."""
+  T, X, S = before
+  T_after, X_after, S_after = after
+  assert T_after == T + 1
+  step, _ = reference.RULES[config.rule]
+  impl = tolerance.implementation_context(dtype, state_dtype=state_dtype)
+  ref = tolerance.reference_context()
+  for i, (x, g) in enumerate(zip(X, grads)):
+    s = [_as64(field[i]) for field in S]
+    expected = step(R, T, _as64(x), _as64(g), *s, **config.hyper)
+    bound = [a + b for a, b in zip(tolerance.bounds(config.rule, impl, R, T, _as64(x), _as64(g), s, **config.hyper),
+                                   tolerance.bounds(config.rule, ref, R, T, _as64(x), _as64(g), s, **config.hyper))]
+    got = [X_after[i]] + [field[i] for field in S_after]
+    for name, have, want, tol in zip(["X_new"] + [f"state {k}" for k in range(len(S))], got, expected, bound):
+      assert np.all(np.isfinite(tol)), f"leaf {i} {name}: no finite bound, the check would be vacuous"
+      excess = np.abs(_as64(have) - want) / np.maximum(tol, np.finfo(np.float64).tiny)
+      assert np.all(np.abs(_as64(have) - want) <= tol), (
+          f"{config.rule} T={T} leaf {i} {name}: {np.max(excess):.3g} times the rounding bound")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_nnx_optimizer_follows_the_reference(name):
+  config = RULE_CONFIGS[name]
+  model = MLP(nnx.Rngs(0))
+  optimizer = nnx.Optimizer(model, config.make(config.learning_rate, **config.hyper), wrt=nnx.Param)
+  assert isinstance(optimizer.opt_state, config.state_cls)
+  x, y = _data(jnp.float32)
+  before = _snapshot(model, optimizer)
+  assert before[0] == first_count(config.rule)
+  n_params = len(before[1])
+  assert n_params == 4 and all(len(field) == n_params for field in before[2]), "state only for the nnx.Params"
+  for _ in range(STEPS):
+    grads = _leaves(_train_step(model, optimizer, x, y))
+    after = _snapshot(model, optimizer)
+    _check_step(config, config.learning_rate, before, grads, after, dtype=np.float32)
+    assert any(np.any(a != b) for a, b in zip(before[1], after[1])), "the step did not move the parameters"
+    before = after
+  assert int(optimizer.step[...]) == STEPS
+  assert float(model.scale[...]) == 1.5, "wrt=nnx.Param trained a plain nnx.Variable"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_injected_learning_rate_changed_through_the_optimizer_state(name):
+  config = RULE_CONFIGS[name]
+  old, new = config.learning_rate, 3 * config.learning_rate
+  tx = optax.inject_hyperparams(config.make)(old, **config.hyper)
+  model = MLP(nnx.Rngs(1))
+  optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+  x, y = _data(jnp.float32)
+  before = _snapshot(model, optimizer)
+  for k in range(STEPS):
+    if k == 2:
+      # nnx.Optimizer keeps the Optax state as variables: write into one.
+      optimizer.opt_state.hyperparams["learning_rate"][...] = new
+      assert optimizer.opt_state.hyperparams["learning_rate"][...].dtype == jnp.float32
+    R = old if k < 2 else new
+    grads = _leaves(_train_step(model, optimizer, x, y))
+    after = _snapshot(model, optimizer)
+    _check_step(config, R, before, grads, after, dtype=np.float32)
+    if k == 2:
+      # The check can tell the rates apart: the old one is far outside the bound.
+      with pytest.raises(AssertionError, match="times the rounding bound"):
+        _check_step(config, old, before, grads, after, dtype=np.float32)
+    before = after
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("name", NAMES)
+def test_state_dtype_keeps_a_float32_state_for_half_precision_params(name, dtype):
+  config = RULE_CONFIGS[name]
+  model = MLP(nnx.Rngs(2), dtype=dtype)
+  tx = config.make(config.learning_rate, **config.hyper, state_dtype=jnp.float32)
+  optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+  x, y = _data(dtype)
+  before = _snapshot(model, optimizer)
+  for _ in range(STEPS):
+    grads = _leaves(_train_step(model, optimizer, x, y))
+    after = _snapshot(model, optimizer)
+    assert all(p.dtype == dtype for p in after[1])
+    assert all(s.dtype == np.float32 for field in after[2] for s in field)
+    assert all(g.dtype == dtype for g in grads)
+    _check_step(config, config.learning_rate, before, grads, after, dtype=dtype, state_dtype=np.float32)
+    before = after
