@@ -64,8 +64,12 @@ def adam_optimizer(
     input_second_moment: ``V`` (zeros at the first step).
     gradient: ``G``.
     training_step: ``T``, an integer scalar ``>= 1`` (1 at the first step).
-    learning_rate, beta1, beta2, epsilon: the operator's constants (typical
-      values 0.001, 0.9, 0.999, 1e-8).
+    learning_rate: ``LearningRate``, the step size.
+    beta1: ``Beta1``, the first moment's decay, in ``[0, 1)`` (DirectML calls
+      0.9 typical).
+    beta2: ``Beta2``, the second moment's decay, in ``[0, 1]`` (typical: 0.999).
+    epsilon: ``Epsilon``, added to ``sqrt(V_new)``, ``>= 0`` (typical: 1e-8, or
+      ``FLT_EPSILON`` for float32).
 
   Returns:
     ``(output_parameters, output_first_moment, output_second_moment)``.

@@ -138,7 +138,10 @@ def momentum(R: Any, T: Any, *inputs: Any, alpha: float, beta: float, mode: str,
     R: learning rate, a float scalar.
     T: update count, an integer scalar ``>= 0``.
     *inputs: ``X_1..X_n, G_1..G_n, V_1..V_n``.
-    alpha, beta, mode, norm_coefficient: the node's attributes.
+    alpha: decay of the momentum ``V``.
+    beta: scale of the gradient from the second update on (``T > 0``).
+    mode: ``"standard"`` or ``"nesterov"``.
+    norm_coefficient: L2 coefficient, ``norm_coefficient * X`` is added to ``G``.
   """
   if not isinstance(mode, str) or mode not in rules.MODES:
     raise ValueError(f"mode must be one of {rules.MODES}, got {mode!r}")
