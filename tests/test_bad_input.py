@@ -20,6 +20,7 @@ import optax
 import pytest
 
 import onnx_optax
+from onnx_optax import reference
 
 MOMENTUM = dict(alpha=0.9, beta=0.9, mode="standard", norm_coefficient=0.0)
 
@@ -284,9 +285,26 @@ def test_injected_hyperparameters_checked_when_concrete_not_when_traced(name, ar
   assert updates["w"].shape == (3,)
 
 
+# Every hyperparameter of each rule, with the defaults of the ONNX schemas
+# (the README's table) where MAKERS leaves them out: what the reference needs.
+REFERENCE_HYPER = {
+    "momentum": MOMENTUM,
+    "adagrad": dict(decay_factor=0.0, epsilon=1e-6, norm_coefficient=0.0),
+    "adam": dict(alpha=0.9, beta=0.999, epsilon=1e-6, norm_coefficient=0.0, norm_coefficient_post=0.0),
+    "directml_adam": dict(beta1=0.9, beta2=0.999, epsilon=1e-8),
+}
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_vmap_over_hyperparameters(name):
-  """vmap over the learning rate and a decay rate: traced, so unchecked, and right."""
+  """vmap over the learning rate and a decay rate: traced, so unchecked, and right.
+
+  Right: each batch member's second update is the float64 NumPy reference's
+  (two steps from a zero state, the hyperparameters rounded to float32 as
+  the transform sees them), within two updates' roundings: ROUNDINGS = 16
+  unit roundoffs of the update each, times ``1 / (1 - alpha)`` for the Adam
+  rules, whose first moment rounds relative to ``G``, not ``(1 - alpha) G``.
+  """
   make, required = MAKERS[name]
   argument = {"momentum": "beta", "adagrad": "decay_factor", "adam": "beta",
               "directml_adam": "beta2"}[name]
@@ -302,6 +320,16 @@ def test_vmap_over_hyperparameters(name):
 
   lrs, values = jnp.array([0.1, 0.2]), jnp.array([0.5, 0.25])
   batched = jax.vmap(one)(lrs, values)
+  step, n_state = reference.RULES[name]
+  X, G = np.ones(3), np.asarray(grads["w"], np.float64)
   for i in range(2):
-    want = one(float(lrs[i]), float(values[i]))
-    np.testing.assert_allclose(batched["w"][i], want["w"], rtol=1e-6)
+    hyper = {k: (v if isinstance(v, str) else float(np.float32(v)))
+             for k, v in {**REFERENCE_HYPER[name], argument: float(values[i])}.items()}
+    R, T = float(lrs[i]), 1 if name == "directml_adam" else 0
+    S = [np.zeros(3)] * n_state
+    for k in range(2):  # the parameters stay at X: only the state moves
+      X_new, *S = step(R, T + k, X, G, *S, **hyper)
+    want = X_new - X
+    alpha = hyper.get("alpha", 0.0) if name == "adam" else hyper.get("beta1", 0.0)
+    tol = 2 * 16 * 2.0**-24 * float(np.max(np.abs(want))) / (1 - alpha)
+    np.testing.assert_allclose(np.asarray(batched["w"][i], np.float64), want, rtol=0, atol=tol)
