@@ -84,7 +84,9 @@ nitpick_ignore = [
 ]
 
 # -- myst ---------------------------------------------------------------------
-myst_enable_extensions = ["dollarmath", "colon_fence"]
+# No syntax extensions: the pages are plain CommonMark plus tables, and read
+# the same on a code host ("$" is a dollar sign, not math).
+myst_enable_extensions: list[str] = []
 # Links to "page.md#a-section" resolve to the section's generated anchor.
 myst_heading_anchors = 3
 
