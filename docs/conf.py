@@ -12,6 +12,7 @@ NumPy and onnx objects in signatures stay plain text (see ``nitpick_ignore``).
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import sys
@@ -20,12 +21,10 @@ import sys
 # building the docs before `pip install -e .`).
 sys.path.insert(0, os.path.abspath(".."))
 
-import onnx_optax  # noqa: E402
-
 project = "onnx_optax"
 author = "onnx_optax contributors"
 copyright = "onnx_optax contributors"
-release = onnx_optax.__version__
+release = importlib.import_module("onnx_optax").__version__
 version = release
 
 extensions = [
@@ -172,8 +171,6 @@ def _drop_generated_field_docs(app, what, name, obj, options, lines):
 
 
 def _import_object(name: str):
-  import importlib
-
   parts = name.split(".")
   for i in range(len(parts), 0, -1):
     try:
