@@ -233,13 +233,17 @@ def to_keras(state: Any, optimizer: Any, params: Any = None, *, variables: Any =
 
 def _check_optimizer(keras: Any, optimizer: Any) -> None:
   cls = type(optimizer)
-  if cls is not keras.optimizers.Adam:
-    if cls is keras.optimizers.AdamW:
-      raise TypeError(
-          "keras.optimizers.AdamW decays the weights before the step (x -= lr * wd * x), "
-          "decoupled from the gradient, which no onnx_optax rule does; "
-          "optax.chain(onnx_optax.directml_adam(...), optax.add_decayed_weights(-lr * wd)) is "
-          "the same update up to rounding")
+  if isinstance(optimizer, keras.optimizers.AdamW):
+    raise TypeError(
+        "keras.optimizers.AdamW decays the weights before the step (x -= lr * wd * x), "
+        "decoupled from the gradient, which no onnx_optax rule does; "
+        "optax.chain(onnx_optax.directml_adam(...), optax.add_decayed_weights(-lr * wd)) is "
+        "the same update up to rounding")
+  # On some backends keras.optimizers.Adam(...) builds the backend's own class
+  # (torch: keras.src.backend.torch.optimizers.torch_adam.Adam, the same
+  # update with foreach kernels); those are Keras's Adam too.
+  backend_adam = cls.__name__ == "Adam" and cls.__module__.startswith("keras.src.backend.")
+  if not (cls is keras.optimizers.Adam or backend_adam):
     if isinstance(optimizer, keras.optimizers.Adam):
       raise TypeError(
           f"{cls.__module__}.{cls.__qualname__} subclasses keras.optimizers.Adam and may change "
