@@ -256,7 +256,7 @@ def check_outputs(case: Case, platform: str, got_x, got_state, got_count: int | 
                                f"expected {float(np.ravel(want[leaf][k])[index])!r}")
   count_ok = got_count is None or got_count == min(case.T + 1, INT32_MAX)
   wrong = []
-  for label, arrays, dtype in [("X_new", got_x, case.dtype)] + [
+  for label, arrays, dtype in [(names[0], got_x, case.dtype)] + [
       (names[k + 1], s, case.state_dtype or case.dtype) for k, s in enumerate(got_state)]:
     found = sorted({str(np.asarray(a).dtype) for a in arrays if hasattr(a, "dtype")} - {str(numpy_dtype(dtype))})
     if found:

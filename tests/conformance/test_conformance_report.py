@@ -31,12 +31,11 @@ def test_report_writes_table_json_and_markdown(tmp_path, capsys):
 
 
 def test_report_fails_on_a_wrong_rule(monkeypatch, capsys):
-  def wrong(R, T, X, G, H, *, decay_factor, epsilon, norm_coefficient):
-    U, H_new = original(R, T, X, G, H, decay_factor=decay_factor, epsilon=epsilon,
-                        norm_coefficient=norm_coefficient)
+  def wrong(s, X, G, H):
+    U, H_new = original(s, X, G, H)
     return U * jnp.asarray(1.001, U.dtype), H_new
-  original = rules.adagrad
-  monkeypatch.setattr(rules, "adagrad", wrong)
+  original = rules.adagrad_elementwise
+  monkeypatch.setattr(rules, "adagrad_elementwise", wrong)
   assert cli.main(SMALL) == 1
   assert "FAIL" in capsys.readouterr().out
 

@@ -1,185 +1,512 @@
 """The suite has teeth: deliberately wrong variants of each rule are caught.
 
-Each mutant is a copy of a rule of :mod:`onnx_optax.rules` with one plausible
-mistake. It replaces the rule (``monkeypatch``), so the mutant runs through
-the very path the suite checks (the Optax transform, jit, apply_updates),
-and the suite's cases of that rule must fail in every dtype. (In bfloat16
-the default beta = 0.999 rounds to 1; the state_dtype=float32 cases and the
-tiny-gradient case with R = 1 are what catch the epsilon-placement mutants
-there.)
+Each rule mutant is a copy of one part of a rule of :mod:`onnx_optax.rules`
+(the per-update ``<rule>_scalars`` or the per-leaf ``<rule>_elementwise``,
+whichever holds the mistake) with one plausible mistake. It replaces that
+part (``monkeypatch``; the transforms look both up in ``rules`` at every
+update), so the mutant runs through the very path the suite checks (the Optax
+transform, jit, ``apply_updates``), and the suite's cases of that rule must
+fail in every dtype where the mistake changes the result.
+
+Transform mutants break the Optax layer instead (the count, the schedule,
+the state's dtype) by wrapping :func:`onnx_optax.transforms._transform` or
+replacing what it calls; they must fail every rule's cases in every dtype.
+
+Where a mutant cannot be wrong in some dtype, the test says why and asserts
+that it is bit-identical there instead (``EQUIVALENT``). The margin (the
+worst ratio error / tolerance of the case that catches a mutant) is printed
+by ``python tests/conformance/test_conformance_teeth.py``, over every case,
+and recorded in docs/conformance.md.
 """
 
 from __future__ import annotations
 
+import inspect
+import sys
+import types
+from typing import Any, NamedTuple
+
+import jax
 import jax.numpy as jnp
+import numpy as np
+import optax
 import pytest
 
-from onnx_optax import rules
+from onnx_optax import rules, transforms
 from onnx_optax.conformance import cases as grid
 from onnx_optax.conformance import check
 
-_like, _omp, _sqrt = rules._like, rules._one_minus_power, rules._sqrt
+_omp, _sqrt, _one_minus, _is_zero = rules._one_minus_power, rules._sqrt, rules._one_minus, rules._is_static_zero
+
+
+def _g_regularized(s, X, G, l2: str):
+  """``G_regularized`` as the spec has it, with the sign flipped, or without L2 (``after``)."""
+  if X is None or l2 == "after":
+    return G
+  if l2 == "sign":
+    return G - s.norm_coefficient * X
+  return s.norm_coefficient * X + G
 
 
 # -- Momentum -------------------------------------------------------------------------
 
-def _momentum(R, T, X, G, V, *, alpha, beta, mode, norm_coefficient,
-              first_step_rule=True, t_shift=0, nesterov_uses_old_v=False):
+def _momentum_scalars(R, T, *, alpha, beta, norm_coefficient, first_step_rule=True, t_shift=0):
   T = jnp.asarray(T) + t_shift
-  beta_adjusted = jnp.where(T > 0, beta, 1) if first_step_rule else beta
-  R, alpha, beta_adjusted, norm_coefficient = _like(X, R, alpha, beta_adjusted, norm_coefficient)
-  G_regularized = norm_coefficient * X + G
-  V_new = alpha * V + beta_adjusted * G_regularized
+  beta_adjusted = jnp.where(T > 0, beta, 1) if first_step_rule else jnp.asarray(beta)
+  return rules.MomentumScalars(R, alpha, beta_adjusted, norm_coefficient)
+
+
+def _momentum_elementwise(s, X, G, V, *, mode, nesterov_uses_old_v=False, l2="spec"):
+  G_regularized = _g_regularized(s, X, G, l2)
+  V_new = s.alpha * V + s.beta_adjusted * G_regularized
+  # "after": L2 added to the step, after the momentum, instead of to G.
+  decay = s.norm_coefficient * X if l2 == "after" and X is not None else 0
   if mode == "standard":
-    return -(R * V_new), V_new
-  return -(R * (G_regularized + alpha * (V if nesterov_uses_old_v else V_new))), V_new
+    return -(s.R * (V_new + decay)), V_new
+  return -(s.R * (G_regularized + decay + s.alpha * (V if nesterov_uses_old_v else V_new))), V_new
 
 
-def momentum_first_step_rule_dropped(*args, **kw):
-  return _momentum(*args, **kw, first_step_rule=False)
+def momentum_first_step_rule_dropped(*a, **k):
+  return _momentum_scalars(*a, **k, first_step_rule=False)
 
 
-def momentum_T_off_by_one(*args, **kw):
-  return _momentum(*args, **kw, t_shift=-1)
+def momentum_T_off_by_one(*a, **k):
+  return _momentum_scalars(*a, **k, t_shift=-1)
 
 
-def momentum_nesterov_old_V(*args, **kw):
-  return _momentum(*args, **kw, nesterov_uses_old_v=True)
+def momentum_nesterov_old_V(*a, **k):
+  return _momentum_elementwise(*a, **k, nesterov_uses_old_v=True)
+
+
+def momentum_l2_sign(*a, **k):
+  return _momentum_elementwise(*a, **k, l2="sign")
+
+
+def momentum_l2_after_momentum(*a, **k):
+  return _momentum_elementwise(*a, **k, l2="after")
 
 
 # -- Adagrad --------------------------------------------------------------------------
 
-def _adagrad(R, T, X, G, H, *, decay_factor, epsilon, norm_coefficient, t_shift=0, eps_in_sqrt=False):
+def _adagrad_scalars(R, T, *, decay_factor, epsilon, norm_coefficient, t_shift=0):
   r = R / (1 + (jnp.asarray(T) + t_shift) * decay_factor)
-  r, norm_coefficient, epsilon = _like(X, r, norm_coefficient, epsilon)
-  G_regularized = norm_coefficient * X + G
+  return rules.AdagradScalars(r, epsilon, norm_coefficient)
+
+
+def _adagrad_elementwise(s, X, G, H, *, eps_in_sqrt=False, l2="spec"):
+  G_regularized = _g_regularized(s, X, G, l2)
   H_new = H + G_regularized * G_regularized
-  H_adaptive = jnp.sqrt(H_new + epsilon) if eps_in_sqrt else _sqrt(H_new) + epsilon
-  return -(r * G_regularized / H_adaptive), H_new
+  H_adaptive = jnp.sqrt(H_new + s.epsilon) if eps_in_sqrt else _sqrt(H_new) + s.epsilon
+  # "after": L2 left out of the accumulator, added to the step's gradient only.
+  numerator = s.norm_coefficient * X + G if l2 == "after" and X is not None else G_regularized
+  return -(s.r * numerator / H_adaptive), H_new
 
 
-def adagrad_epsilon_in_sqrt(*args, **kw):
-  return _adagrad(*args, **kw, eps_in_sqrt=True)
+def adagrad_epsilon_in_sqrt(*a, **k):
+  return _adagrad_elementwise(*a, **k, eps_in_sqrt=True)
 
 
-def adagrad_T_off_by_one(*args, **kw):
-  return _adagrad(*args, **kw, t_shift=1)
+def adagrad_T_off_by_one(*a, **k):
+  return _adagrad_scalars(*a, **k, t_shift=1)
+
+
+def adagrad_l2_sign(*a, **k):
+  return _adagrad_elementwise(*a, **k, l2="sign")
+
+
+def adagrad_l2_after_accumulator(*a, **k):
+  return _adagrad_elementwise(*a, **k, l2="after")
 
 
 # -- ONNX Adam ------------------------------------------------------------------------
 
-def _adam(R, T, X, G, V, H, *, alpha, beta, epsilon, norm_coefficient, norm_coefficient_post,
-          t_shift=0, eps_in_sqrt=False, optax_epsilon=False, correct_at_0=False, drop_post=False):
+class _OptaxAdamScalars(NamedTuple):
+  """AdamScalars plus what Optax's epsilon placement needs: R and both bias corrections."""
+  R_adjusted: Any
+  alpha: Any
+  beta: Any
+  one_minus_alpha: Any
+  one_minus_beta: Any
+  epsilon: Any
+  norm_coefficient: Any
+  one_minus_post: Any
+  R: Any
+  bias_1: Any
+  bias_2: Any
+
+
+def _adam_scalars(R, T, *, alpha, beta, epsilon, norm_coefficient, norm_coefficient_post,
+                  t_shift=0, correct_at_0=False, optax_epsilon=False):
   T = jnp.asarray(T) + t_shift
   T_used = jnp.maximum(T, 1)
   bias_1, bias_2 = _omp(alpha, T_used), _omp(beta, T_used)
   corrected = (T > 0) | correct_at_0
   R_adjusted = jnp.where(corrected, R * jnp.sqrt(bias_2) / bias_1, R)
-  R_, alpha, beta, epsilon, norm_coefficient, post = _like(
-      X, R_adjusted, alpha, beta, epsilon, norm_coefficient, norm_coefficient_post)
-  G_regularized = norm_coefficient * X + G
-  V_new = alpha * V + (1 - alpha) * G_regularized
-  H_new = beta * H + (1 - beta) * G_regularized * G_regularized
+  post = None if _is_zero(norm_coefficient_post) else _one_minus(norm_coefficient_post)
+  s = rules.AdamScalars(R_adjusted, alpha, beta, _one_minus(alpha), _one_minus(beta), epsilon,
+                        norm_coefficient, post)
+  if optax_epsilon:
+    return _OptaxAdamScalars(*s, R, jnp.where(corrected, bias_1, 1), jnp.where(corrected, bias_2, 1))
+  return s
+
+
+def _adam_elementwise(s, X, G, V, H, *, eps_in_sqrt=False, optax_epsilon=False, drop_post=False,
+                      l2="spec", rounded_decays=()):
+  G_regularized = _g_regularized(s, X, G, l2)
+  # The mistake rules._one_minus prevents: 1 - decay after rounding the decay to X's dtype.
+  one_minus_alpha = 1 - s.alpha if "alpha" in rounded_decays else s.one_minus_alpha
+  one_minus_beta = 1 - s.beta if "beta" in rounded_decays else s.one_minus_beta
+  V_new = s.alpha * V + one_minus_alpha * G_regularized
+  H_new = s.beta * H + one_minus_beta * G_regularized * G_regularized
   if optax_epsilon:  # optax.adam: epsilon added to the bias-corrected sqrt(H).
-    b1, b2, r = _like(X, jnp.where(corrected, bias_1, 1), jnp.where(corrected, bias_2, 1), R)
-    step = r * (V_new / b1) / (jnp.sqrt(H_new / b2) + epsilon)
+    step = s.R * (V_new / s.bias_1) / (jnp.sqrt(H_new / s.bias_2) + s.epsilon)
   else:
-    H_sqrt = jnp.sqrt(H_new + epsilon) if eps_in_sqrt else _sqrt(H_new) + epsilon
-    step = R_ * V_new / H_sqrt
-  X_new = X - step
-  X_final = X_new if drop_post else (1 - post) * X_new
+    H_sqrt = jnp.sqrt(H_new + s.epsilon) if eps_in_sqrt else _sqrt(H_new) + s.epsilon
+    step = s.R_adjusted * V_new / H_sqrt
+  if l2 == "after" and X is not None:  # AdamW-like: decay added after the moments.
+    step = step + s.R_adjusted * s.norm_coefficient * X
+  if s.one_minus_post is None or drop_post:
+    return -step, V_new, H_new
+  X_final = s.one_minus_post * (X - step)
   return X_final - X, V_new, H_new
 
 
-def adam_epsilon_in_sqrt(*args, **kw):
-  return _adam(*args, **kw, eps_in_sqrt=True)
+def adam_epsilon_in_sqrt(*a, **k):
+  return _adam_elementwise(*a, **k, eps_in_sqrt=True)
 
 
-def adam_T_off_by_one(*args, **kw):
-  return _adam(*args, **kw, t_shift=1)
+def adam_T_off_by_one(*a, **k):
+  return _adam_scalars(*a, **k, t_shift=1)
 
 
-def adam_optax_epsilon(*args, **kw):
-  return _adam(*args, **kw, optax_epsilon=True)
+def adam_optax_epsilon_scalars(*a, **k):
+  return _adam_scalars(*a, **k, optax_epsilon=True)
 
 
-def adam_bias_correction_at_T0(*args, **kw):
-  return _adam(*args, **kw, correct_at_0=True)
+def adam_optax_epsilon(*a, **k):
+  return _adam_elementwise(*a, **k, optax_epsilon=True)
 
 
-def adam_norm_coefficient_post_dropped(*args, **kw):
-  return _adam(*args, **kw, drop_post=True)
+def adam_bias_correction_at_T0(*a, **k):
+  return _adam_scalars(*a, **k, correct_at_0=True)
+
+
+def adam_norm_coefficient_post_dropped(*a, **k):
+  return _adam_elementwise(*a, **k, drop_post=True)
+
+
+def adam_l2_sign(*a, **k):
+  return _adam_elementwise(*a, **k, l2="sign")
+
+
+def adam_l2_after_moments(*a, **k):
+  return _adam_elementwise(*a, **k, l2="after")
+
+
+def adam_beta_rounded_before_one_minus(*a, **k):
+  return _adam_elementwise(*a, **k, rounded_decays=("beta",))
+
+
+def adam_alpha_rounded_before_one_minus(*a, **k):
+  return _adam_elementwise(*a, **k, rounded_decays=("alpha",))
 
 
 # -- DirectML Adam --------------------------------------------------------------------
 
-def _directml(X, M, V, G, T, *, learning_rate, beta1, beta2, epsilon, t_shift=0, eps_in_sqrt=False,
-              optax_epsilon=False):
+class _OptaxDirectMLScalars(NamedTuple):
+  step_size: Any
+  beta1: Any
+  beta2: Any
+  one_minus_beta1: Any
+  one_minus_beta2: Any
+  epsilon: Any
+  learning_rate: Any
+  bias_1: Any
+  bias_2: Any
+
+
+def _directml_scalars(learning_rate, T, *, beta1, beta2, epsilon, t_shift=0, optax_epsilon=False):
   T = jnp.asarray(T) + t_shift
   bias_1, bias_2 = _omp(beta1, T), _omp(beta2, T)
-  step_size = learning_rate * jnp.sqrt(bias_2) / bias_1
-  step_size, b1, b2, epsilon = _like(X, step_size, beta1, beta2, epsilon)
-  M_new = b1 * M + (1 - b1) * G
-  V_new = b2 * V + (1 - b2) * G * G
+  s = rules.DirectMLAdamScalars(learning_rate * (jnp.sqrt(bias_2) / bias_1), beta1, beta2,
+                                _one_minus(beta1), _one_minus(beta2), epsilon)
   if optax_epsilon:
-    c1, c2, r = _like(X, bias_1, bias_2, learning_rate)
-    return -(r * (M_new / c1) / (jnp.sqrt(V_new / c2) + epsilon)), M_new, V_new
-  root = jnp.sqrt(V_new + epsilon) if eps_in_sqrt else _sqrt(V_new) + epsilon
-  return -(step_size * M_new / root), M_new, V_new
+    return _OptaxDirectMLScalars(*s, learning_rate, bias_1, bias_2)
+  return s
 
 
-def directml_epsilon_in_sqrt(*args, **kw):
-  return _directml(*args, **kw, eps_in_sqrt=True)
+def _directml_elementwise(s, X, G, M, V, *, eps_in_sqrt=False, optax_epsilon=False, rounded_decays=()):
+  one_minus_beta1 = 1 - s.beta1 if "beta1" in rounded_decays else s.one_minus_beta1
+  one_minus_beta2 = 1 - s.beta2 if "beta2" in rounded_decays else s.one_minus_beta2
+  M_new = s.beta1 * M + one_minus_beta1 * G
+  V_new = s.beta2 * V + one_minus_beta2 * G * G
+  if optax_epsilon:
+    return -(s.learning_rate * (M_new / s.bias_1) / (jnp.sqrt(V_new / s.bias_2) + s.epsilon)), M_new, V_new
+  root = jnp.sqrt(V_new + s.epsilon) if eps_in_sqrt else _sqrt(V_new) + s.epsilon
+  return -(s.step_size * M_new / root), M_new, V_new
 
 
-def directml_T_off_by_one(*args, **kw):
-  return _directml(*args, **kw, t_shift=-1)
+def directml_epsilon_in_sqrt(*a, **k):
+  return _directml_elementwise(*a, **k, eps_in_sqrt=True)
 
 
-def directml_optax_epsilon(*args, **kw):
-  return _directml(*args, **kw, optax_epsilon=True)
+def directml_T_off_by_one(*a, **k):
+  return _directml_scalars(*a, **k, t_shift=-1)
 
 
-MUTANTS = [
-    ("momentum", ("momentum_standard", "momentum_nesterov"), momentum_first_step_rule_dropped),
-    ("momentum", ("momentum_standard", "momentum_nesterov"), momentum_T_off_by_one),
-    ("momentum", ("momentum_nesterov",), momentum_nesterov_old_V),
-    ("adagrad", ("adagrad",), adagrad_epsilon_in_sqrt),
-    ("adagrad", ("adagrad",), adagrad_T_off_by_one),
-    ("adam", ("adam",), adam_epsilon_in_sqrt),
-    ("adam", ("adam",), adam_T_off_by_one),
-    ("adam", ("adam",), adam_optax_epsilon),
-    ("adam", ("adam",), adam_bias_correction_at_T0),
-    ("adam", ("adam",), adam_norm_coefficient_post_dropped),
-    ("directml_adam", ("directml_adam",), directml_epsilon_in_sqrt),
-    ("directml_adam", ("directml_adam",), directml_T_off_by_one),
-    ("directml_adam", ("directml_adam",), directml_optax_epsilon),
+def directml_optax_epsilon_scalars(*a, **k):
+  return _directml_scalars(*a, **k, optax_epsilon=True)
+
+
+def directml_optax_epsilon(*a, **k):
+  return _directml_elementwise(*a, **k, optax_epsilon=True)
+
+
+def directml_beta2_rounded_before_one_minus(*a, **k):
+  return _directml_elementwise(*a, **k, rounded_decays=("beta2",))
+
+
+def directml_beta1_rounded_before_one_minus(*a, **k):
+  return _directml_elementwise(*a, **k, rounded_decays=("beta1",))
+
+
+# -- the rule mutants: (name, suite rules, {part of `rules`: replacement}) -------------
+
+_M, _A, _D = "momentum", "adam", "directml_adam"
+_BOTH_MODES = ("momentum_standard", "momentum_nesterov")
+RULE_MUTANTS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
+    ("momentum_first_step_rule_dropped", _BOTH_MODES, {f"{_M}_scalars": momentum_first_step_rule_dropped}),
+    ("momentum_T_off_by_one", _BOTH_MODES, {f"{_M}_scalars": momentum_T_off_by_one}),
+    ("momentum_nesterov_old_V", ("momentum_nesterov",), {f"{_M}_elementwise": momentum_nesterov_old_V}),
+    ("momentum_l2_sign", _BOTH_MODES, {f"{_M}_elementwise": momentum_l2_sign}),
+    ("momentum_l2_after_momentum", _BOTH_MODES, {f"{_M}_elementwise": momentum_l2_after_momentum}),
+    ("adagrad_epsilon_in_sqrt", ("adagrad",), {"adagrad_elementwise": adagrad_epsilon_in_sqrt}),
+    ("adagrad_T_off_by_one", ("adagrad",), {"adagrad_scalars": adagrad_T_off_by_one}),
+    ("adagrad_l2_sign", ("adagrad",), {"adagrad_elementwise": adagrad_l2_sign}),
+    ("adagrad_l2_after_accumulator", ("adagrad",), {"adagrad_elementwise": adagrad_l2_after_accumulator}),
+    ("adam_epsilon_in_sqrt", ("adam",), {f"{_A}_elementwise": adam_epsilon_in_sqrt}),
+    ("adam_T_off_by_one", ("adam",), {f"{_A}_scalars": adam_T_off_by_one}),
+    ("adam_optax_epsilon", ("adam",), {f"{_A}_scalars": adam_optax_epsilon_scalars,
+                                       f"{_A}_elementwise": adam_optax_epsilon}),
+    ("adam_bias_correction_at_T0", ("adam",), {f"{_A}_scalars": adam_bias_correction_at_T0}),
+    ("adam_norm_coefficient_post_dropped", ("adam",), {f"{_A}_elementwise": adam_norm_coefficient_post_dropped}),
+    ("adam_l2_sign", ("adam",), {f"{_A}_elementwise": adam_l2_sign}),
+    ("adam_l2_after_moments", ("adam",), {f"{_A}_elementwise": adam_l2_after_moments}),
+    ("adam_beta_rounded_before_one_minus", ("adam",), {f"{_A}_elementwise": adam_beta_rounded_before_one_minus}),
+    ("adam_alpha_rounded_before_one_minus", ("adam",), {f"{_A}_elementwise": adam_alpha_rounded_before_one_minus}),
+    ("directml_epsilon_in_sqrt", ("directml_adam",), {f"{_D}_elementwise": directml_epsilon_in_sqrt}),
+    ("directml_T_off_by_one", ("directml_adam",), {f"{_D}_scalars": directml_T_off_by_one}),
+    ("directml_optax_epsilon", ("directml_adam",), {f"{_D}_scalars": directml_optax_epsilon_scalars,
+                                                    f"{_D}_elementwise": directml_optax_epsilon}),
+    ("directml_beta2_rounded_before_one_minus", ("directml_adam",),
+     {f"{_D}_elementwise": directml_beta2_rounded_before_one_minus}),
+    ("directml_beta1_rounded_before_one_minus", ("directml_adam",),
+     {f"{_D}_elementwise": directml_beta1_rounded_before_one_minus}),
+]
+
+#: Mutants that cannot be wrong in some dtypes, and why. Asserted bit-identical there.
+EQUIVALENT: dict[str, tuple[tuple[str, ...], str]] = {
+    name: (("float32", "float64"),
+           "rules._one_minus computes 1 - decay in float32 (float64 under x64), the dtype these "
+           "cases compute in, so rounding the decay to it first changes nothing; in float32, "
+           "1 - float32(decay) is even exact (Sterbenz' lemma) for decays in [0.5, 1]")
+    for name in ("adam_beta_rounded_before_one_minus", "adam_alpha_rounded_before_one_minus",
+                 "directml_beta2_rounded_before_one_minus", "directml_beta1_rounded_before_one_minus")
+}
+
+
+# -- the transform mutants ---------------------------------------------------------------
+
+_TRANSFORM_SIGNATURE = inspect.signature(transforms._transform)
+
+
+def _wrapped_transform(change_args=None, change_update=None):
+  """A replacement for ``transforms._transform`` that changes its arguments or its update."""
+  original = transforms._transform
+
+  def _transform(*args, **kwargs):
+    bound = _TRANSFORM_SIGNATURE.bind(*args, **kwargs)
+    if change_args is not None:
+      change_args(bound.arguments)
+    opt = original(*bound.args, **bound.kwargs)
+    if change_update is None:
+      return opt
+
+    def update(updates, state, params=None, **extra):
+      new_updates, new_state = opt.update(updates, state, params, **extra)
+      return new_updates, change_update(updates, state, new_state)
+    return optax.GradientTransformationExtraArgs(opt.init, update)
+  return _transform
+
+
+def _optax_with(**overrides):
+  """``optax`` as ``transforms`` sees it, with some functions replaced."""
+  proxy = types.SimpleNamespace(**{name: getattr(optax, name) for name in dir(optax) if not name.startswith("__")})
+  for name, value in overrides.items():
+    setattr(proxy, name, value)
+  return proxy
+
+
+def _shift_schedule(by_initial_count: bool, extra: int = 0):
+  def change(arguments):
+    lr, initial_count = arguments["learning_rate"], arguments["initial_count"]
+    if callable(lr):
+      shift = (int(initial_count) if by_initial_count else 0) + extra
+      arguments["learning_rate"] = lambda n: lr(n + shift)
+  return change
+
+
+def _state_cast(to: str):
+  def change(grads, state, new_state):
+    def cast(g, s_old, s_new):
+      dtype = g.dtype if to == "param" else jnp.promote_types(g.dtype, s_old.dtype)
+      return s_new.astype(dtype)
+    fields = [jax.tree.map(cast, grads, old, new) for old, new in zip(state[1:], new_state[1:])]
+    return type(new_state)(new_state.count, *fields)
+  return change
+
+
+#: (name, {attribute of `transforms`: replacement factory}, case names to try first).
+TRANSFORM_MUTANTS: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
+    ("count_not_advanced", {"optax": lambda: _optax_with(safe_increment=lambda count: count)}, ()),
+    ("count_wraps_at_int32_max", {"optax": lambda: _optax_with(safe_increment=lambda count: count + 1)},
+     ("T=int32max",)),
+    ("schedule_at_T", {"_transform": lambda: _wrapped_transform(change_args=_shift_schedule(True))},
+     ("schedule",)),
+    ("schedule_after_the_update", {"_transform": lambda: _wrapped_transform(change_args=_shift_schedule(False, 1))},
+     ("schedule",)),
+    ("state_in_parameter_dtype", {"_transform": lambda: _wrapped_transform(change_update=_state_cast("param"))},
+     ("state_dtype",)),
+    ("state_in_compute_dtype", {"_transform": lambda: _wrapped_transform(change_update=_state_cast("compute"))},
+     ("state_dtype",)),
 ]
 
 
-def _caught(rule: str, dtype: str) -> str | None:
-  """The first case of the suite that fails, or None."""
-  for case in grid.cases(rule, dtype, large=False):
+# -- running the suite on a mutant -------------------------------------------------------
+
+def _results(rule: str, dtype: str, first: tuple[str, ...] = (), stop: bool = True) -> list[check.CaseResult]:
+  """The suite's results for one rule and dtype (no 10^6-element case), ``first`` cases first.
+
+  With ``stop``, up to the first failing case.
+  """
+  cases = grid.cases(rule, dtype, large=False)
+  cases.sort(key=lambda c: not any(f in c.name for f in first))
+  out = []
+  for case in cases:
     result = check.run_case(case)
     # A mutant that crashes would be "caught" for the wrong reason.
     assert not result.error, f"{case.id} raised {result.error}"
-    if not result.passed:
-      return case.name
-  return None
+    out.append(result)
+    if stop and not result.passed:
+      break
+  return out
+
+
+def _failure(rule: str, dtype: str, first: tuple[str, ...] = ()) -> check.CaseResult | None:
+  failed = [r for r in _results(rule, dtype, first) if not r.passed]
+  return failed[0] if failed else None
+
+
+def _catch_message(r: check.CaseResult) -> str:
+  if r.worst > 1:
+    return f"{r.name} at {r.worst:.3g} x tolerance"
+  return f"{r.name} ({'count' if not r.count_ok else r.wrong_dtypes or 'unchecked'})"
+
+
+# Every mutant in every dtype, except where EQUIVALENT says it cannot be wrong
+# (test_equivalent_mutants_are_bit_identical asserts that instead).
+_WRONG_SOMEWHERE = [pytest.param(name, suite_rules, parts, dtype, id=f"{name}-{dtype}")
+                    for name, suite_rules, parts in RULE_MUTANTS for dtype in grid.DTYPES
+                    if dtype not in EQUIVALENT.get(name, ((), ""))[0]]
+
+
+@pytest.mark.parametrize("name,suite_rules,parts,dtype", _WRONG_SOMEWHERE)
+def test_wrong_variant_is_caught(monkeypatch, name, suite_rules, parts, dtype):
+  for part, mutant in parts.items():
+    monkeypatch.setattr(rules, part, mutant)
+  for rule in suite_rules:
+    failure = _failure(rule, dtype)
+    assert failure is not None, f"{name} passes the {rule} {dtype} cases"
+    print(f"{name} {rule} {dtype}: caught by {_catch_message(failure)}")
 
 
 @pytest.mark.parametrize("dtype", grid.DTYPES)
-@pytest.mark.parametrize("target,suite_rules,mutant", MUTANTS, ids=[m.__name__ for _, _, m in MUTANTS])
-def test_wrong_variant_is_caught(monkeypatch, target, suite_rules, mutant, dtype):
-  monkeypatch.setattr(rules, target, mutant)
+@pytest.mark.parametrize("name,patches,first", TRANSFORM_MUTANTS, ids=[m[0] for m in TRANSFORM_MUTANTS])
+def test_wrong_transform_is_caught(monkeypatch, name, patches, first, dtype):
+  for attribute, make in patches.items():
+    monkeypatch.setattr(transforms, attribute, make())
+  for rule in grid.RULES:
+    failure = _failure(rule, dtype, first)
+    assert failure is not None, f"{name} passes the {rule} {dtype} cases"
+    print(f"{name} {rule} {dtype}: caught by {_catch_message(failure)}")
+
+
+@pytest.mark.parametrize("name", sorted(EQUIVALENT))
+def test_equivalent_mutants_are_bit_identical(monkeypatch, name):
+  """Where a mutant is declared equivalent, it gives the very bits of the rule, on every case."""
+  (_, suite_rules, parts), = [m for m in RULE_MUTANTS if m[0] == name]
+  dtypes, _ = EQUIVALENT[name]
   for rule in suite_rules:
-    assert _caught(rule, dtype) is not None, f"{mutant.__name__} passes the {rule} {dtype} cases"
+    for dtype in dtypes:
+      for case in grid.cases(rule, dtype, large=False)[:8]:
+        inputs = case.inputs()
+        args = (case.rule, case.dtype, "cpu", case.R, case.T, case.hyper, *inputs)
+        kwargs = {"state_dtype": case.state_dtype, "initial_count": case.initial_count}
+        want = check.run_transform(*args, **kwargs)
+        with monkeypatch.context() as m:
+          for part, mutant in parts.items():
+            m.setattr(rules, part, mutant)
+          got = check.run_transform(*args, **kwargs)
+        for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+          assert np.asarray(w).tobytes() == np.asarray(g).tobytes(), (name, case.id)
 
 
-@pytest.mark.parametrize("target,rule,mutant", [
-    ("momentum", "momentum_nesterov", _momentum), ("adagrad", "adagrad", _adagrad),
-    ("adam", "adam", _adam), ("directml_adam", "directml_adam", _directml)])
-def test_unmutated_copies_pass(monkeypatch, target, rule, mutant):
-  """The mutants' common body is right: without a mutation they pass the suite."""
-  monkeypatch.setattr(rules, target, mutant)
-  assert _caught(rule, "float32") is None
+_UNMUTATED = {
+    "momentum_nesterov": {"momentum_scalars": _momentum_scalars, "momentum_elementwise": _momentum_elementwise},
+    "adagrad": {"adagrad_scalars": _adagrad_scalars, "adagrad_elementwise": _adagrad_elementwise},
+    "adam": {"adam_scalars": _adam_scalars, "adam_elementwise": _adam_elementwise},
+    "directml_adam": {"directml_adam_scalars": _directml_scalars, "directml_adam_elementwise": _directml_elementwise},
+}
+
+
+@pytest.mark.parametrize("dtype", grid.DTYPES)
+@pytest.mark.parametrize("rule", sorted(_UNMUTATED))
+def test_unmutated_copies_pass(monkeypatch, rule, dtype):
+  """The mutants' common bodies are right: without a mutation they pass the suite, in every dtype."""
+  for part, copy in _UNMUTATED[rule].items():
+    monkeypatch.setattr(rules, part, copy)
+  failed = [f"{r.name}: {r.worst:.3g} {r.where}" for r in _results(rule, dtype, stop=False) if not r.passed]
+  assert not failed
+
+
+def _margins() -> None:
+  """Prints, per mutant and dtype, the worst error / tolerance over every case (no 10^6 case)."""
+  mp = pytest.MonkeyPatch()
+  print("| mutant | float32 | float64 | float16 | bfloat16 |\n|---|---:|---:|---:|---:|")
+  rows = [(name, suite_rules, lambda parts=parts: [(rules, k, v) for k, v in parts.items()])
+          for name, suite_rules, parts in RULE_MUTANTS]
+  rows += [(name, grid.RULES, lambda patches=patches: [(transforms, k, f()) for k, f in patches.items()])
+           for name, patches, _ in TRANSFORM_MUTANTS]
+  for name, suite_rules, patches in rows:
+    cells = []
+    for dtype in grid.DTYPES:
+      if dtype in EQUIVALENT.get(name, ((), ""))[0]:
+        cells.append("equivalent")
+        continue
+      for target, attribute, value in patches():
+        mp.setattr(target, attribute, value)
+      worst, other = 0.0, set()
+      for rule in suite_rules:
+        for r in _results(rule, dtype, stop=False):
+          worst = max(worst, r.worst)
+          if not r.count_ok:
+            other.add("count")
+          if r.wrong_dtypes:
+            other.add("dtype")
+      mp.undo()
+      cells.append(" + ".join(([f"{worst:.3g}"] if worst > 1 else []) + sorted(other)) or "NOT CAUGHT")
+    print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+  sys.exit(_margins())
