@@ -238,7 +238,13 @@ def main(argv=None) -> dict:
                   help="another onnx_optax to measure in the same run: a folder or a git revision (HEAD~1)")
   ap.add_argument("--json", default=None)
   ap.add_argument("--text", default=None)
+  ap.add_argument("--from-json", default=None, help="print the table of an earlier run's --json file")
   args = ap.parse_args(argv)
+  if args.from_json:
+    with open(args.from_json) as f:
+      out = json.load(f)
+    print(table(out), end="")
+    return out
   args.no_step = args.step_repeats == 0
   rules = [r for r in args.rules.split(",") if r]
   for r in rules:

@@ -375,7 +375,7 @@ def _leaf_rows(out: dict) -> list[str]:
           f"{row['tree']:8} {n:6d} {(row['rule'] + ' ' + label).strip():14} "
           f"{o['jaxpr_eqns'] / n:7.1f} {t['jaxpr_eqns'] / n:7.1f} "
           f"{o['stablehlo_lines'] / n:7.1f} {t['stablehlo_lines'] / n:7.1f} "
-          f"{o['kernels'] / n:7.2f} {t['kernels'] / n:7.2f} {o['temp_bytes']!s:>9} {t['temp_bytes']!s:>9}")
+          f"{o['kernels'] / n:7.3f} {t['kernels'] / n:7.3f} {o['temp_bytes']!s:>9} {t['temp_bytes']!s:>9}")
   return lines
 
 
@@ -425,7 +425,13 @@ def main(argv=None) -> dict:
                   help="another onnx_optax to measure in the same run: a folder or a git revision (HEAD~1)")
   ap.add_argument("--json", default=None, help="write every sample to this file")
   ap.add_argument("--text", default=None, help="write the tables to this file")
+  ap.add_argument("--from-json", default=None, help="print the tables of an earlier run's --json file")
   args = ap.parse_args(argv)
+  if args.from_json:
+    with open(args.from_json) as f:
+      out = json.load(f)
+    print(table(out), end="")
+    return out
   rules = [r for r in args.rules.split(",") if r]
   trees = [t for t in args.trees.split(",") if t]
   for r in rules:
