@@ -39,7 +39,7 @@ hands in, have no state and pass through untouched.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeAlias
 
 import jax
 import jax.numpy as jnp
@@ -59,39 +59,42 @@ __all__ = [
     "momentum",
 ]
 
-ScalarOrSchedule = float | Array | optax.Schedule
+ScalarOrSchedule: TypeAlias = float | Array | optax.Schedule
 
 
 class MomentumState(NamedTuple):
   """State of :func:`momentum`: the update count ``T`` and the momentum ``V``."""
-  count: Array
+  count: Array  # type: ignore[assignment]  # shadows tuple.count, as in Optax's states
   v: optax.Updates
 
 
 class AdagradState(NamedTuple):
   """State of :func:`adagrad`: ``T`` and the accumulated squared gradient ``H``."""
-  count: Array
+  count: Array  # type: ignore[assignment]  # shadows tuple.count, as in Optax's states
   h: optax.Updates
 
 
 class AdamState(NamedTuple):
   """State of :func:`adam` (ONNX): ``T``, first moment ``V``, second moment ``H``."""
-  count: Array
+  count: Array  # type: ignore[assignment]  # shadows tuple.count, as in Optax's states
   v: optax.Updates
   h: optax.Updates
 
 
 class DirectMLAdamState(NamedTuple):
   """State of :func:`directml_adam`: training step ``T``, moments ``M`` and ``V``."""
-  count: Array
+  count: Array  # type: ignore[assignment]  # shadows tuple.count, as in Optax's states
   m: optax.Updates
   v: optax.Updates
+
+
+_State: TypeAlias = MomentumState | AdagradState | AdamState | DirectMLAdamState
 
 
 def _transform(
     scalars: Callable[..., tuple],
     elementwise: Callable[..., tuple[Array, ...]],
-    state_cls: type,
+    state_cls: type[_State],
     learning_rate: ScalarOrSchedule,
     initial_count: int | Array,
     state_dtype: Any,
