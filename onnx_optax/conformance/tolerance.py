@@ -45,12 +45,20 @@ the model:
   ``beta = 0.999`` and small ``T``, float32's ``beta`` moves ``1 - beta**T``
   by about ``1000 u``), and allows ``K_TRANSCENDENTAL`` unit roundoffs
   for each of ``log`` and ``expm1``;
+* the decays' ``1 - alpha``, ``1 - beta`` (and ``1 - norm_coefficient_post``)
+  are such scalars too (``rules._one_minus``): the decay is rounded to ``h``,
+  subtracted there, and the difference rounded once to ``d``
+  (:meth:`Context.one_minus`). Nothing more is charged: in particular not a
+  rounding of the decay to ``d`` before the subtraction, which in bfloat16
+  turns ``1 - 0.999`` into 0 (a rule that did it must fail, and does:
+  ``tests/conformance/test_conformance_teeth.py``);
 * ``X + U`` (``optax.apply_updates``) is ``X - step`` with one rounding, as
   the rules guarantee; ONNX Adam with ``norm_coefficient_post != 0`` adds the
   two roundings of ``U = X_final - X`` and ``X + U``;
-* with a wider ``state_dtype`` (float32 state for float16 parameters) the
-  rule runs in the state's dtype, and ``U`` is rounded to the parameters'
-  dtype before ``X + U`` there (``Context.param``).
+* with a ``state_dtype`` other than the parameters' dtype the rule runs in
+  the wider of the two; ``U`` is rounded to the parameters' dtype before
+  ``X + U`` there (``Context.param``) and the new state to the state's dtype
+  (``Context.state``) where they are narrower.
 
 What a platform may do and the bound still covers:
 
