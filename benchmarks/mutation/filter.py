@@ -1,0 +1,140 @@
+"""Skips the mutants the mutation run does not judge (a cosmic-ray filter).
+
+Usage: python benchmarks/mutation/filter.py SESSION.sqlite [--shard K/N]
+
+With ``--shard K/N`` it instead skips every pending job but the K-th of each N
+(in job-id order), so that N copies of the tree judge disjoint parts.
+
+cosmic-ray generates every replacement of every operator (1934 mutants over
+rules.py, transforms.py and reference.py): an addition becomes each of ten
+other binary operators, most of which (the bit operators, ``//``, ``%``) only
+raise a TypeError on floats or repeat what one replacement already asks. The
+judge is minutes long on a shared machine, so the run keeps one replacement per
+site, the one that asks whether the test suite notices the operation at all:
+
+* arithmetic: ``+ -> -``, ``- -> +``, ``* -> /``, ``/ -> *``, ``** -> *``;
+* comparisons: the boundary (``> -> >=``, ``< -> <=``, ``>= -> >``,
+  ``<= -> <``) and the negation (``== -> !=``, ``!= -> ==``, ``is -> is not``,
+  ``is not -> is``);
+* numbers: ``n -> n + 1`` (one of cosmic-ray's two offsets);
+* ``-x -> x`` and ``not x -> x`` (dropping the operator), ``x -> not x``
+  (AddNot), ``True <-> False``, ``and <-> or``, a removed decorator
+  (``jax.custom_jvp``), a loop that runs zero times.
+
+Skipped as well, whatever the operator: a mutation inside a type annotation
+(every module has ``from __future__ import annotations``, so an annotation is
+a string that nothing evaluates: ``Array | None`` mutated is equivalent) and
+inside the module-level type aliases (``ScalarOrSchedule = float | Array |
+optax.Schedule``, ``Scalars = TypeVar(...)``), used only in annotations.
+Docstrings and ``__all__`` are strings and lists of strings, which no
+operator of this set mutates.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+from cosmic_ray.work_db import WorkDB, use_db
+from cosmic_ray.work_item import WorkerOutcome, WorkResult
+
+KEEP = {
+    "core/ReplaceBinaryOperator_Add_Sub",
+    "core/ReplaceBinaryOperator_Sub_Add",
+    "core/ReplaceBinaryOperator_Mul_Div",
+    "core/ReplaceBinaryOperator_Div_Mul",
+    "core/ReplaceBinaryOperator_Pow_Mul",
+    "core/ReplaceComparisonOperator_Gt_GtE",
+    "core/ReplaceComparisonOperator_Lt_LtE",
+    "core/ReplaceComparisonOperator_GtE_Gt",
+    "core/ReplaceComparisonOperator_LtE_Lt",
+    "core/ReplaceComparisonOperator_Eq_NotEq",
+    "core/ReplaceComparisonOperator_NotEq_Eq",
+    "core/ReplaceComparisonOperator_Is_IsNot",
+    "core/ReplaceComparisonOperator_IsNot_Is",
+    "core/ReplaceUnaryOperator_Delete_USub",
+    "core/ReplaceUnaryOperator_Delete_Not",
+    "core/AddNot",
+    "core/ReplaceTrueWithFalse",
+    "core/ReplaceFalseWithTrue",
+    "core/ReplaceAndWithOr",
+    "core/ReplaceOrWithAnd",
+    "core/RemoveDecorator",
+    "core/ZeroIterationForLoop",
+    "core/NumberReplacer",  # even occurrences only: the +1 offset
+}
+TYPE_ALIASES = {"ScalarOrSchedule", "Scalars"}
+
+
+def annotation_spans(path: Path) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+  """(start, end) positions, (line, column), of every annotation and type alias."""
+  tree = ast.parse(path.read_text())
+  spans = []
+
+  def add(node):
+    if node is not None:
+      spans.append(((node.lineno, node.col_offset), (node.end_lineno, node.end_col_offset)))
+
+  for node in ast.walk(tree):
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      args = node.args
+      for a in args.posonlyargs + args.args + args.kwonlyargs + [args.vararg, args.kwarg]:
+        if a is not None:
+          add(a.annotation)
+      add(node.returns)
+    elif isinstance(node, ast.AnnAssign):
+      add(node.annotation)
+    elif isinstance(node, ast.Assign) and any(
+        isinstance(t, ast.Name) and t.id in TYPE_ALIASES for t in node.targets):
+      add(node)
+  return spans
+
+
+def skip_reason(mutation, spans) -> str | None:
+  op = mutation.operator_name
+  if op not in KEEP:
+    return "operator not in the run's set"
+  if op == "core/NumberReplacer" and mutation.occurrence % 2:
+    return "NumberReplacer -1 offset (the run keeps +1)"
+  start, end = tuple(mutation.start_pos), tuple(mutation.end_pos)
+  # cosmic-ray's columns are parso's (0-based), as ast's col_offset.
+  if any(s <= start and end <= e for s, e in spans.get(str(mutation.module_path), [])):
+    return "inside a type annotation or type alias"
+  return None
+
+
+def shard(session: str, k: int, n: int) -> None:
+  with use_db(session, WorkDB.Mode.open) as db:
+    jobs = sorted(item.job_id for item in db.pending_work_items)
+    others = [j for i, j in enumerate(jobs) if i % n != k]
+    db.set_multiple_results(others, WorkResult(output=f"other shard (not {k}/{n})",
+                                               worker_outcome=WorkerOutcome.SKIPPED))
+
+
+def main(session: str) -> None:
+  with use_db(session, WorkDB.Mode.open) as db:
+    spans: dict[str, list] = {}
+    skipped, kept = [], 0
+    for item in db.pending_work_items:
+      for m in item.mutations:
+        if str(m.module_path) not in spans:
+          spans[str(m.module_path)] = annotation_spans(Path(m.module_path))
+      reasons = [skip_reason(m, spans) for m in item.mutations]
+      if any(reasons):
+        skipped.append((item.job_id, next(r for r in reasons if r)))
+      else:
+        kept += 1
+    for reason in sorted({r for _, r in skipped}):
+      ids = [j for j, r in skipped if r == reason]
+      db.set_multiple_results(ids, WorkResult(output=f"skipped: {reason}", worker_outcome=WorkerOutcome.SKIPPED))
+      print(f"skipped {len(ids):5d}: {reason}")
+    print(f"kept    {kept:5d}")
+
+
+if __name__ == "__main__":
+  if len(sys.argv) == 4 and sys.argv[2] == "--shard":
+    k, n = map(int, sys.argv[3].split("/"))
+    shard(sys.argv[1], k, n)
+  else:
+    main(sys.argv[1])

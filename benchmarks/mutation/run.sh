@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The mutation run of docs/mutation.md, end to end, on a copy of the tree.
+#
+#   bash benchmarks/mutation/run.sh [REV]      (REV: a commit, default HEAD)
+#
+# From a fresh clone: python3 -m venv .venv && . .venv/bin/activate &&
+# pip install -e ".[test,mutation]" && bash benchmarks/mutation/run.sh
+#
+# cosmic-ray edits the modules it mutates in place, so the run never touches
+# the working tree: it exports REV (git archive) into $WORK and mutates there.
+# Environment: SHARDS (default 1) copies judged in parallel, one mutant at a
+# time each; WORK (default a new /tmp directory); SKIP_BASELINE=1 skips the
+# judge on the unmutated tree; FAST_TESTS, CONFORMANCE_ARGS: see judge.sh.
+# Writes the report to benchmarks/mutation/results.md (RESULTS overrides).
+set -euo pipefail
+REPO=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
+REV=${1:-HEAD}
+SHARDS=${SHARDS:-1}
+WORK=${WORK:-$(mktemp -d /tmp/onnx_optax-mutation.XXXXXX)}
+RESULTS=${RESULTS:-$REPO/benchmarks/mutation/results.md}
+COMMIT=$(git -C "$REPO" rev-parse --short "$REV")
+echo "mutation run of $COMMIT in $WORK, $SHARDS shard(s)"
+
+mkdir -p "$WORK/tree"
+git -C "$REPO" archive "$REV" | tar -x -C "$WORK/tree"
+cd "$WORK/tree"
+# The judge must see this copy's onnx_optax, not an installed (editable) one.
+PYTHONPATH=$PWD python -c "import onnx_optax, os, sys; sys.exit(not onnx_optax.__file__.startswith(os.getcwd()))"
+
+start=$(date +%s)
+if [[ ${SKIP_BASELINE:-0} != 1 ]]; then
+  echo "baseline: the judge on the unmutated tree"
+  bash benchmarks/mutation/judge.sh > "$WORK/baseline.log" 2>&1 || {
+    echo "the unmutated tree fails the judge, see $WORK/baseline.log"; exit 1; }
+fi
+baseline=$(( $(date +%s) - start ))
+
+cosmic-ray init benchmarks/mutation/cosmic-ray.toml "$WORK/session.sqlite"
+python benchmarks/mutation/filter.py "$WORK/session.sqlite"
+
+start=$(date +%s)
+pids=()
+for ((k = 0; k < SHARDS; k++)); do
+  cp -r "$WORK/tree" "$WORK/shard-$k"
+  cp "$WORK/session.sqlite" "$WORK/shard-$k.sqlite"
+  python benchmarks/mutation/filter.py "$WORK/shard-$k.sqlite" --shard "$k/$SHARDS" > /dev/null
+  (cd "$WORK/shard-$k" && cosmic-ray exec benchmarks/mutation/cosmic-ray.toml "$WORK/shard-$k.sqlite" \
+     > "$WORK/shard-$k.log" 2>&1) &
+  pids+=($!)
+done
+for pid in "${pids[@]}"; do wait "$pid"; done
+wall=$(( $(date +%s) - start ))
+
+python benchmarks/mutation/report.py --commit "$COMMIT" --wall "$wall" --baseline "$baseline" \
+  --shards "$SHARDS" "$WORK"/shard-*.sqlite > "$RESULTS"
+echo "report: $RESULTS"
+tail -n +1 "$RESULTS" | sed -n '1,/^## Surviving/p'
