@@ -70,8 +70,10 @@ What a platform may do and the bound still covers:
   ``k_sqrt`` are ``1`` on CPU (IEEE, correctly rounded) and ``1 + 3*u32/u``
   elsewhere, i.e. up to 1.5 ulp of float32 on top of the final rounding to
   ``d`` (float16/bfloat16 are computed in float32 and rounded);
-* flush subnormals to zero: ``tiny`` is the smallest normal number on TPU
-  (which flushes), half the smallest subnormal elsewhere.
+* flush subnormals to zero: ``tiny`` is the smallest normal number (XLA's
+  CPU flushes float32 and float64 results, TPUs every dtype), except for
+  float16 off TPUs (computed in float32, where float16's subnormals are
+  normal): half its smallest subnormal.
 
 The reference's own bound uses the same rules in float64 with exact
 hyperparameters, ``1 - beta**T`` by ``pow`` (one ulp) and a subtraction,
@@ -270,10 +272,20 @@ def promote(a: Any, b: Any) -> np.dtype:
 
 
 def _tiny(dtype: Any, platform: str) -> float:
+  """The absolute error an underflow may add to one operation in ``dtype``.
+
+  XLA flushes subnormal float32 and float64 results to zero on CPU (measured:
+  ``jit(x * y)`` of 1e-20 * 1e-20 in float32 gives 0, and so does bfloat16,
+  computed in float32), and TPUs flush every dtype: a result below the
+  smallest normal number may lose all of it. float16 off TPUs is computed in
+  float32, where its subnormals are normal numbers: only the final rounding
+  to float16 underflows, by half a subnormal at most. GPUs are given the
+  larger (flushing) bound as well: it covers both behaviours.
+  """
   info = ml_dtypes.finfo(dtype)
-  if platform == "tpu":
-    return float(info.smallest_normal)  # TPUs flush subnormals to zero.
-  return float(info.smallest_subnormal) / 2
+  if platform != "tpu" and np.dtype(dtype) == np.float16:
+    return float(info.smallest_subnormal) / 2
+  return float(info.smallest_normal)
 
 
 def implementation_context(dtype: Any, platform: str = "cpu", state_dtype: Any = None,

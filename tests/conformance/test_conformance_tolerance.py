@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -85,5 +86,29 @@ def test_gpu_and_tpu_allow_approximate_division_and_subnormal_flushing():
   gpu = tolerance.implementation_context(np.float32, "gpu")
   tpu = tolerance.implementation_context(np.float32, "tpu")
   assert cpu.k_div == 1 and gpu.k_div > 1
-  assert tpu.tiny == np.finfo(np.float32).smallest_normal > cpu.tiny
+  assert tpu.tiny == cpu.tiny == np.finfo(np.float32).smallest_normal  # XLA:CPU flushes too (below).
+  half = [tolerance.implementation_context(np.float16, p).tiny for p in ("cpu", "tpu")]
+  assert half == [np.finfo(np.float16).smallest_subnormal / 2, np.finfo(np.float16).smallest_normal]
   assert tolerance.implementation_context(np.float64, "gpu").k_div == 1  # IEEE float64 on GPUs.
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16", "float16"])
+def test_underflow_on_this_backend_is_within_tiny(dtype):
+  """A product whose exact value is subnormal: what XLA computes is within ``tiny`` of it.
+
+  XLA:CPU flushes float32 and float64 subnormal results to zero (and
+  bfloat16, computed in float32); float16 is computed in float32 and keeps
+  its subnormals. The model must charge whichever happens here.
+  """
+  import jax
+  import jax.numpy as jnp
+  from onnx_optax.conformance.cases import numpy_dtype
+
+  dt = numpy_dtype(dtype)
+  info = ml_dtypes.finfo(dt)
+  a = np.asarray(np.sqrt(float(info.smallest_normal)) * 0.75, dt)  # a * a is 0.56 x the smallest normal.
+  with jax.enable_x64(dtype == "float64"):
+    got = float(jax.jit(lambda x: x * x)(jnp.asarray(a)))
+  exact = float(a) ** 2
+  c = tolerance.implementation_context(dt, jax.default_backend())
+  assert abs(got - exact) <= c.u * exact + c.tiny
