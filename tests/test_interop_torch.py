@@ -356,15 +356,17 @@ def test_parameters_at_different_steps_get_their_own_transforms():
   assert counts == {"group0.T0": 0, "group0.T1": 1, "group1": 1}
 
 
-@pytest.mark.parametrize("options", [dict(foreach=True), dict(foreach=False)])
-def test_foreach_is_the_same_rule(options):
+@pytest.mark.parametrize("name", ["sgd", "adagrad"])
+@pytest.mark.parametrize("options", [dict(foreach=True), dict(foreach=False), dict(fused=True)])
+def test_kernels_are_the_same_rule(name, options):
+  """foreach and fused are PyTorch's kernels for the same update: accepted and carried exactly."""
   with jax.enable_x64(True):
     x0, grads = initial(np.float64), gradients(5, np.float64)
     ps_ref = torch_parameters(x0)
-    opt_ref = adagrad(ps_ref, **options)
+    opt_ref = OPTIMIZERS[name](ps_ref, **options)
     torch_steps(opt_ref, ps_ref, grads)
     ps = torch_parameters(x0)
-    opt = adagrad(ps, **options)
+    opt = OPTIMIZERS[name](ps, **options)
     torch_steps(opt, ps, grads[:2])
     params = torch_params(opt, like(jnp.float64))
     tx, state = from_torch(opt, params)

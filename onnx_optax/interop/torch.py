@@ -114,8 +114,8 @@ def from_torch(
 
   Args:
     optimizer: a ``torch.optim.SGD`` or ``torch.optim.Adagrad``.
-    params: the JAX parameters (a pytree of arrays, or of anything with
-      ``shape`` and ``dtype``), whose ``jax.tree.leaves`` are the optimizer's
+    params: the JAX parameters (a pytree of arrays), whose ``jax.tree.leaves``
+      are the optimizer's
       parameters in the order of ``optimizer.param_groups`` (group by group,
       each group's ``params`` in order). Shapes and dtypes must match.
     learning_rate: None to use each group's ``lr``. Needed when a
@@ -156,7 +156,6 @@ def from_torch(
   kind = _kind(torch, optimizer)
   leaves, treedef, paths = _common.leaf_paths(params)
   groups = optimizer.param_groups
-  torch_params_ = [p for group in groups for p in group["params"]]
   _common.check_leaves(leaves, paths, _described(groups), "PyTorch")
   rates = _common.learning_rates(learning_rate, len(groups))
 
@@ -174,7 +173,6 @@ def from_torch(
     for T, tensor in counts_and_tensors:
       labels.append(f"group{g}" if f"group{g}" in transforms_by_label else f"group{g}.T{T}")
       tensors.append(tensor)
-  del torch_params_
 
   tx = _common.partition(transforms_by_label, labels, treedef)
   state = tx.init(params)
