@@ -43,6 +43,7 @@ import pathlib
 import re
 import sys
 import traceback
+from typing import Any
 
 import numpy as np
 
@@ -58,6 +59,7 @@ SPECS = {"w1": ("fsdp", None), "w2": ("fsdp", None), "b": ("fsdp",), "c": ()}
 def _configs():
   sys.path.insert(0, str(pathlib.Path(__file__).parent))
   from rule_configs import RULE_CONFIGS
+
   return RULE_CONFIGS
 
 
@@ -83,6 +85,7 @@ def _step_fn(opt):
   def step(params, state, grads):
     updates, state = opt.update(grads, state, params)
     return optax.apply_updates(params, updates), updates, state
+
   return step
 
 
@@ -93,7 +96,7 @@ def reference(out: pathlib.Path) -> None:
   if jax.process_count() != 1:
     raise AssertionError(f"the reference must run in a single process, got {jax.process_count()}")
   values, grad_values = _values()
-  results = {}
+  results: dict[str, Any] = {}
   for name, config in _configs().items():
     opt = _make(config)
     step = jax.jit(_step_fn(opt), donate_argnums=(0, 1))
@@ -112,9 +115,14 @@ def distributed(out: pathlib.Path, port: int, process_id: int) -> None:
   # CPU devices of different processes talk through gloo. The training step
   # needs no communication, but Orbax's barriers do (process_allgather).
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
-                             process_id=process_id, initialization_timeout=60,
-                             heartbeat_timeout_seconds=20, shutdown_timeout_seconds=30)
+  jax.distributed.initialize(
+    coordinator_address=f"127.0.0.1:{port}",
+    num_processes=2,
+    process_id=process_id,
+    initialization_timeout=60,
+    heartbeat_timeout_seconds=20,
+    shutdown_timeout_seconds=30,
+  )
   import jax.numpy as jnp
   import orbax.checkpoint as ocp
   from jax.sharding import NamedSharding
@@ -125,27 +133,37 @@ def distributed(out: pathlib.Path, port: int, process_id: int) -> None:
       raise AssertionError(f"process {process_id}: {message}")
 
   check(jax.process_count() == 2, f"{jax.process_count()} processes, expected 2")
-  check(jax.local_device_count() == 4 and jax.device_count() == 8,
-        f"{jax.local_device_count()} local / {jax.device_count()} global devices, expected 4 / 8")
+  check(
+    jax.local_device_count() == 4 and jax.device_count() == 8,
+    f"{jax.local_device_count()} local / {jax.device_count()} global devices, expected 4 / 8",
+  )
   mesh = jax.make_mesh((8,), ("fsdp",))
   shardings = {k: NamedSharding(mesh, P(*spec)) for k, spec in SPECS.items()}
   # Each process owns half of every sharded leaf: the shards really live apart.
   for k, spec in SPECS.items():
     if spec:
-      rows = {idx[0].indices(SHAPES[k][0])[:2] for idx in
-              shardings[k].addressable_devices_indices_map(SHAPES[k]).values()}
-      check(len(rows) == 4 and all(stop - start == SHAPES[k][0] // 8 for start, stop in rows),
-            f"params['{k}']: this process holds rows {sorted(rows)}, expected 4 of 8 slices")
+      rows = {
+        idx[0].indices(SHAPES[k][0])[:2]
+        for idx in shardings[k].addressable_devices_indices_map(SHAPES[k]).values()
+        if idx is not None
+      }
+      check(
+        len(rows) == 4 and all(stop - start == SHAPES[k][0] // 8 for start, stop in rows),
+        f"params['{k}']: this process holds rows {sorted(rows)}, expected 4 of 8 slices",
+      )
 
   def global_tree(tree):
     # Only the slices this process's devices hold are read from ``tree``.
-    return {k: jax.make_array_from_callback(v.shape, shardings[k], lambda idx, v=v: v[idx])
-            for k, v in tree.items()}
+    return {
+      k: jax.make_array_from_callback(v.shape, shardings[k], lambda idx, v=v: v[idx]) for k, v in tree.items()
+    }
 
   def same_sharding(tree, params, what):
     for (path, leaf), p in zip(jax.tree_util.tree_flatten_with_path(tree)[0], jax.tree.leaves(params)):
-      check(leaf.sharding.is_equivalent_to(p.sharding, p.ndim),
-            f"{what}{jax.tree_util.keystr(path)} is sharded {leaf.sharding}, the parameter {p.sharding}")
+      check(
+        leaf.sharding.is_equivalent_to(p.sharding, p.ndim),
+        f"{what}{jax.tree_util.keystr(path)} is sharded {leaf.sharding}, the parameter {p.sharding}",
+      )
 
   def collectives(hlo):
     return sorted({c for c in COLLECTIVES if re.search(rf"\b{c}(-start)?\(", hlo)})
@@ -156,6 +174,16 @@ def distributed(out: pathlib.Path, port: int, process_id: int) -> None:
         bounds = ",".join("{}:{}".format(*s.indices(n)[:2]) for s, n in zip(shard.index, leaf.shape))
         results[f"{prefix}{jax.tree_util.keystr(path)}@{bounds}"] = np.asarray(shard.data)
 
+  def run(step, params, state, steps, label):
+    for g in steps:
+      old = jax.tree.leaves((params, state))
+      params, updates, state = step(params, state, g)
+      check(all(x.is_deleted() for x in old), f"{label}: a donated buffer was not consumed")
+      same_sharding(updates, params, f"{label}: updates")
+      for field, tree in zip(state._fields[1:], state[1:]):
+        same_sharding(tree, params, f"{label}: state.{field}")
+    return params, state
+
   # The detector must see a collective where there is one.
   probe = global_tree({"w1": np.ones(SHAPES["w1"], np.float32)})["w1"]
   summed = collectives(jax.jit(jnp.sum).lower(probe).compile().as_text())
@@ -163,7 +191,7 @@ def distributed(out: pathlib.Path, port: int, process_id: int) -> None:
   report = {"process_id": process_id, "detector": summed, "rules": {}}
 
   values, grad_values = _values()
-  results = {}
+  results: dict[str, Any] = {}
   ckpt_root = out / "checkpoints"
   for name, config in _configs().items():
     opt = _make(config)
@@ -176,26 +204,18 @@ def distributed(out: pathlib.Path, port: int, process_id: int) -> None:
     found = collectives(step.lower(params, state, grads[0]).compile().as_text())
     check(not found, f"{name}: the compiled step contains {found}")
 
-    def run(params, state, steps, label):
-      for g in steps:
-        old = jax.tree.leaves((params, state))
-        params, updates, state = step(params, state, g)
-        check(all(x.is_deleted() for x in old), f"{name} ({label}): a donated buffer was not consumed")
-        same_sharding(updates, params, f"{name} ({label}): updates")
-        for field, tree in zip(state._fields[1:], state[1:]):
-          same_sharding(tree, params, f"{name} ({label}): state.{field}")
-      return params, state
-
     sharding = jax.tree.map(lambda x: x.sharding, params)
-    p, s = run(params, state, grads, "uninterrupted")
-    check(all(p[k].sharding.is_equivalent_to(sharding[k], len(SHAPES[k])) for k in SHAPES),
-          f"{name}: the parameters' sharding changed during training")
+    p, s = run(step, params, state, grads, f"{name} (uninterrupted)")
+    check(
+      all(p[k].sharding.is_equivalent_to(sharding[k], len(SHAPES[k])) for k in SHAPES),
+      f"{name}: the parameters' sharding changed during training",
+    )
     local_shards({"params": p, "state": s}, name, results)
 
     # Stop after step K, both processes write one checkpoint, restore it onto
     # a target that has only shapes, dtypes and shardings, and go on.
     params = global_tree(values)
-    p, s = run(params, opt.init(params), grads[:K], "before the checkpoint")
+    p, s = run(step, params, opt.init(params), grads[:K], f"{name} (before the checkpoint)")
     path = ckpt_root / name
     with ocp.StandardCheckpointer() as checkpointer:
       checkpointer.save(path, {"params": p, "opt_state": s})
@@ -205,16 +225,26 @@ def distributed(out: pathlib.Path, port: int, process_id: int) -> None:
     target = jax.tree.map(abstract, saved)
     with ocp.StandardCheckpointer() as checkpointer:
       restored = checkpointer.restore(path, target)
-    check(isinstance(restored["opt_state"], type(s)),
-          f"{name}: restored state is a {type(restored['opt_state']).__name__}, saved {type(s).__name__}")
+    check(
+      isinstance(restored["opt_state"], type(s)),
+      f"{name}: restored state is a {type(restored['opt_state']).__name__}, saved {type(s).__name__}",
+    )
     for (path_, r), x in zip(jax.tree_util.tree_flatten_with_path(restored)[0], jax.tree.leaves(saved)):
       where = f"{name}: restored{jax.tree_util.keystr(path_)}"
-      check(r.dtype == x.dtype and r.shape == x.shape, f"{where} is {r.dtype}{r.shape}, saved {x.dtype}{x.shape}")
-      check(r.sharding.is_equivalent_to(x.sharding, x.ndim), f"{where} is sharded {r.sharding}, saved {x.sharding}")
+      check(
+        r.dtype == x.dtype and r.shape == x.shape, f"{where} is {r.dtype}{r.shape}, saved {x.dtype}{x.shape}"
+      )
+      check(
+        r.sharding.is_equivalent_to(x.sharding, x.ndim),
+        f"{where} is sharded {r.sharding}, saved {x.sharding}",
+      )
       for a, b in zip(r.addressable_shards, x.addressable_shards):
-        check(np.asarray(a.data).tobytes() == np.asarray(b.data).tobytes(), f"{where}: a shard differs from the saved one")
+        check(
+          np.asarray(a.data).tobytes() == np.asarray(b.data).tobytes(),
+          f"{where}: a shard differs from the saved one",
+        )
     del p, s, saved
-    p, s = run(restored["params"], restored["opt_state"], grads[K:], "resumed")
+    p, s = run(step, restored["params"], restored["opt_state"], grads[K:], f"{name} (resumed)")
     local_shards({"params": p, "state": s}, f"resumed/{name}", results)
     report["rules"][name] = {"collectives": found, "steps": STEPS, "checkpoint_after": K}
 

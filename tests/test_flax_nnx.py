@@ -23,12 +23,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from rule_configs import RULE_CONFIGS, first_count
 
 from onnx_optax import reference
 from onnx_optax.conformance import tolerance
-from rule_configs import RULE_CONFIGS, first_count
 
-nnx = pytest.importorskip("flax.nnx", reason="flax is in the flax and test extras: pip install onnx_optax[flax]")
+pytest.importorskip("flax", reason="flax is in the flax and test extras: pip install onnx_optax[flax]")
+from flax import nnx  # noqa: E402
 
 NAMES = sorted(RULE_CONFIGS)
 STEPS = 4
@@ -86,14 +87,20 @@ def _check_step(config, R, before, grads, after, *, dtype, state_dtype=None):
   for i, (x, g) in enumerate(zip(X, grads)):
     s = [_as64(field[i]) for field in S]
     expected = step(R, T, _as64(x), _as64(g), *s, **config.hyper)
-    bound = [a + b for a, b in zip(tolerance.bounds(config.rule, impl, R, T, _as64(x), _as64(g), s, **config.hyper),
-                                   tolerance.bounds(config.rule, ref, R, T, _as64(x), _as64(g), s, **config.hyper))]
+    bound = [
+      a + b
+      for a, b in zip(
+        tolerance.bounds(config.rule, impl, R, T, _as64(x), _as64(g), s, **config.hyper),
+        tolerance.bounds(config.rule, ref, R, T, _as64(x), _as64(g), s, **config.hyper),
+      )
+    ]
     got = [X_after[i]] + [field[i] for field in S_after]
     for name, have, want, tol in zip(["X_new"] + [f"state {k}" for k in range(len(S))], got, expected, bound):
       assert np.all(np.isfinite(tol)), f"leaf {i} {name}: no finite bound, the check would be vacuous"
       excess = np.abs(_as64(have) - want) / np.maximum(tol, np.finfo(np.float64).tiny)
       assert np.all(np.abs(_as64(have) - want) <= tol), (
-          f"{config.rule} T={T} leaf {i} {name}: {np.max(excess):.3g} times the rounding bound")
+        f"{config.rule} T={T} leaf {i} {name}: {np.max(excess):.3g} times the rounding bound"
+      )
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -73,8 +73,9 @@ def _run_all(commands: dict[str, tuple[list[str], dict[str, str]]], logs: pathli
   try:
     for name, (argv, env) in commands.items():
       files[name] = open(logs / f"{name}.log", "w")
-      procs[name] = subprocess.Popen([sys.executable, *argv], env=env, stdout=files[name],
-                                     stderr=subprocess.STDOUT)
+      procs[name] = subprocess.Popen(
+        [sys.executable, *argv], env=env, stdout=files[name], stderr=subprocess.STDOUT
+      )
     deadline = time.monotonic() + TIMEOUT_S
     failed = None
     while failed is None and any(p.poll() is None for p in procs.values()):
@@ -91,7 +92,7 @@ def _run_all(commands: dict[str, tuple[list[str], dict[str, str]]], logs: pathli
     for f in files.values():
       f.close()
   if failed is not None:
-    report = [f"{'timed out after %d s' % TIMEOUT_S if failed == 'timeout' else failed + ' failed'}"]
+    report = [f"timed out after {TIMEOUT_S} s" if failed == "timeout" else f"{failed} failed"]
     for name, p in procs.items():
       text = (logs / f"{name}.log").read_text()
       report.append(f"--- {name} (exit code {p.returncode}), last lines:\n{text[-4000:]}")
@@ -125,7 +126,8 @@ def _assemble(npz_files: list[pathlib.Path]) -> dict[str, np.ndarray]:
       region = out[index]
       seen = covered[index]
       assert np.array_equal(_bits(region[seen]), _bits(data[seen])), (
-          f"{name}: the shard {index} of {source} differs from another copy of it")
+        f"{name}: the shard {index} of {source} differs from another copy of it"
+      )
       out[index] = data
       covered[index] = True
     assert covered.all(), f"{name}: {np.count_nonzero(~covered)} elements are in no process's shards"
@@ -137,8 +139,8 @@ def test_two_processes_train_like_one(tmp_path):
   port = _free_port()
   worker = [str(WORKER)]
   commands = {
-      f"process_{i}": (worker + ["distributed", str(tmp_path), str(port), str(i)], _env(4))
-      for i in range(2)}
+    f"process_{i}": (worker + ["distributed", str(tmp_path), str(port), str(i)], _env(4)) for i in range(2)
+  }
   commands["reference"] = (worker + ["reference", str(tmp_path)], _env(1))
   _run_all(commands, tmp_path)
 
@@ -155,12 +157,13 @@ def test_two_processes_train_like_one(tmp_path):
   assert {k.split("[", 1)[0] for k in expected} == set(RULES)
   got = _assemble([tmp_path / f"process_{i}.npz" for i in range(2)])
   for run in ("", "resumed/"):
-    keys = {k[len(run):] for k in got if k.startswith(run) and (run or not k.startswith("resumed/"))}
+    keys = {k[len(run) :] for k in got if k.startswith(run) and (run or not k.startswith("resumed/"))}
     assert keys == set(expected), (run, sorted(keys ^ set(expected)))
     for key, want in expected.items():
       have = got[run + key]
       assert have.dtype == want.dtype and have.shape == want.shape, (run + key, have.dtype, want.dtype)
       different = _bits(have) != _bits(want)
       assert not different.any(), (
-          f"{run}{key}: {np.count_nonzero(different)} of {want.size} elements differ "
-          f"from the single-process run; worst {np.max(np.abs(have.astype(np.float64) - want)):.3g}")
+        f"{run}{key}: {np.count_nonzero(different)} of {want.size} elements differ "
+        f"from the single-process run; worst {np.max(np.abs(have.astype(np.float64) - want)):.3g}"
+      )
