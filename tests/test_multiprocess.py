@@ -39,8 +39,14 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 import onnx_optax
+
+# The workers checkpoint with Orbax.
+pytest.importorskip(
+  "orbax.checkpoint", reason="orbax-checkpoint is in the test extra: pip install onnx_optax[test]"
+)
 
 WORKER = pathlib.Path(__file__).with_name("multiprocess_worker.py")
 RULES = ("momentum_standard", "momentum_nesterov", "adagrad", "adam", "directml_adam")
