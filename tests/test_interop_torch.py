@@ -536,3 +536,45 @@ def test_import_needs_neither_torch_nor_keras():
   """)
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
   assert "needs torch, which is not installed: pip install 'onnx_optax[interop]'" in out.stdout
+
+
+def test_adagrad_param_group_added_later():
+  """A group added after the constructor has no state until its first step: T = 0, H from the defaults."""
+  with jax.enable_x64(True):
+    x0, grads = initial(np.float64)[:2], [g[:2] for g in gradients(6, np.float64)]
+
+    def run(ps, steps, grads):
+      opt = torch.optim.Adagrad([ps[0]], lr=0.2, initial_accumulator_value=0.3)
+      torch_steps(opt, ps[:1], [g[:1] for g in grads[:2]])
+      opt.add_param_group({"params": [ps[1]], "lr": 0.05, "lr_decay": 0.1})
+      torch_steps(opt, ps, grads[2:steps])
+      return opt
+
+    ps_ref = torch_parameters(x0)
+    run(ps_ref, 6, grads)
+    ps = torch_parameters(x0)
+    opt = run(ps, 2, grads)
+    assert "sum" not in opt.state[ps[1]]  # what this test is about
+    params = torch_params(opt, [jax.ShapeDtypeStruct(x.shape, jnp.float64) for x in x0])
+    tx, state = from_torch(opt, params)
+    params, _ = jax_steps(tx, state, params, grads[2:])
+    for x, p in zip(params, ps_ref):
+      np.testing.assert_allclose(x, p.detach().numpy(), rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_narrow_state_round_trips_bit_for_bit(dtype):
+  ps = [torch.nn.Parameter(torch.randn(5, generator=torch.Generator().manual_seed(0)).to(dtype))]
+  opt = torch.optim.SGD(ps, lr=0.1, momentum=0.9)
+  ps[0].grad = torch.randn(5, generator=torch.Generator().manual_seed(1)).to(dtype)
+  opt.step()
+  name = str(dtype).removeprefix("torch.")
+  params = torch_params(opt, [jax.ShapeDtypeStruct((5,), jnp.dtype(name))])
+  assert np.array_equal(np.asarray(params[0], np.float32), ps[0].detach().float().numpy())
+  tx, state = from_torch(opt, params)
+  assert state.v[0].dtype == jnp.dtype(name)
+  ps2 = [torch.nn.Parameter(torch.zeros(5, dtype=dtype))]
+  opt2 = torch.optim.SGD(ps2, lr=0.1, momentum=0.9)
+  to_torch(state, opt2, params)
+  assert torch.equal(opt2.state[ps2[0]]["momentum_buffer"], opt.state[ps[0]]["momentum_buffer"])
+  assert torch.equal(ps2[0], ps[0]) and opt2.state[ps2[0]]["momentum_buffer"].dtype == dtype
