@@ -51,6 +51,7 @@ from run import RULES
 from scale import (
   LIBRARIES,
   MAKERS,
+  TIMES,
   add_baseline,
   environment,
   kernels,
@@ -121,16 +122,17 @@ def compile_once(library: str, rule: str, args, tokens, labels) -> tuple[dict, A
   jax.clear_caches()
   gc.collect()
   _, state, step = build(library, rule, args)
-  t0 = time.perf_counter()
+  c0, t0 = time.process_time(), time.perf_counter()
   traced = jax.jit(step, donate_argnums=0).trace(state, tokens, labels)
-  t1 = time.perf_counter()
+  c1, t1 = time.process_time(), time.perf_counter()
   lowered = traced.lower()
-  t2 = time.perf_counter()
+  c2, t2 = time.process_time(), time.perf_counter()
   compiled = lowered.compile()
-  t3 = time.perf_counter()
+  c3, t3 = time.process_time(), time.perf_counter()
   k = kernels(compiled)
   ma = compiled.memory_analysis()
   sample = {"trace_s": t1 - t0, "lower_s": t2 - t1, "compile_s": t3 - t2, "total_s": t3 - t0,
+            "trace_cpu_s": c1 - c0, "lower_cpu_s": c2 - c1, "compile_cpu_s": c3 - c2, "total_cpu_s": c3 - c0,
             "jaxpr_eqns": len(traced.jaxpr.eqns), "kernels": sum(k.values()), "kernel_ops": k,
             "temp_bytes": None if ma is None else ma.temp_size_in_bytes}
   return sample, compiled, state
@@ -146,7 +148,7 @@ def measure(rule: str, args, tokens, labels) -> dict:
   model = Encoder(args.vocab, args.length, args.width, args.heads, args.blocks, nnx.Rngs(0))
   leaves = len(jax.tree.leaves(nnx.state(model, nnx.Param)))
   med = {lib: {k: statistics.median(s[k] for s in samples[lib])
-               for k in ("trace_s", "lower_s", "compile_s", "total_s")} for lib in LIBRARIES}
+               for k in TIMES} for lib in LIBRARIES}
   for lib in LIBRARIES:
     med[lib].update({k: samples[lib][0][k] for k in ("jaxpr_eqns", "kernels", "temp_bytes")})
   row: dict[str, Any] = {"rule": rule, "param_leaves": leaves, "samples": samples, "median": med}
@@ -194,7 +196,7 @@ def table(out: dict) -> str:
        "(below 1: onnx_optax faster)"),
       "",
       (f"{'rule':14} {'leaves':>6} {'trace s':>15} {'lower s':>15} {'compile s':>17} {'total s':>17} "
-       f"{'step ms':>17} {'kernels':>11}"),
+       f"{'step ms':>17} {'kernels':>11}  CPU-time ratios: trace lower compile total"),
   ]
   lines.append("-" * len(lines[-1]))
   lines += _rows(out, "onnx_optax", "optax", "ratio")
@@ -216,7 +218,8 @@ def _rows(out: dict, a: str, b: str, key: str) -> list[str]:
 
     lines.append(f"{row['rule']:14} {row['param_leaves']:6d} {cell('trace_s', 4)} {cell('lower_s', 4)} "
                  f"{cell('compile_s', 5)} {cell('total_s', 5)} {cell('step_ms', 5)} "
-                 f"{o['kernels']:5d}/{t['kernels']:<5d}")
+                 f"{o['kernels']:5d}/{t['kernels']:<5d}  "
+                 + " ".join(f"{x[k]:5.2f}" for k in TIMES[4:] if k in x))
   return lines
 
 

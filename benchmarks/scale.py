@@ -76,6 +76,11 @@ MAKERS: dict[str, Callable[[str], optax.GradientTransformation]] = {
     "onnx_optax": onnx_optimizer, "optax": optax_optimizer}
 
 
+#: What a compile sample times: wall-clock and process CPU seconds.
+TIMES = ("trace_s", "lower_s", "compile_s", "total_s", "trace_cpu_s", "lower_cpu_s", "compile_cpu_s",
+         "total_cpu_s")
+
+
 def rotation(r: int) -> list[str]:
   """The contenders in the order of repeat ``r``: each goes first in turn."""
   k = r % len(LIBRARIES)
@@ -100,7 +105,8 @@ def add_baseline(where: str) -> str:
   name = "onnx_optax_baseline"
   tmp = tempfile.mkdtemp(prefix="scale_baseline_")
   if os.path.isdir(where):
-    src = where if os.path.basename(os.path.normpath(where)) == "onnx_optax" else os.path.join(where, "onnx_optax")
+    src = where if os.path.basename(os.path.normpath(where)) == "onnx_optax" else os.path.join(
+        where, "onnx_optax")
     shutil.copytree(src, os.path.join(tmp, name), ignore=shutil.ignore_patterns("__pycache__"))
     description = where
     commit_file = os.path.join(os.path.dirname(os.path.normpath(src)), "COMMIT")
@@ -109,11 +115,12 @@ def add_baseline(where: str) -> str:
         description = f.read().strip()[:60]
   else:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    archive = subprocess.run(["git", "-C", root, "archive", where, "onnx_optax"], capture_output=True, check=True)
+    archive = subprocess.run(["git", "-C", root, "archive", where, "onnx_optax"], capture_output=True,
+                             check=True)
     subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
     os.rename(os.path.join(tmp, "onnx_optax"), os.path.join(tmp, name))
-    description = subprocess.run(["git", "-C", root, "log", "-1", "--format=%h %s", where], capture_output=True,
-                                 text=True, check=True).stdout.strip()[:60]
+    description = subprocess.run(["git", "-C", root, "log", "-1", "--format=%h %s", where],
+                                 capture_output=True, text=True, check=True).stdout.strip()[:60]
   for folder, _, files in os.walk(os.path.join(tmp, name)):
     for file in files:
       if file.endswith(".py"):
@@ -220,17 +227,20 @@ def compile_once(library: str, rule: str, params) -> tuple[dict, Any]:
   gc.collect()
   opt = MAKERS[library](rule)
   state = jax.eval_shape(opt.init, params)
-  t0 = time.perf_counter()
+  c0, t0 = time.process_time(), time.perf_counter()
   traced = jax.jit(make_step(opt), donate_argnums=(0, 1)).trace(params, state, params)
-  t1 = time.perf_counter()
+  c1, t1 = time.process_time(), time.perf_counter()
   lowered = traced.lower()
-  t2 = time.perf_counter()
+  c2, t2 = time.process_time(), time.perf_counter()
   compiled = lowered.compile()
-  t3 = time.perf_counter()
+  c3, t3 = time.process_time(), time.perf_counter()
   ma = compiled.memory_analysis()
   k = kernels(compiled)
   sample = {
       "trace_s": t1 - t0, "lower_s": t2 - t1, "compile_s": t3 - t2, "total_s": t3 - t0,
+      # CPU time of this process (all its threads): what the work costs,
+      # nearly blind to the load of other processes on a shared machine.
+      "trace_cpu_s": c1 - c0, "lower_cpu_s": c2 - c1, "compile_cpu_s": c3 - c2, "total_cpu_s": c3 - c0,
       "jaxpr_eqns": len(traced.jaxpr.eqns),
       "stablehlo_lines": lowered.as_text().count("\n"),
       "kernels": sum(k.values()), "kernel_ops": k,
@@ -286,7 +296,7 @@ def measure(tree: str, rule: str, repeats: int, step_repeats: int, device, args)
   row: dict[str, Any] = {"tree": tree, "rule": rule, "leaves": len(shapes),
                          "elements": int(sum(np.prod(s) for s in shapes)), "samples": samples}
   med = {lib: {k: statistics.median(s[k] for s in samples[lib])
-               for k in ("trace_s", "lower_s", "compile_s", "total_s")} for lib in LIBRARIES}
+               for k in TIMES} for lib in LIBRARIES}
   for lib in LIBRARIES:
     first = samples[lib][0]
     med[lib].update({k: first[k] for k in ("jaxpr_eqns", "stablehlo_lines", "kernels", "kernel_ops",
@@ -316,8 +326,7 @@ def ratios(row: dict) -> None:
   if "baseline" in med:
     pairs.update(ratio_to_baseline=("onnx_optax", "baseline"), baseline_ratio=("baseline", "optax"))
   for key, (a, b) in pairs.items():
-    row[key] = {k: med[a][k] / med[b][k] for k in ("trace_s", "lower_s", "compile_s", "total_s", "step_ms")
-                if k in med[a] and med[b][k]}
+    row[key] = {k: med[a][k] / med[b][k] for k in (*TIMES, "step_ms") if k in med[a] and med[b][k]}
 
 
 def table(out: dict) -> str:
@@ -329,10 +338,11 @@ def table(out: dict) -> str:
       (f"command: {env['command']}; XLA_FLAGS={env['xla_flags']!r}; started {env['started']}; "
       f"onnx_optax commit {env['commit']}; {env.get('wall_s', '(partial run)')} s"),
       (f"medians of {env['repeats']} interleaved compiles (fresh function, jax.clear_caches()) and "
-      f"{env['step_repeats']} interleaved step samples; ratio = onnx_optax / optax (below 1: onnx_optax faster)"),
+      f"{env['step_repeats']} interleaved step samples; ratio = onnx_optax / optax "
+      "(below 1: onnx_optax faster)"),
       "",
       (f"{'tree':8} {'leaves':>6} {'rule':14} {'trace s':>15} {'lower s':>15} {'compile s':>15} "
-      f"{'total s':>17} {'step ms':>19}"),
+      f"{'total s':>17} {'step ms':>19}  CPU-time ratios: trace lower compile total"),
       (f"{'':8} {'':>6} {'':14} {'ours/optax  x':>15} {'ours/optax  x':>15} {'ours/optax  x':>15} "
       f"{'ours/optax   x':>17} {'ours/optax    x':>19}"),
   ]
@@ -353,9 +363,11 @@ def _time_rows(out: dict, a: str, b: str, key: str) -> list[str]:
     o, t, x = row["median"][a], row["median"][b], row[key]
     def cell(k, w, p, o=o, t=t, x=x):
       return f"{o[k]:{w}.{p}f}/{t[k]:<{w}.{p}f}{x[k]:5.2f}" if k in x else " " * (2 * w + 6)
+    cpu = " ".join(f"{x[k]:5.2f}" for k in ("trace_cpu_s", "lower_cpu_s", "compile_cpu_s", "total_cpu_s")
+                   if k in x)
     lines.append(f"{row['tree']:8} {row['leaves']:6d} {row['rule']:14} {cell('trace_s', 4, 2)} "
                  f"{cell('lower_s', 4, 2)} {cell('compile_s', 4, 2)} {cell('total_s', 5, 2)} "
-                 f"{cell('step_ms', 6, 2)}")
+                 f"{cell('step_ms', 6, 2)}  {cpu:>23}")
   return lines
 
 
