@@ -2,7 +2,11 @@
 
 Build (from the repository root, warnings are errors)::
 
-    python -m sphinx -W --keep-going -b html docs docs/_build/html
+    python -m sphinx -E -W --keep-going -b html docs docs/_build/html
+
+``-E`` re-reads every page: an incremental build reports the warnings of the
+pages it re-reads only, so a stale docs/_build would pass a broken page.
+``--keep-going`` lists every warning before failing.
 
 The Markdown pages of ``docs/`` are read by myst-parser; the API pages
 (``docs/api/``) are generated from the docstrings by autodoc and napoleon.
