@@ -244,7 +244,10 @@ def test_derivative_through_zero_second_moment_is_the_zero_subgradient():
     R_adjusted = 0.1 * (1 - 0.6 ** 3) ** 0.5 / (1 - 0.7 ** 3)
     want = 0.6 + R_adjusted * 0.3 * 0.6 / (2 * 0.4 ** 0.5 * (0.4 ** 0.5 + 0.1) ** 2)
     assert float(d) == pytest.approx(want, rel=1e-12)
-    g = jax.grad(lambda H: rules.adam(0.1, 3, zero, zero, jnp.float64(1.0), H, alpha=0.7, beta=0.6,
-                                      epsilon=0.1, norm_coefficient=0.0, norm_coefficient_post=0.0)[0])(zero)
-    # V_new = 0.7, H_new = 0.6 H = 0 at H = 0: d Sqrt is 0 there, so dU/dH = 0.
-    assert float(g) == 0.0
+    U = lambda H: rules.adam(0.1, 3, zero, zero, jnp.float64(1.0), H, alpha=0.7, beta=0.6,
+                             epsilon=0.1, norm_coefficient=0.0, norm_coefficient_post=0.0)[0]
+    # V_new = 0.7, H_new = 0.6 H = 0 at H = 0: d Sqrt is 0 there, so dU/dH = 0, in reverse
+    # and in forward mode (a tangent that is not linear in H_dot differs only in forward mode).
+    assert float(jax.grad(U)(zero)) == 0.0
+    assert float(jax.jacfwd(U)(zero)) == 0.0
+    assert float(jax.jvp(U, (zero,), (zero,))[1]) == 0.0

@@ -33,7 +33,7 @@ def load(paths):
       if job_id in jobs and jobs[job_id]["worker"] is not None and worker is None:
         continue
       jobs[job_id] = dict(module=module, op=op.removeprefix("core/"), occ=occ, row=row, col=col,
-                          worker=worker, test=test, output=output or "", diff=diff or "")
+                          worker=worker and worker.lower(), test=test and test.lower(), output=output or "", diff=diff or "")
   return jobs
 
 
