@@ -251,3 +251,77 @@ def test_derivative_through_zero_second_moment_is_the_zero_subgradient():
     assert float(jax.grad(U)(zero)) == 0.0
     assert float(jax.jacfwd(U)(zero)) == 0.0
     assert float(jax.jvp(U, (zero,), (zero,))[1]) == 0.0
+
+
+# The documented defaults (the ONNX schemas'; DirectML's "typical" values), with
+# gradients small enough that epsilon weighs in every update.
+DEFAULTS = {
+    "momentum_standard": (lambda lr: onnx_optax.momentum(lr, alpha=0.7, beta=0.6, mode="standard",
+                                                         norm_coefficient=0.3),
+                          "momentum", dict(alpha=0.7, beta=0.6, mode="standard", norm_coefficient=0.3), 0),
+    "adagrad": (onnx_optax.adagrad, "adagrad",
+                dict(decay_factor=0.0, epsilon=1e-6, norm_coefficient=0.0), 0),
+    "adam": (onnx_optax.adam, "adam",
+             dict(alpha=0.9, beta=0.999, epsilon=1e-6, norm_coefficient=0.0, norm_coefficient_post=0.0), 0),
+    "directml_adam": (onnx_optax.directml_adam, "directml_adam",
+                      dict(beta1=0.9, beta2=0.999, epsilon=1e-8), 1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DEFAULTS))
+def test_defaults_and_first_count_are_the_documented_ones(name):
+  make, key, hyper, T0 = DEFAULTS[name]
+  scale = 1e-8 if name == "directml_adam" else 1e-6
+  X = [np.array([0.5, -1.5, 2.0])]
+  grads = [[np.array([0.3, -0.2, 0.9]) * scale * (k + 1)] for k in range(3)]
+  with jax.enable_x64(True):
+    opt = make(0.1)
+    state = opt.init(jnp.asarray(X[0]))
+    assert int(state.count) == T0
+    params = jnp.asarray(X[0])
+    got = []
+    for g in grads:
+      updates, state = opt.update(jnp.asarray(g[0]), state, params)
+      params = optax.apply_updates(params, updates)
+      got.append(np.asarray(params))
+  n_state = reference.RULES[key][1]
+  want, _, T = reference.trajectory(key, X, grads, [[np.zeros(3)]] * n_state, T0, [0.1] * 3, **hyper)
+  assert int(state.count) == T == T0 + 3
+  for k in range(3):
+    np.testing.assert_allclose(got[k], want[k][0], rtol=1e-13, atol=0, err_msg=f"{name} step {k}")
+
+
+def test_first_update_derivatives_are_finite_and_right():
+  """At T = 0 ONNX Adam has no bias correction, and the unused branch (1 - alpha^0 = 0, a 0/0)
+  must not leak a NaN into derivatives: dU/dalpha = -R (V - G) / H_sqrt, by hand."""
+  with jax.enable_x64(True):
+    X, G, V, H = (jnp.float64(v) for v in (0.5, -0.8, 0.3, 0.6))
+
+    def U(alpha, beta, R):
+      return rules.adam(R, 0, X, G, V, H, alpha=alpha, beta=beta, epsilon=0.1, norm_coefficient=0.0,
+                        norm_coefficient_post=0.0)[0]
+
+    d_alpha, d_beta, d_R = jax.grad(U, argnums=(0, 1, 2))(jnp.float64(0.7), jnp.float64(0.6),
+                                                          jnp.float64(0.1))
+    H_new = 0.6 * 0.6 + 0.4 * 0.64
+    H_sqrt = H_new ** 0.5 + 0.1
+    V_new = 0.7 * 0.3 + 0.3 * -0.8
+    assert float(d_alpha) == pytest.approx(-0.1 * (0.3 - -0.8) / H_sqrt, rel=1e-12)
+    assert float(d_R) == pytest.approx(-V_new / H_sqrt, rel=1e-12)
+    # dU/dbeta = R V_new / H_sqrt^2 * dSqrt(H_new)/dbeta, dH_new/dbeta = H - G^2.
+    assert float(d_beta) == pytest.approx(0.1 * V_new / H_sqrt ** 2 * (0.6 - 0.64) / (2 * H_new ** 0.5),
+                                          rel=1e-12)
+
+
+def test_reference_dtype_argument():
+  """The reference computes in float64 by default whatever the inputs' dtype, and in the dtype of
+  X (the first tensor, not the gradient) with dtype=None."""
+  X32, G64 = np.float32(1.0), np.float64(0.1)
+  X_new, H_new = reference.adagrad(0.1, 0, X32, np.float32(0.1), np.float32(0.0), decay_factor=0.0,
+                                   epsilon=0.0, norm_coefficient=0.0)
+  assert X_new.dtype == np.float64 and H_new.dtype == np.float64
+  X_new, H_new = reference.adagrad(0.1, 0, X32, G64, np.float64(0.0), decay_factor=0.0, epsilon=0.0,
+                                   norm_coefficient=0.0, dtype=None)
+  assert X_new.dtype == np.float32 and H_new.dtype == np.float32
+  # R = 0.1, G = 0.1, H_new = 0.01 (in float32), X_new = 1 - 0.1 * 0.1 / 0.1 = 0.9.
+  assert X_new == np.float32(0.9)
