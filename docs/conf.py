@@ -215,25 +215,7 @@ def _resolve_reexports(app, env, node, contnode):
   return None
 
 
-# -- Docstrings that are a summary line and a literal block ------------------------
-# A docstring whose summary line ends in "::" and whose only other content is
-# the indented block loses the block's indentation: Python's cleandoc (and
-# autodoc's prepare_docstring) measure the indentation on the lines after the
-# first, which are all the block. docutils then finds no literal block and
-# warns. The block is indented again; the fix in the source is a sentence
-# after the block (rules.momentum_elementwise, adam_elementwise and
-# directml_adam_elementwise have this form).
-
-
-def _reindent_lone_literal_block(app, what, name, obj, options, lines):
-  body = lines[2:]
-  if (len(lines) > 2 and lines[0].rstrip().endswith("::") and not lines[1].strip()
-      and all(not line.strip() or not line[0].isspace() for line in body)):
-    lines[2:] = ["    " + line if line.strip() else line for line in body]
-
-
 def setup(app):
-  app.connect("autodoc-process-docstring", _reindent_lone_literal_block)
   app.connect("missing-reference", _resolve_reexports)
   app.connect("source-read", _title_reports)
   app.connect("autodoc-process-docstring", _drop_generated_field_docs)

@@ -193,6 +193,8 @@ def momentum_elementwise(
       V_new         = alpha * V + beta_adjusted * G_regularized
       standard:  X_new = X - R * V_new
       nesterov:  X_new = X - R * (G_regularized + alpha * V_new)
+
+  Returns ``(U, V_new)``; ``mode`` is ``"standard"`` or ``"nesterov"``.
   """
   if mode not in MODES:
     raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -263,6 +265,7 @@ def adagrad_elementwise(
 
   ``r * G_regularized / H_adaptive`` is evaluated left to right, as the
   spec's C-like pseudo code reads: ``(r * G_regularized) / H_adaptive``.
+  Returns ``(U, H_new)``.
   """
   G_regularized = _regularized(s.norm_coefficient, X, G)
   H_new = H + G_regularized * G_regularized
@@ -342,6 +345,8 @@ def adam_elementwise(
       H_sqrt        = Sqrt(H_new) + epsilon
       X_new         = X - R_adjusted * V_new / H_sqrt
       X_final       = (1 - norm_coefficient_post) * X_new
+
+  Returns ``(U, V_new, H_new)``, ``U`` as in :func:`adam`.
   """
   G_regularized = _regularized(s.norm_coefficient, X, G)
   V_new = s.alpha * V + s.one_minus_alpha * G_regularized
@@ -433,6 +438,8 @@ def directml_adam_elementwise(
       M_new = Beta1 * M + (1 - Beta1) * G
       V_new = Beta2 * V + (1 - Beta2) * G * G
       X_new = X - LearningRate * Alpha * M_new / (sqrt(V_new) + Epsilon)
+
+  Returns ``(U, M_new, V_new)``.
   """
   del X
   M_new = s.beta1 * M + s.one_minus_beta1 * G
