@@ -325,3 +325,48 @@ def test_reference_dtype_argument():
   assert X_new.dtype == np.float32 and H_new.dtype == np.float32
   # R = 0.1, G = 0.1, H_new = 0.01 (in float32), X_new = 1 - 0.1 * 0.1 / 0.1 = 0.9.
   assert X_new == np.float32(0.9)
+
+
+KEYWORD_ONLY = {
+    # function: the names that must be keyword-only (hyperparameters, static arguments)
+    rules.momentum_scalars: ["alpha", "beta", "norm_coefficient"],
+    rules.momentum_elementwise: ["mode"],
+    rules.momentum: ["alpha", "beta", "mode", "norm_coefficient"],
+    rules.adagrad_scalars: ["decay_factor", "epsilon", "norm_coefficient"],
+    rules.adagrad: ["decay_factor", "epsilon", "norm_coefficient"],
+    rules.adam_scalars: ["alpha", "beta", "epsilon", "norm_coefficient", "norm_coefficient_post"],
+    rules.adam: ["alpha", "beta", "epsilon", "norm_coefficient", "norm_coefficient_post"],
+    rules.directml_adam_scalars: ["beta1", "beta2", "epsilon"],
+    rules.directml_adam: ["learning_rate", "beta1", "beta2", "epsilon"],
+    onnx_optax.transforms._transform: ["minimum_count", "read_params_for", "decays"],
+    onnx_optax.momentum: ["alpha", "beta", "mode", "norm_coefficient", "initial_count", "state_dtype"],
+    onnx_optax.adagrad: ["decay_factor", "epsilon", "norm_coefficient", "initial_count", "state_dtype"],
+    onnx_optax.adam: ["alpha", "beta", "epsilon", "norm_coefficient", "norm_coefficient_post",
+                      "initial_count", "state_dtype"],
+    onnx_optax.directml_adam: ["beta1", "beta2", "epsilon", "initial_count", "state_dtype"],
+    reference.momentum: ["alpha", "beta", "mode", "norm_coefficient", "dtype"],
+    reference.adagrad: ["decay_factor", "epsilon", "norm_coefficient", "dtype"],
+    reference.adam: ["alpha", "beta", "epsilon", "norm_coefficient", "norm_coefficient_post", "dtype"],
+    reference.directml_adam: ["learning_rate", "beta1", "beta2", "epsilon", "dtype"],
+}
+
+
+@pytest.mark.parametrize("function", list(KEYWORD_ONLY), ids=lambda f: f"{f.__module__}.{f.__qualname__}")
+def test_hyperparameters_are_keyword_only(function):
+  """Hyperparameters are named at every call (as in the ONNX schema's attributes): a positional
+  hyperparameter, which would silently bind ``0.9`` to the wrong name, is a TypeError."""
+  import inspect
+  parameters = inspect.signature(function).parameters
+  kinds = {name: p.kind for name, p in parameters.items()}
+  assert {kinds[n] for n in KEYWORD_ONLY[function]} == {inspect.Parameter.KEYWORD_ONLY}
+  assert inspect.Parameter.POSITIONAL_ONLY not in kinds.values()
+
+
+def test_positional_hyperparameter_is_a_type_error():
+  X = np.array([1.0])
+  with pytest.raises(TypeError):
+    reference.directml_adam(X, X, X, X, 1, 0.1, 0.9, 0.999, 1e-8)
+  with pytest.raises(TypeError):
+    rules.adagrad(0.1, 0, jnp.ones(1), jnp.ones(1), jnp.ones(1), 0.0, 1e-6, 0.0)
+  with pytest.raises(TypeError):
+    onnx_optax.adam(0.1, 0.9)
