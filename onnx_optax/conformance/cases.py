@@ -186,6 +186,8 @@ def _edges(rule: str, dtype: str) -> list[Case]:
             c("epsilon=0", hyper=dict(epsilon=0.0)),
             c("norm_coefficient_post", hyper=dict(norm_coefficient_post=0.02)),
             c("norm_coefficient_post,T=0", T=0, hyper=dict(norm_coefficient_post=0.02)),
+            # Large enough to stand out of bfloat16's rounding of X (0.02 is 5 u there).
+            c("norm_coefficient_post=0.25", hyper=dict(norm_coefficient_post=0.25)),
             c("norm_coefficient=0", hyper=dict(norm_coefficient=0.0)),
             c("alpha=0.999,state=0", state="zero", hyper=dict(alpha=0.999))]
   return [c("beta1=0", hyper=dict(beta1=0.0)), c("beta2=1", hyper=dict(beta2=1.0)),
