@@ -32,11 +32,11 @@ release = importlib.import_module("onnx_optax").__version__
 version = release
 
 extensions = [
-    "myst_parser",
-    "sphinx.ext.autodoc",
-    "sphinx.ext.napoleon",
-    "sphinx.ext.mathjax",
-    "sphinx.ext.viewcode",
+  "myst_parser",
+  "sphinx.ext.autodoc",
+  "sphinx.ext.napoleon",
+  "sphinx.ext.mathjax",
+  "sphinx.ext.viewcode",
 ]
 
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
@@ -47,9 +47,9 @@ exclude_patterns = ["_build", "**/*.json", "**/*.txt"]
 
 # -- autodoc / napoleon ------------------------------------------------------
 autodoc_default_options = {
-    "members": True,
-    "member-order": "bysource",
-    "show-inheritance": True,
+  "members": True,
+  "member-order": "bysource",
+  "show-inheritance": True,
 }
 # Public modules list what they export in __all__; autodoc documents exactly
 # that (and the module docstring), so private helpers stay off the site.
@@ -58,8 +58,8 @@ autodoc_typehints_format = "short"
 autodoc_preserve_defaults = True
 # The learning-rate type reads as its name, not as optax.Schedule's expansion.
 autodoc_type_aliases = {
-    "ScalarOrSchedule": "onnx_optax.transforms.ScalarOrSchedule",
-    "transforms.ScalarOrSchedule": "onnx_optax.transforms.ScalarOrSchedule",
+  "ScalarOrSchedule": "onnx_optax.transforms.ScalarOrSchedule",
+  "transforms.ScalarOrSchedule": "onnx_optax.transforms.ScalarOrSchedule",
 }
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
@@ -71,9 +71,9 @@ napoleon_use_rtype = False
 # by package, never this project's own names.
 nitpicky = True
 nitpick_ignore_regex = [
-    (r"py:.*", r"(jax|jaxlib|optax|numpy|np|onnx|ml_dtypes|flax|torch|keras)(\..*)?"),
-    (r"py:.*", r"(collections\.abc|typing)\..*"),
-    (r"py:.*", r"(Array|ArrayLike|NodeProto|Any|Callable|Sequence|Iterable|Mapping|NamedTuple)"),
+  (r"py:.*", r"(jax|jaxlib|optax|numpy|np|onnx|ml_dtypes|flax|torch|keras)(\..*)?"),
+  (r"py:.*", r"(collections\.abc|typing)\..*"),
+  (r"py:.*", r"(Array|ArrayLike|NodeProto|Any|Callable|Sequence|Iterable|Mapping|NamedTuple)"),
 ]
 # Known broken references in onnx_optax/conformance, ignored one by one until
 # the docstrings are fixed (then delete the entry: the build must stay green
@@ -82,8 +82,8 @@ nitpick_ignore_regex = [
 # evaluator_casts_to_float32, which is not in its __all__ and so not on the
 # site.
 nitpick_ignore = [
-    ("py:func", "check_case"),
-    ("py:func", "evaluator_casts_to_float32"),
+  ("py:func", "check_case"),
+  ("py:func", "evaluator_casts_to_float32"),
 ]
 
 # -- myst ---------------------------------------------------------------------
@@ -136,14 +136,19 @@ def _outside_docs_as_downloads(app, doctree) -> None:
       continue
     # myst gives a page outside the source directory a docname that is its
     # path without the suffix; find the file it names.
-    candidates = [os.path.normpath(os.path.join(srcdir, target + suffix))
-                  for suffix in app.config.source_suffix]
+    candidates = [
+      os.path.normpath(os.path.join(srcdir, target + suffix)) for suffix in app.config.source_suffix
+    ]
     path = next((c for c in candidates if os.path.isfile(c)), None)
     if path is None or os.path.realpath(path).startswith(srcdir + os.sep):
       continue
     download = addnodes.download_reference(
-        refdomain=None, reftype="myst", refdoc=node["refdoc"], refexplicit=True,
-        reftarget=os.path.relpath(path, docdir))
+      refdomain=None,
+      reftype="myst",
+      refdoc=node["refdoc"],
+      refexplicit=True,
+      reftarget=os.path.relpath(path, docdir),
+    )
     content = node[0].deepcopy()
     content["classes"] = ["xref", "download", "myst"]
     download += content
@@ -157,8 +162,12 @@ def _outside_docs_as_downloads(app, doctree) -> None:
 
 
 def _drop_generated_field_docs(app, what, name, obj, options, lines):
-  if what in ("attribute", "property") and len(lines) <= 2 and lines and re.fullmatch(
-      r"Alias for field number \d+", lines[0].strip()):
+  if (
+    what in ("attribute", "property")
+    and len(lines) <= 2
+    and lines
+    and re.fullmatch(r"Alias for field number \d+", lines[0].strip())
+  ):
     lines.clear()
 
 
@@ -210,8 +219,9 @@ def _resolve_reexports(app, env, node, contnode):
   domain = env.get_domain("py")
   for documented in list(domain.objects):
     if documented.startswith("onnx_optax") and _import_object(documented) is obj:
-      return domain.resolve_xref(env, node["refdoc"], app.builder, node["reftype"],
-                                 ".".join([documented, *rest]), node, contnode)
+      return domain.resolve_xref(
+        env, node["refdoc"], app.builder, node["reftype"], ".".join([documented, *rest]), node, contnode
+      )
   return None
 
 

@@ -22,25 +22,25 @@ docs/spec.md.
 """
 
 from onnx_optax.transforms import (
-    AdagradState,
-    AdamState,
-    DirectMLAdamState,
-    MomentumState,
-    adagrad,
-    adam,
-    directml_adam,
-    momentum,
+  AdagradState,
+  AdamState,
+  DirectMLAdamState,
+  MomentumState,
+  adagrad,
+  adam,
+  directml_adam,
+  momentum,
 )
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AdagradState",
-    "AdamState",
-    "DirectMLAdamState",
-    "MomentumState",
-    "adagrad",
-    "adam",
-    "directml_adam",
-    "momentum",
+  "AdagradState",
+  "AdamState",
+  "DirectMLAdamState",
+  "MomentumState",
+  "adagrad",
+  "adam",
+  "directml_adam",
+  "momentum",
 ]

@@ -25,12 +25,12 @@ def is_traced(value: Any) -> bool:
 
 
 def hyperparameter(
-    name: str,
-    value: Any,
-    *,
-    minimum: float | None = None,
-    maximum: float | None = None,
-    maximum_exclusive: bool = False,
+  name: str,
+  value: Any,
+  *,
+  minimum: float | None = None,
+  maximum: float | None = None,
+  maximum_exclusive: bool = False,
 ) -> Any:
   """Checks a real scalar hyperparameter; returns it unchanged.
 
@@ -97,8 +97,9 @@ def floating_dtype(name: str, dtype: Any) -> Any:
   # dtype object has a `shape` too, the empty shape of its sub-array.)
   if hasattr(dtype, "shape") and not isinstance(dtype, np.dtype):
     raise TypeError(
-        f"{name} must be a dtype, got an array; under optax.inject_hyperparams pass "
-        f"static_args=('{name}',) or a dtype object such as jnp.dtype('float32')")
+      f"{name} must be a dtype, got an array; under optax.inject_hyperparams pass "
+      f"static_args=('{name}',) or a dtype object such as jnp.dtype('float32')"
+    )
   try:
     dtype = jnp.dtype(dtype)
   except TypeError as e:
@@ -120,8 +121,9 @@ def floating_leaves(name: str, tree: Any) -> None:
       raise TypeError(f"{name}{path} must be an array, got {type(leaf).__name__}")
     if not jnp.issubdtype(dtype, jnp.floating):
       raise TypeError(
-          f"{name}{path} has dtype {dtype}; onnx_optax updates real floating "
-          "tensors only (float16, bfloat16, float32, float64)")
+        f"{name}{path} has dtype {dtype}; onnx_optax updates real floating "
+        "tensors only (float16, bfloat16, float32, float64)"
+      )
 
 
 def state(state_cls: type, value: Any) -> None:
@@ -133,13 +135,14 @@ def state(state_cls: type, value: Any) -> None:
   """
   if not isinstance(value, state_cls):
     raise TypeError(
-        f"state must be the {state_cls.__name__} that this transform's init returns, "
-        f"got {type(value).__name__}")
+      f"state must be the {state_cls.__name__} that this transform's init returns, got {type(value).__name__}"
+    )
   dtype, shape = getattr(value.count, "dtype", None), getattr(value.count, "shape", None)
   if dtype is None or tuple(shape) != () or not jnp.issubdtype(dtype, jnp.integer):
     raise TypeError(
-        f"state.count must be an integer scalar array, got {type(value.count).__name__} "
-        f"of dtype {dtype} and shape {shape}")
+      f"state.count must be an integer scalar array, got {type(value.count).__name__} "
+      f"of dtype {dtype} and shape {shape}"
+    )
   for field in state_cls._fields[1:]:
     floating_leaves(f"state.{field}", getattr(value, field))
 
@@ -155,19 +158,22 @@ def same_trees(updates: Any, others: dict[str, Any]) -> None:
   for name, tree in others.items():
     if jax.tree.structure(tree) != structure:
       raise ValueError(
-          f"updates and {name} have different tree structures:\n"
-          f"  updates: {structure}\n  {name}: {jax.tree.structure(tree)}")
+        f"updates and {name} have different tree structures:\n"
+        f"  updates: {structure}\n  {name}: {jax.tree.structure(tree)}"
+      )
   grads = _leaves(updates)
   for name, tree in others.items():
     for (path, g), (_, x) in zip(grads, _leaves(tree)):
       if tuple(g.shape) != tuple(x.shape):
         raise ValueError(
-            f"updates{path} has shape {tuple(g.shape)} but {name}{path} has shape "
-            f"{tuple(x.shape)}; onnx_optax never broadcasts")
+          f"updates{path} has shape {tuple(g.shape)} but {name}{path} has shape "
+          f"{tuple(x.shape)}; onnx_optax never broadcasts"
+        )
       if name == "params" and g.dtype != x.dtype:
         raise TypeError(
-            f"updates{path} has dtype {g.dtype} but params{path} has dtype {x.dtype}; "
-            "cast the gradient explicitly")
+          f"updates{path} has dtype {g.dtype} but params{path} has dtype {x.dtype}; "
+          "cast the gradient explicitly"
+        )
 
 
 def decays_representable(decays: dict[str, Any], params: Any, state_dtype: Any) -> None:
@@ -189,12 +195,14 @@ def decays_representable(decays: dict[str, Any], params: Any, state_dtype: Any) 
       # NumPy, not jnp: init may run under jit, where jnp would trace it.
       if float(np.asarray(value, dtype=dtype)) == 1.0:
         raise ValueError(
-            f"{name}={value} rounds to 1.0 in {dtype}, the dtype params{path} is computed in, "
-            f"so the moment would never decay; keep the state in float32 (state_dtype=jnp.float32) "
-            f"or pass {name}=1.0 if that is what you mean")
+          f"{name}={value} rounds to 1.0 in {dtype}, the dtype params{path} is computed in, "
+          f"so the moment would never decay; keep the state in float32 (state_dtype=jnp.float32) "
+          f"or pass {name}=1.0 if that is what you mean"
+        )
 
 
 # -- operator arguments (the ONNX interface and DirectML's call) -----------------
+
 
 def describe(value: Any) -> str:
   shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
@@ -213,8 +221,9 @@ def float_scalar(name: str, value: Any) -> Any:
   return hyperparameter(name, value)
 
 
-def integer_scalar(name: str, value: Any, *, minimum: int, shape_ok: Callable[[tuple], bool] | None = None,
-                    why: str = "") -> Any:
+def integer_scalar(
+  name: str, value: Any, *, minimum: int, shape_ok: Callable[[tuple], bool] | None = None, why: str = ""
+) -> Any:
   """An integer scalar (ONNX ``T``: int64), as a JAX array of its canonical dtype.
 
   A concrete value must be ``>= minimum`` and fit the integer type JAX gives
@@ -228,7 +237,7 @@ def integer_scalar(name: str, value: Any, *, minimum: int, shape_ok: Callable[[t
   else:
     shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
     scalar = shape is not None and (tuple(shape) == () or (shape_ok is not None and shape_ok(tuple(shape))))
-    if (not scalar or dtype is None or dtype == np.bool_ or not jnp.issubdtype(dtype, jnp.integer)):
+    if not scalar or dtype is None or dtype == np.bool_ or not jnp.issubdtype(dtype, jnp.integer):
       raise TypeError(f"{name} must be an integer scalar (ONNX: int64), got {describe(value)}")
     if tuple(shape) != ():
       value = jnp.reshape(value, ())
@@ -240,8 +249,9 @@ def integer_scalar(name: str, value: Any, *, minimum: int, shape_ok: Callable[[t
     raise ValueError(f"{name} must be >= {minimum}, got {number}{why}")
   if number > np.iinfo(dtype).max:
     raise ValueError(
-        f"{name} = {number} does not fit {dtype}, JAX's integer type in its default 32-bit "
-        "mode; run under jax.enable_x64(True) (or JAX_ENABLE_X64=1) to keep it int64")
+      f"{name} = {number} does not fit {dtype}, JAX's integer type in its default 32-bit "
+      "mode; run under jax.enable_x64(True) (or JAX_ENABLE_X64=1) to keep it int64"
+    )
   return jnp.asarray(number, dtype)
 
 
@@ -252,12 +262,14 @@ def floating_tensor(name: str, value: Any) -> Any:
     raise TypeError(f"{name} must be an array, got {describe(value)}")
   if not jnp.issubdtype(dtype, jnp.floating):
     raise TypeError(
-        f"{name} has dtype {dtype}; the tensors must be real floating "
-        "(ONNX: float or double; float16 and bfloat16 are accepted too)")
+      f"{name} has dtype {dtype}; the tensors must be real floating "
+      "(ONNX: float or double; float16 and bfloat16 are accepted too)"
+    )
   if jax.dtypes.canonicalize_dtype(dtype) != dtype:
     raise TypeError(
-        f"{name} has dtype {dtype}, which JAX's default 32-bit mode would truncate; "
-        "run under jax.enable_x64(True) (or JAX_ENABLE_X64=1)")
+      f"{name} has dtype {dtype}, which JAX's default 32-bit mode would truncate; "
+      "run under jax.enable_x64(True) (or JAX_ENABLE_X64=1)"
+    )
   return value
 
 
@@ -268,8 +280,9 @@ def block(names: Sequence[str], values: Sequence[Any]) -> list[Any]:
   for name, tensor in zip(names[1:], tensors[1:]):
     if tuple(tensor.shape) != tuple(first.shape):
       raise ValueError(
-          f"{name} has shape {tuple(tensor.shape)} but {first_name} has shape "
-          f"{tuple(first.shape)}; the tensors are never broadcast")
+        f"{name} has shape {tuple(tensor.shape)} but {first_name} has shape "
+        f"{tuple(first.shape)}; the tensors are never broadcast"
+      )
     if tensor.dtype != first.dtype:
       raise TypeError(f"{name} has dtype {tensor.dtype} but {first_name} has dtype {first.dtype}")
   return tensors

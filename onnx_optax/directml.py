@@ -40,16 +40,16 @@ __all__ = ["adam_optimizer"]
 
 
 def adam_optimizer(
-    input_parameters: Any,
-    input_first_moment: Any,
-    input_second_moment: Any,
-    gradient: Any,
-    training_step: Any,
-    *,
-    learning_rate: float,
-    beta1: float,
-    beta2: float,
-    epsilon: float,
+  input_parameters: Any,
+  input_first_moment: Any,
+  input_second_moment: Any,
+  gradient: Any,
+  training_step: Any,
+  *,
+  learning_rate: float,
+  beta1: float,
+  beta2: float,
+  epsilon: float,
 ) -> tuple[Array, Array, Array]:
   """DirectML Adam (``DML_OPERATOR_ADAM_OPTIMIZER``) on one tensor::
 
@@ -85,16 +85,22 @@ def adam_optimizer(
     Array([0.9, 2.1], dtype=float32)
   """
   hyper = dict(
-      learning_rate=_checks.hyperparameter("learning_rate", learning_rate),
-      beta1=_checks.hyperparameter("beta1", beta1, minimum=0.0, maximum=1.0, maximum_exclusive=True),
-      beta2=_checks.hyperparameter("beta2", beta2, minimum=0.0, maximum=1.0),
-      epsilon=_checks.hyperparameter("epsilon", epsilon, minimum=0.0))
+    learning_rate=_checks.hyperparameter("learning_rate", learning_rate),
+    beta1=_checks.hyperparameter("beta1", beta1, minimum=0.0, maximum=1.0, maximum_exclusive=True),
+    beta2=_checks.hyperparameter("beta2", beta2, minimum=0.0, maximum=1.0),
+    epsilon=_checks.hyperparameter("epsilon", epsilon, minimum=0.0),
+  )
   X, M, V, G = _checks.block(
-      ("input_parameters", "input_first_moment", "input_second_moment", "gradient"),
-      (input_parameters, input_first_moment, input_second_moment, gradient))
+    ("input_parameters", "input_first_moment", "input_second_moment", "gradient"),
+    (input_parameters, input_first_moment, input_second_moment, gradient),
+  )
   T = _checks.integer_scalar(
-      "training_step", training_step, minimum=1, shape_ok=lambda shape: all(d == 1 for d in shape),
-      why=" (at T = 0, Alpha = sqrt(1 - beta2^0) / (1 - beta1^0) is 0/0)")
+    "training_step",
+    training_step,
+    minimum=1,
+    shape_ok=lambda shape: all(d == 1 for d in shape),
+    why=" (at T = 0, Alpha = sqrt(1 - beta2^0) / (1 - beta1^0) is 0/0)",
+  )
   X, M, V, G = _checks.as_arrays((X, M, V, G))
   U, M_new, V_new = rules.directml_adam(X, M, V, G, T, **hyper)
   return X + U, M_new, V_new

@@ -69,14 +69,14 @@ from onnx_optax import _checks, rules, transforms
 from onnx_optax.directml import adam_optimizer
 
 __all__ = [
-    "DOMAIN",
-    "OPERATORS",
-    "adagrad",
-    "adam",
-    "adam_optimizer",
-    "from_node",
-    "momentum",
-    "run_node",
+  "DOMAIN",
+  "OPERATORS",
+  "adagrad",
+  "adam",
+  "adam_optimizer",
+  "from_node",
+  "momentum",
+  "run_node",
 ]
 
 #: The ONNX domain of the three operators.
@@ -85,9 +85,9 @@ DOMAIN = "ai.onnx.preview.training"
 VERSION = 1
 #: op_type -> the names of the state tensors, in ONNX's block order.
 OPERATORS: dict[str, tuple[str, ...]] = {
-    "Momentum": ("V",),
-    "Adagrad": ("H",),
-    "Adam": ("V", "H"),
+  "Momentum": ("V",),
+  "Adagrad": ("H",),
+  "Adam": ("V", "H"),
 }
 
 
@@ -98,23 +98,25 @@ def _tensor_count(op_type: str, n_inputs: int, what: str = "inputs") -> int:
   n, rest = divmod(n_inputs - 2, k)
   if n_inputs < 2 + k or rest:
     layout = ", ".join(f"{b}_1..{b}_n" for b in blocks)
-    raise ValueError(
-        f"{op_type} takes 2 + {k}*n {what} (R, T, {layout}) with n >= 1; got {n_inputs}")
+    raise ValueError(f"{op_type} takes 2 + {k}*n {what} (R, T, {layout}) with n >= 1; got {n_inputs}")
   return n
 
 
 # -- the operators ------------------------------------------------------------------
 
-def _run(op_type: str, rule: Callable[..., tuple[Array, ...]], R: Any, T: Any,
-         inputs: Sequence[Any]) -> tuple[Array, ...]:
+
+def _run(
+  op_type: str, rule: Callable[..., tuple[Array, ...]], R: Any, T: Any, inputs: Sequence[Any]
+) -> tuple[Array, ...]:
   """Checks everything, then ``rule`` per tensor; outputs in ONNX's block order."""
   n = _tensor_count(op_type, 2 + len(inputs))
   blocks = ("X", "G", *OPERATORS[op_type])
   R = _checks.float_scalar("R", R)
   T = _checks.integer_scalar("T", T, minimum=0, why=" (T counts the updates already conducted)")
   per_tensor = [
-      _checks.block([f"{b}_{i + 1}" for b in blocks], [inputs[j * n + i] for j in range(len(blocks))])
-      for i in range(n)]
+    _checks.block([f"{b}_{i + 1}" for b in blocks], [inputs[j * n + i] for j in range(len(blocks))])
+    for i in range(n)
+  ]
   xs, states = [], [[] for _ in OPERATORS[op_type]]
   for X, G, *S in map(_checks.as_arrays, per_tensor):
     U, *S_new = rule(R, T, X, G, *S)
@@ -124,8 +126,9 @@ def _run(op_type: str, rule: Callable[..., tuple[Array, ...]], R: Any, T: Any,
   return (*xs, *(s for block in states for s in block))
 
 
-def momentum(R: Any, T: Any, *inputs: Any, alpha: float, beta: float, mode: str,
-             norm_coefficient: float) -> tuple[Array, ...]:
+def momentum(
+  R: Any, T: Any, *inputs: Any, alpha: float, beta: float, mode: str, norm_coefficient: float
+) -> tuple[Array, ...]:
   """ONNX ``Momentum`` (ai.onnx.preview.training, v1), the operator's call.
 
   ``momentum(R, T, X_1..X_n, G_1..G_n, V_1..V_n, ...)`` returns
@@ -145,8 +148,11 @@ def momentum(R: Any, T: Any, *inputs: Any, alpha: float, beta: float, mode: str,
   """
   if not isinstance(mode, str) or mode not in rules.MODES:
     raise ValueError(f"mode must be one of {rules.MODES}, got {mode!r}")
-  hyper = dict(alpha=_checks.hyperparameter("alpha", alpha), beta=_checks.hyperparameter("beta", beta),
-               norm_coefficient=_checks.hyperparameter("norm_coefficient", norm_coefficient))
+  hyper = dict(
+    alpha=_checks.hyperparameter("alpha", alpha),
+    beta=_checks.hyperparameter("beta", beta),
+    norm_coefficient=_checks.hyperparameter("norm_coefficient", norm_coefficient),
+  )
 
   def rule(R, T, X, G, V):
     return rules.momentum(R, T, X, G, V, mode=mode, **hyper)
@@ -154,8 +160,14 @@ def momentum(R: Any, T: Any, *inputs: Any, alpha: float, beta: float, mode: str,
   return _run("Momentum", rule, R, T, inputs)
 
 
-def adagrad(R: Any, T: Any, *inputs: Any, decay_factor: float = 0.0, epsilon: float = 1e-6,
-            norm_coefficient: float = 0.0) -> tuple[Array, ...]:
+def adagrad(
+  R: Any,
+  T: Any,
+  *inputs: Any,
+  decay_factor: float = 0.0,
+  epsilon: float = 1e-6,
+  norm_coefficient: float = 0.0,
+) -> tuple[Array, ...]:
   """ONNX ``Adagrad`` (ai.onnx.preview.training, v1), the operator's call.
 
   ``adagrad(R, T, X_1..X_n, G_1..G_n, H_1..H_n, ...)`` returns
@@ -164,9 +176,11 @@ def adagrad(R: Any, T: Any, *inputs: Any, decay_factor: float = 0.0, epsilon: fl
   schema stores ``epsilon`` as the float32 nearest 1e-6; :func:`run_node`
   passes exactly what the schema stores).
   """
-  hyper = dict(decay_factor=_checks.hyperparameter("decay_factor", decay_factor),
-               epsilon=_checks.hyperparameter("epsilon", epsilon),
-               norm_coefficient=_checks.hyperparameter("norm_coefficient", norm_coefficient))
+  hyper = dict(
+    decay_factor=_checks.hyperparameter("decay_factor", decay_factor),
+    epsilon=_checks.hyperparameter("epsilon", epsilon),
+    norm_coefficient=_checks.hyperparameter("norm_coefficient", norm_coefficient),
+  )
 
   def rule(R, T, X, G, H):
     return rules.adagrad(R, T, X, G, H, **hyper)
@@ -174,9 +188,16 @@ def adagrad(R: Any, T: Any, *inputs: Any, decay_factor: float = 0.0, epsilon: fl
   return _run("Adagrad", rule, R, T, inputs)
 
 
-def adam(R: Any, T: Any, *inputs: Any, alpha: float = 0.9, beta: float = 0.999,
-         epsilon: float = 1e-6, norm_coefficient: float = 0.0,
-         norm_coefficient_post: float = 0.0) -> tuple[Array, ...]:
+def adam(
+  R: Any,
+  T: Any,
+  *inputs: Any,
+  alpha: float = 0.9,
+  beta: float = 0.999,
+  epsilon: float = 1e-6,
+  norm_coefficient: float = 0.0,
+  norm_coefficient_post: float = 0.0,
+) -> tuple[Array, ...]:
   """ONNX ``Adam`` (ai.onnx.preview.training, v1), the operator's call.
 
   ``adam(R, T, X_1..X_n, G_1..G_n, V_1..V_n, H_1..H_n, ...)`` returns
@@ -185,10 +206,13 @@ def adam(R: Any, T: Any, *inputs: Any, alpha: float = 0.9, beta: float = 0.999,
   schema text's order). With a non-zero ``norm_coefficient_post`` the output
   is ``X + (X_final - X)``, within one rounding of ``X_final``.
   """
-  hyper = dict(alpha=_checks.hyperparameter("alpha", alpha), beta=_checks.hyperparameter("beta", beta),
-               epsilon=_checks.hyperparameter("epsilon", epsilon),
-               norm_coefficient=_checks.hyperparameter("norm_coefficient", norm_coefficient),
-               norm_coefficient_post=_checks.hyperparameter("norm_coefficient_post", norm_coefficient_post))
+  hyper = dict(
+    alpha=_checks.hyperparameter("alpha", alpha),
+    beta=_checks.hyperparameter("beta", beta),
+    epsilon=_checks.hyperparameter("epsilon", epsilon),
+    norm_coefficient=_checks.hyperparameter("norm_coefficient", norm_coefficient),
+    norm_coefficient_post=_checks.hyperparameter("norm_coefficient_post", norm_coefficient_post),
+  )
 
   def rule(R, T, X, G, V, H):
     return rules.adam(R, T, X, G, V, H, **hyper)
@@ -196,11 +220,11 @@ def adam(R: Any, T: Any, *inputs: Any, alpha: float = 0.9, beta: float = 0.999,
   return _run("Adam", rule, R, T, inputs)
 
 
-_CALLS: dict[str, Callable[..., tuple[Array, ...]]] = {
-    "Momentum": momentum, "Adagrad": adagrad, "Adam": adam}
+_CALLS: dict[str, Callable[..., tuple[Array, ...]]] = {"Momentum": momentum, "Adagrad": adagrad, "Adam": adam}
 
 
 # -- ONNX nodes -----------------------------------------------------------------------
+
 
 def _node_attributes(node: Any, opset: int | None) -> tuple[str, dict[str, Any]]:
   """Checks ``node`` and returns its op_type and attributes, schema defaults filled in.
@@ -233,7 +257,8 @@ def _node_attributes(node: Any, opset: int | None) -> tuple[str, dict[str, Any]]
       raise ValueError(f"opset {opset}: no {node.op_type} schema in {DOMAIN}") from e
     if since != VERSION:
       raise ValueError(
-          f"opset {opset} selects {node.op_type} version {since}; only version {VERSION} is implemented")
+        f"opset {opset} selects {node.op_type} version {since}; only version {VERSION} is implemented"
+      )
   schema = onnx.defs.get_schema(node.op_type, VERSION, DOMAIN)
 
   attributes: dict[str, Any] = {}
@@ -241,19 +266,21 @@ def _node_attributes(node: Any, opset: int | None) -> tuple[str, dict[str, Any]]
     name = attribute.name
     if name not in schema.attributes:
       raise ValueError(
-          f"node.attribute: {node.op_type} has no attribute {name!r} "
-          f"(it has {sorted(schema.attributes)})")
+        f"node.attribute: {node.op_type} has no attribute {name!r} (it has {sorted(schema.attributes)})"
+      )
     if name in attributes:
       raise ValueError(f"node.attribute: {name!r} is given twice")
     if attribute.ref_attr_name:
       raise ValueError(
-          f"node.attribute {name!r} refers to a function attribute ({attribute.ref_attr_name!r}); "
-          "run the node after the function is inlined")
+        f"node.attribute {name!r} refers to a function attribute ({attribute.ref_attr_name!r}); "
+        "run the node after the function is inlined"
+      )
     expected = schema.attributes[name].type
     if attribute.type != expected:
       raise TypeError(
-          f"node.attribute {name!r} must be of type {onnx.AttributeProto.AttributeType.Name(expected)}, "
-          f"got {onnx.AttributeProto.AttributeType.Name(attribute.type)}")
+        f"node.attribute {name!r} must be of type {onnx.AttributeProto.AttributeType.Name(expected)}, "
+        f"got {onnx.AttributeProto.AttributeType.Name(attribute.type)}"
+      )
     attributes[name] = onnx.helper.get_attribute_value(attribute)
   for name, formal in schema.attributes.items():
     if name in attributes:
@@ -309,12 +336,14 @@ def run_node(node: Any, *inputs: Any, opset: int | None = None) -> tuple[Array, 
   n_outputs = n * (1 + len(OPERATORS[op_type]))
   if len(node.output) != n_outputs:
     raise ValueError(
-        f"node.output lists {len(node.output)} outputs; {op_type} with {n} tensors has {n_outputs}")
+      f"node.output lists {len(node.output)} outputs; {op_type} with {n} tensors has {n_outputs}"
+    )
   return _CALLS[op_type](*inputs, **attributes)
 
 
-def from_node(node: Any, learning_rate: transforms.ScalarOrSchedule, *, initial_count: int = 0,
-              state_dtype: Any = None) -> optax.GradientTransformationExtraArgs:
+def from_node(
+  node: Any, learning_rate: transforms.ScalarOrSchedule, *, initial_count: int = 0, state_dtype: Any = None
+) -> optax.GradientTransformationExtraArgs:
   """The Optax transform equivalent to an ONNX training node.
 
   ``Momentum`` gives :func:`onnx_optax.momentum`, ``Adagrad``

@@ -31,8 +31,7 @@ def momentum(R, T, X, G, V, *, alpha, beta, mode, norm_coefficient, dtype=np.flo
   """ONNX Momentum. ``T``: updates already conducted. Returns ``(X_new, V_new)``."""
   if mode not in ("standard", "nesterov"):
     raise ValueError(f"mode must be 'standard' or 'nesterov', got {mode!r}")
-  X, G, V, R, alpha, beta, norm_coefficient = _arrays(
-      dtype, X, G, V, R, alpha, beta, norm_coefficient)
+  X, G, V, R, alpha, beta, norm_coefficient = _arrays(dtype, X, G, V, R, alpha, beta, norm_coefficient)
   G_regularized = norm_coefficient * X + G
   beta_adjusted = beta if T > 0 else np.ones_like(beta)
   V_new = alpha * V + beta_adjusted * G_regularized
@@ -46,7 +45,8 @@ def momentum(R, T, X, G, V, *, alpha, beta, mode, norm_coefficient, dtype=np.flo
 def adagrad(R, T, X, G, H, *, decay_factor, epsilon, norm_coefficient, dtype=np.float64):
   """ONNX Adagrad. Returns ``(X_new, H_new)``."""
   X, G, H, R, decay_factor, epsilon, norm_coefficient = _arrays(
-      dtype, X, G, H, R, decay_factor, epsilon, norm_coefficient)
+    dtype, X, G, H, R, decay_factor, epsilon, norm_coefficient
+  )
   r = R / (1 + T * decay_factor)
   G_regularized = norm_coefficient * X + G
   H_new = H + G_regularized * G_regularized
@@ -55,11 +55,13 @@ def adagrad(R, T, X, G, H, *, decay_factor, epsilon, norm_coefficient, dtype=np.
   return X_new, H_new
 
 
-def adam(R, T, X, G, V, H, *, alpha, beta, epsilon, norm_coefficient,
-         norm_coefficient_post, dtype=np.float64):
+def adam(
+  R, T, X, G, V, H, *, alpha, beta, epsilon, norm_coefficient, norm_coefficient_post, dtype=np.float64
+):
   """ONNX Adam. Returns ``(X_final, V_new, H_new)``."""
   X, G, V, H, R, alpha, beta, epsilon, norm_coefficient, norm_coefficient_post = _arrays(
-      dtype, X, G, V, H, R, alpha, beta, epsilon, norm_coefficient, norm_coefficient_post)
+    dtype, X, G, V, H, R, alpha, beta, epsilon, norm_coefficient, norm_coefficient_post
+  )
   G_regularized = norm_coefficient * X + G
   V_new = alpha * V + (1 - alpha) * G_regularized
   H_new = beta * H + (1 - beta) * G_regularized * G_regularized
@@ -78,7 +80,8 @@ def directml_adam(X, M, V, G, T, *, learning_rate, beta1, beta2, epsilon, dtype=
   if T < 1:
     raise ValueError(f"DirectML Adam needs T >= 1 (T = 0 gives 0/0), got {T}")
   X, M, V, G, learning_rate, beta1, beta2, epsilon = _arrays(
-      dtype, X, M, V, G, learning_rate, beta1, beta2, epsilon)
+    dtype, X, M, V, G, learning_rate, beta1, beta2, epsilon
+  )
   M_new = beta1 * M + (1 - beta1) * G
   V_new = beta2 * V + (1 - beta2) * G * G
   Alpha = np.sqrt(1 - beta2**T) / (1 - beta1**T)
@@ -92,22 +95,22 @@ def _directml_adam_spec_order(R, T, X, G, M, V, **hyper):
 
 #: name -> (step function taking ``(R, T, X, G, *S)``, number of state tensors)
 RULES: dict[str, tuple[Callable[..., tuple[np.ndarray, ...]], int]] = {
-    "momentum": (momentum, 1),
-    "adagrad": (adagrad, 1),
-    "adam": (adam, 2),
-    "directml_adam": (_directml_adam_spec_order, 2),
+  "momentum": (momentum, 1),
+  "adagrad": (adagrad, 1),
+  "adam": (adam, 2),
+  "directml_adam": (_directml_adam_spec_order, 2),
 }
 
 
 def trajectory(
-    rule: str,
-    X: Sequence[np.ndarray],
-    grads: Sequence[Sequence[np.ndarray]] | Callable[[int, list[np.ndarray]], Sequence[np.ndarray]],
-    state: Sequence[Sequence[np.ndarray]],
-    T: int,
-    learning_rates: Sequence[float],
-    dtype: Any = np.float64,
-    **hyperparameters: Any,
+  rule: str,
+  X: Sequence[np.ndarray],
+  grads: Sequence[Sequence[np.ndarray]] | Callable[[int, list[np.ndarray]], Sequence[np.ndarray]],
+  state: Sequence[Sequence[np.ndarray]],
+  T: int,
+  learning_rates: Sequence[float],
+  dtype: Any = np.float64,
+  **hyperparameters: Any,
 ) -> tuple[list[list[np.ndarray]], list[list[np.ndarray]], int]:
   """Runs ``rule`` for ``len(learning_rates)`` steps on a list of tensors.
 
@@ -136,8 +139,10 @@ def trajectory(
   xs = []
   for k, R in enumerate(learning_rates):
     G = grads(k, X) if callable(grads) else grads[k]
-    outputs = [step(R, T, x, g, *(s[i] for s in state), dtype=dtype, **hyperparameters)
-               for i, (x, g) in enumerate(zip(X, G))]
+    outputs = [
+      step(R, T, x, g, *(s[i] for s in state), dtype=dtype, **hyperparameters)
+      for i, (x, g) in enumerate(zip(X, G))
+    ]
     X = [out[0] for out in outputs]
     state = [[out[1 + j] for out in outputs] for j in range(n_state)]
     xs.append(X)

@@ -62,24 +62,24 @@ from jax import Array
 from jax.typing import ArrayLike, DTypeLike
 
 __all__ = [
-    "MODES",
-    "AdagradScalars",
-    "AdamScalars",
-    "DirectMLAdamScalars",
-    "MomentumScalars",
-    "adagrad",
-    "adagrad_elementwise",
-    "adagrad_scalars",
-    "adam",
-    "adam_elementwise",
-    "adam_scalars",
-    "directml_adam",
-    "directml_adam_elementwise",
-    "directml_adam_scalars",
-    "like",
-    "momentum",
-    "momentum_elementwise",
-    "momentum_scalars",
+  "MODES",
+  "AdagradScalars",
+  "AdamScalars",
+  "DirectMLAdamScalars",
+  "MomentumScalars",
+  "adagrad",
+  "adagrad_elementwise",
+  "adagrad_scalars",
+  "adam",
+  "adam_elementwise",
+  "adam_scalars",
+  "directml_adam",
+  "directml_adam_elementwise",
+  "directml_adam_scalars",
+  "like",
+  "momentum",
+  "momentum_elementwise",
+  "momentum_scalars",
 ]
 
 #: The values of ONNX Momentum's ``mode`` attribute.
@@ -147,8 +147,8 @@ def _sqrt(H: Array) -> Array:
 
 @_sqrt.defjvp
 def _sqrt_jvp(primals, tangents):
-  H, = primals
-  H_dot, = tangents
+  (H,) = primals
+  (H_dot,) = tangents
   root = jnp.sqrt(H)
   zero = H == 0
   # The tangent is linear in H_dot (so that it transposes) and has no 0/0
@@ -168,8 +168,10 @@ def _regularized(norm_coefficient: Array, X: Array | None, G: Array) -> Array:
 
 # -- Momentum ------------------------------------------------------------------------
 
+
 class MomentumScalars(NamedTuple):
   """The per-update scalars of ONNX ``Momentum``."""
+
   R: Any
   alpha: Any
   beta_adjusted: Any
@@ -177,7 +179,12 @@ class MomentumScalars(NamedTuple):
 
 
 def momentum_scalars(
-    R: ArrayLike, T: ArrayLike, *, alpha: ArrayLike, beta: ArrayLike, norm_coefficient: ArrayLike,
+  R: ArrayLike,
+  T: ArrayLike,
+  *,
+  alpha: ArrayLike,
+  beta: ArrayLike,
+  norm_coefficient: ArrayLike,
 ) -> MomentumScalars:
   """``beta_adjusted = T > 0 ? beta : 1``, and the hyperparameters."""
   beta_adjusted = jnp.where(jnp.asarray(T) > 0, beta, 1)
@@ -185,7 +192,12 @@ def momentum_scalars(
 
 
 def momentum_elementwise(
-    s: MomentumScalars, X: Array | None, G: Array, V: Array, *, mode: str,
+  s: MomentumScalars,
+  X: Array | None,
+  G: Array,
+  V: Array,
+  *,
+  mode: str,
 ) -> tuple[Array, Array]:
   """The element-wise part of ONNX ``Momentum``::
 
@@ -206,16 +218,16 @@ def momentum_elementwise(
 
 
 def momentum(
-    R: ArrayLike,
-    T: ArrayLike,
-    X: Array,
-    G: Array,
-    V: Array,
-    *,
-    alpha: ArrayLike,
-    beta: ArrayLike,
-    mode: str,
-    norm_coefficient: ArrayLike,
+  R: ArrayLike,
+  T: ArrayLike,
+  X: Array,
+  G: Array,
+  V: Array,
+  *,
+  alpha: ArrayLike,
+  beta: ArrayLike,
+  mode: str,
+  norm_coefficient: ArrayLike,
 ) -> tuple[Array, Array]:
   """ONNX ``Momentum`` (ai.onnx.preview.training, v1) on one tensor.
 
@@ -237,16 +249,22 @@ def momentum(
 
 # -- Adagrad -------------------------------------------------------------------------
 
+
 class AdagradScalars(NamedTuple):
   """The per-update scalars of ONNX ``Adagrad``."""
+
   r: Any
   epsilon: Any
   norm_coefficient: Any
 
 
 def adagrad_scalars(
-    R: ArrayLike, T: ArrayLike, *, decay_factor: ArrayLike, epsilon: ArrayLike,
-    norm_coefficient: ArrayLike,
+  R: ArrayLike,
+  T: ArrayLike,
+  *,
+  decay_factor: ArrayLike,
+  epsilon: ArrayLike,
+  norm_coefficient: ArrayLike,
 ) -> AdagradScalars:
   """``r = R / (1 + T * decay_factor)``, and the hyperparameters."""
   r = R / (1 + jnp.asarray(T) * decay_factor)
@@ -254,7 +272,10 @@ def adagrad_scalars(
 
 
 def adagrad_elementwise(
-    s: AdagradScalars, X: Array | None, G: Array, H: Array,
+  s: AdagradScalars,
+  X: Array | None,
+  G: Array,
+  H: Array,
 ) -> tuple[Array, Array]:
   """The element-wise part of ONNX ``Adagrad``::
 
@@ -274,15 +295,15 @@ def adagrad_elementwise(
 
 
 def adagrad(
-    R: ArrayLike,
-    T: ArrayLike,
-    X: Array,
-    G: Array,
-    H: Array,
-    *,
-    decay_factor: ArrayLike,
-    epsilon: ArrayLike,
-    norm_coefficient: ArrayLike,
+  R: ArrayLike,
+  T: ArrayLike,
+  X: Array,
+  G: Array,
+  H: Array,
+  *,
+  decay_factor: ArrayLike,
+  epsilon: ArrayLike,
+  norm_coefficient: ArrayLike,
 ) -> tuple[Array, Array]:
   """ONNX ``Adagrad`` (ai.onnx.preview.training, v1) on one tensor::
 
@@ -301,12 +322,14 @@ def adagrad(
 
 # -- ONNX Adam -----------------------------------------------------------------------
 
+
 class AdamScalars(NamedTuple):
   """The per-update scalars of ONNX ``Adam``.
 
   ``one_minus_post`` is None when ``norm_coefficient_post`` is the Python
   number 0: then ``X_final`` is ``X_new`` and the additive update is exact.
   """
+
   R_adjusted: Any
   alpha: Any
   beta: Any
@@ -318,8 +341,14 @@ class AdamScalars(NamedTuple):
 
 
 def adam_scalars(
-    R: ArrayLike, T: ArrayLike, *, alpha: ArrayLike, beta: ArrayLike, epsilon: ArrayLike,
-    norm_coefficient: ArrayLike, norm_coefficient_post: ArrayLike,
+  R: ArrayLike,
+  T: ArrayLike,
+  *,
+  alpha: ArrayLike,
+  beta: ArrayLike,
+  epsilon: ArrayLike,
+  norm_coefficient: ArrayLike,
+  norm_coefficient_post: ArrayLike,
 ) -> AdamScalars:
   """``R_adjusted = T > 0 ? R * Sqrt(1 - beta^T) / (1 - alpha^T) : R``, the decays' ``1 - alpha``,
   ``1 - beta``, ``1 - norm_coefficient_post``, and the hyperparameters."""
@@ -328,14 +357,20 @@ def adam_scalars(
   # would be 0/0, whose NaN poisons gradients taken through the `where`.
   T_positive = jnp.where(T > 0, T, 1)
   R_adjusted = jnp.where(
-      T > 0, R * jnp.sqrt(_one_minus_power(beta, T_positive)) / _one_minus_power(alpha, T_positive), R)
+    T > 0, R * jnp.sqrt(_one_minus_power(beta, T_positive)) / _one_minus_power(alpha, T_positive), R
+  )
   one_minus_post = None if _is_static_zero(norm_coefficient_post) else _one_minus(norm_coefficient_post)
-  return AdamScalars(R_adjusted, alpha, beta, _one_minus(alpha), _one_minus(beta), epsilon,
-                     norm_coefficient, one_minus_post)
+  return AdamScalars(
+    R_adjusted, alpha, beta, _one_minus(alpha), _one_minus(beta), epsilon, norm_coefficient, one_minus_post
+  )
 
 
 def adam_elementwise(
-    s: AdamScalars, X: Array | None, G: Array, V: Array, H: Array,
+  s: AdamScalars,
+  X: Array | None,
+  G: Array,
+  V: Array,
+  H: Array,
 ) -> tuple[Array, Array, Array]:
   """The element-wise part of ONNX ``Adam``::
 
@@ -362,18 +397,18 @@ def adam_elementwise(
 
 
 def adam(
-    R: ArrayLike,
-    T: ArrayLike,
-    X: Array,
-    G: Array,
-    V: Array,
-    H: Array,
-    *,
-    alpha: ArrayLike,
-    beta: ArrayLike,
-    epsilon: ArrayLike,
-    norm_coefficient: ArrayLike,
-    norm_coefficient_post: ArrayLike,
+  R: ArrayLike,
+  T: ArrayLike,
+  X: Array,
+  G: Array,
+  V: Array,
+  H: Array,
+  *,
+  alpha: ArrayLike,
+  beta: ArrayLike,
+  epsilon: ArrayLike,
+  norm_coefficient: ArrayLike,
+  norm_coefficient_post: ArrayLike,
 ) -> tuple[Array, Array, Array]:
   """ONNX ``Adam`` (ai.onnx.preview.training, v1) on one tensor::
 
@@ -398,15 +433,24 @@ def adam(
     lemma makes the subtraction exact), and is within one rounding of it
     otherwise.
   """
-  s = adam_scalars(R, T, alpha=alpha, beta=beta, epsilon=epsilon, norm_coefficient=norm_coefficient,
-                   norm_coefficient_post=norm_coefficient_post)
+  s = adam_scalars(
+    R,
+    T,
+    alpha=alpha,
+    beta=beta,
+    epsilon=epsilon,
+    norm_coefficient=norm_coefficient,
+    norm_coefficient_post=norm_coefficient_post,
+  )
   return adam_elementwise(like(s, X.dtype), X, G, V, H)
 
 
 # -- DirectML Adam -------------------------------------------------------------------
 
+
 class DirectMLAdamScalars(NamedTuple):
   """The per-update scalars of DirectML's Adam: ``LearningRate * Alpha`` and the decays."""
+
   step_size: Any
   beta1: Any
   beta2: Any
@@ -416,7 +460,12 @@ class DirectMLAdamScalars(NamedTuple):
 
 
 def directml_adam_scalars(
-    learning_rate: ArrayLike, T: ArrayLike, *, beta1: ArrayLike, beta2: ArrayLike, epsilon: ArrayLike,
+  learning_rate: ArrayLike,
+  T: ArrayLike,
+  *,
+  beta1: ArrayLike,
+  beta2: ArrayLike,
+  epsilon: ArrayLike,
 ) -> DirectMLAdamScalars:
   """``Alpha = sqrt(1 - Beta2^T) / (1 - Beta1^T)``, ``LearningRate * Alpha``, ``1 - Beta1``,
   ``1 - Beta2``, and the hyperparameters.
@@ -426,12 +475,17 @@ def directml_adam_scalars(
   """
   T = jnp.asarray(T)
   Alpha = jnp.sqrt(_one_minus_power(beta2, T)) / _one_minus_power(beta1, T)
-  return DirectMLAdamScalars(learning_rate * Alpha, beta1, beta2, _one_minus(beta1), _one_minus(beta2),
-                             epsilon)
+  return DirectMLAdamScalars(
+    learning_rate * Alpha, beta1, beta2, _one_minus(beta1), _one_minus(beta2), epsilon
+  )
 
 
 def directml_adam_elementwise(
-    s: DirectMLAdamScalars, X: Array | None, G: Array, M: Array, V: Array,
+  s: DirectMLAdamScalars,
+  X: Array | None,
+  G: Array,
+  M: Array,
+  V: Array,
 ) -> tuple[Array, Array, Array]:
   """The element-wise part of DirectML's Adam (``X`` is not read: no weight decay)::
 
@@ -448,16 +502,16 @@ def directml_adam_elementwise(
 
 
 def directml_adam(
-    X: Array,
-    M: Array,
-    V: Array,
-    G: Array,
-    T: ArrayLike,
-    *,
-    learning_rate: ArrayLike,
-    beta1: ArrayLike,
-    beta2: ArrayLike,
-    epsilon: ArrayLike,
+  X: Array,
+  M: Array,
+  V: Array,
+  G: Array,
+  T: ArrayLike,
+  *,
+  learning_rate: ArrayLike,
+  beta1: ArrayLike,
+  beta2: ArrayLike,
+  epsilon: ArrayLike,
 ) -> tuple[Array, Array, Array]:
   """DirectML ``DML_ADAM_OPTIMIZER_OPERATOR_DESC`` on one tensor.
 

@@ -49,14 +49,14 @@ from jax import Array
 from onnx_optax import _checks, rules
 
 __all__ = [
-    "AdagradState",
-    "AdamState",
-    "DirectMLAdamState",
-    "MomentumState",
-    "adagrad",
-    "adam",
-    "directml_adam",
-    "momentum",
+  "AdagradState",
+  "AdamState",
+  "DirectMLAdamState",
+  "MomentumState",
+  "adagrad",
+  "adam",
+  "directml_adam",
+  "momentum",
 ]
 
 ScalarOrSchedule: TypeAlias = float | Array | optax.Schedule
@@ -64,18 +64,21 @@ ScalarOrSchedule: TypeAlias = float | Array | optax.Schedule
 
 class MomentumState(NamedTuple):
   """State of :func:`momentum`: the update count ``T`` and the momentum ``V``."""
+
   count: Array  # type: ignore[assignment]  # shadows tuple.count, as in Optax's states
   v: optax.Updates
 
 
 class AdagradState(NamedTuple):
   """State of :func:`adagrad`: ``T`` and the accumulated squared gradient ``H``."""
+
   count: Array  # type: ignore[assignment]  # shadows tuple.count, as in Optax's states
   h: optax.Updates
 
 
 class AdamState(NamedTuple):
   """State of :func:`adam` (ONNX): ``T``, first moment ``V``, second moment ``H``."""
+
   count: Array  # type: ignore[assignment]  # shadows tuple.count, as in Optax's states
   v: optax.Updates
   h: optax.Updates
@@ -83,6 +86,7 @@ class AdamState(NamedTuple):
 
 class DirectMLAdamState(NamedTuple):
   """State of :func:`directml_adam`: training step ``T``, moments ``M`` and ``V``."""
+
   count: Array  # type: ignore[assignment]  # shadows tuple.count, as in Optax's states
   m: optax.Updates
   v: optax.Updates
@@ -92,16 +96,16 @@ _State: TypeAlias = MomentumState | AdagradState | AdamState | DirectMLAdamState
 
 
 def _transform(
-    scalars: Callable[..., tuple],
-    elementwise: Callable[..., tuple[Array, ...]],
-    state_cls: type[_State],
-    learning_rate: ScalarOrSchedule,
-    initial_count: int | Array,
-    state_dtype: Any,
-    *,
-    minimum_count: int,
-    read_params_for: tuple[Any, ...],
-    decays: dict[str, Any],
+  scalars: Callable[..., tuple],
+  elementwise: Callable[..., tuple[Array, ...]],
+  state_cls: type[_State],
+  learning_rate: ScalarOrSchedule,
+  initial_count: int | Array,
+  state_dtype: Any,
+  *,
+  minimum_count: int,
+  read_params_for: tuple[Any, ...],
+  decays: dict[str, Any],
 ) -> optax.GradientTransformationExtraArgs:
   """Maps a rule over the leaves of a pytree.
 
@@ -133,21 +137,24 @@ def _transform(
   def init_fn(params: optax.Params) -> NamedTuple:
     _checks.floating_leaves("params", params)
     _checks.decays_representable(decays, params, state_dtype)
+
     def zeros(p):
       # A fresh buffer per field and leaf: donated states must not alias.
       # zeros_like, not zeros(p.shape): the state inherits the parameter's
       # sharding (and, under explicit mesh axes, its sharded type).
       return jnp.zeros_like(p, dtype=state_dtype or p.dtype)
+
     return state_cls(
-        jnp.asarray(initial_count, jnp.int32),
-        *(jax.tree.map(zeros, params) for _ in range(n_state)))
+      jnp.asarray(initial_count, jnp.int32), *(jax.tree.map(zeros, params) for _ in range(n_state))
+    )
 
   def update_fn(updates, state, params=None, **extra_args):
     del extra_args  # The GradientTransformationExtraArgs protocol.
     if uses_params and params is None:
       raise ValueError(
-          "this transform has a non-zero norm_coefficient (or norm_coefficient_post) "
-          "and needs the parameters: call update(grads, state, params)")
+        "this transform has a non-zero norm_coefficient (or norm_coefficient_post) "
+        "and needs the parameters: call update(grads, state, params)"
+      )
     _checks.state(state_cls, state)
     trees = {f"state.{name}": tree for name, tree in zip(state_cls._fields[1:], state[1:])}
     if params is not None:
@@ -173,8 +180,10 @@ def _transform(
       new_updates.append(_cast(U, G.dtype))
       for out, s_new, s_old in zip(new_states, S_new, S):
         out.append(_cast(s_new, s_old.dtype))
-    return (treedef.unflatten(new_updates),
-            state_cls(optax.safe_increment(T), *(treedef.unflatten(t) for t in new_states)))
+    return (
+      treedef.unflatten(new_updates),
+      state_cls(optax.safe_increment(T), *(treedef.unflatten(t) for t in new_states)),
+    )
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
@@ -191,14 +200,14 @@ def _learning_rate(learning_rate: ScalarOrSchedule) -> ScalarOrSchedule:
 
 
 def momentum(
-    learning_rate: ScalarOrSchedule,
-    *,
-    alpha: float,
-    beta: float,
-    mode: str,
-    norm_coefficient: float,
-    initial_count: int = 0,
-    state_dtype: Any = None,
+  learning_rate: ScalarOrSchedule,
+  *,
+  alpha: float,
+  beta: float,
+  mode: str,
+  norm_coefficient: float,
+  initial_count: int = 0,
+  state_dtype: Any = None,
 ) -> optax.GradientTransformationExtraArgs:
   """ONNX ``Momentum``: SGD with momentum, standard or Nesterov.
 
@@ -248,9 +257,10 @@ def momentum(
   if mode not in rules.MODES:
     raise ValueError(f"mode must be one of {rules.MODES}, got {mode!r}")
   hyper = dict(
-      alpha=_checks.hyperparameter("alpha", alpha),
-      beta=_checks.hyperparameter("beta", beta),
-      norm_coefficient=_checks.hyperparameter("norm_coefficient", norm_coefficient))
+    alpha=_checks.hyperparameter("alpha", alpha),
+    beta=_checks.hyperparameter("beta", beta),
+    norm_coefficient=_checks.hyperparameter("norm_coefficient", norm_coefficient),
+  )
 
   # Looked up in `rules` at each update, not bound here: a test may replace a part.
   def scalars(R, T):
@@ -260,18 +270,26 @@ def momentum(
     return rules.momentum_elementwise(s, X, G, V, mode=mode)
 
   return _transform(
-      scalars, elementwise, MomentumState, learning_rate, initial_count, state_dtype, minimum_count=0,
-      read_params_for=(norm_coefficient,), decays={"alpha": hyper["alpha"]})
+    scalars,
+    elementwise,
+    MomentumState,
+    learning_rate,
+    initial_count,
+    state_dtype,
+    minimum_count=0,
+    read_params_for=(norm_coefficient,),
+    decays={"alpha": hyper["alpha"]},
+  )
 
 
 def adagrad(
-    learning_rate: ScalarOrSchedule,
-    *,
-    decay_factor: float = 0.0,
-    epsilon: float = 1e-6,
-    norm_coefficient: float = 0.0,
-    initial_count: int = 0,
-    state_dtype: Any = None,
+  learning_rate: ScalarOrSchedule,
+  *,
+  decay_factor: float = 0.0,
+  epsilon: float = 1e-6,
+  norm_coefficient: float = 0.0,
+  initial_count: int = 0,
+  state_dtype: Any = None,
 ) -> optax.GradientTransformationExtraArgs:
   """ONNX ``Adagrad``: Adagrad with learning-rate decay and L2 regularization.
 
@@ -319,9 +337,10 @@ def adagrad(
     Array([0.9, 2.1], dtype=float32)
   """
   hyper = dict(
-      decay_factor=_checks.hyperparameter("decay_factor", decay_factor, minimum=0.0),
-      epsilon=_checks.hyperparameter("epsilon", epsilon, minimum=0.0),
-      norm_coefficient=_checks.hyperparameter("norm_coefficient", norm_coefficient))
+    decay_factor=_checks.hyperparameter("decay_factor", decay_factor, minimum=0.0),
+    epsilon=_checks.hyperparameter("epsilon", epsilon, minimum=0.0),
+    norm_coefficient=_checks.hyperparameter("norm_coefficient", norm_coefficient),
+  )
 
   def scalars(R, T):
     return rules.adagrad_scalars(R, T, **hyper)
@@ -330,20 +349,28 @@ def adagrad(
     return rules.adagrad_elementwise(s, X, G, H)
 
   return _transform(
-      scalars, elementwise, AdagradState, learning_rate, initial_count, state_dtype, minimum_count=0,
-      read_params_for=(norm_coefficient,), decays={})
+    scalars,
+    elementwise,
+    AdagradState,
+    learning_rate,
+    initial_count,
+    state_dtype,
+    minimum_count=0,
+    read_params_for=(norm_coefficient,),
+    decays={},
+  )
 
 
 def adam(
-    learning_rate: ScalarOrSchedule,
-    *,
-    alpha: float = 0.9,
-    beta: float = 0.999,
-    epsilon: float = 1e-6,
-    norm_coefficient: float = 0.0,
-    norm_coefficient_post: float = 0.0,
-    initial_count: int = 0,
-    state_dtype: Any = None,
+  learning_rate: ScalarOrSchedule,
+  *,
+  alpha: float = 0.9,
+  beta: float = 0.999,
+  epsilon: float = 1e-6,
+  norm_coefficient: float = 0.0,
+  norm_coefficient_post: float = 0.0,
+  initial_count: int = 0,
+  state_dtype: Any = None,
 ) -> optax.GradientTransformationExtraArgs:
   """ONNX ``Adam`` (ai.onnx.preview.training, v1) as an Optax transform.
 
@@ -391,11 +418,12 @@ def adam(
     Array([0.9, 2.1], dtype=float32)
   """
   hyper = dict(
-      alpha=_checks.hyperparameter("alpha", alpha, minimum=0.0, maximum=1.0, maximum_exclusive=True),
-      beta=_checks.hyperparameter("beta", beta, minimum=0.0, maximum=1.0),
-      epsilon=_checks.hyperparameter("epsilon", epsilon, minimum=0.0),
-      norm_coefficient=_checks.hyperparameter("norm_coefficient", norm_coefficient),
-      norm_coefficient_post=_checks.hyperparameter("norm_coefficient_post", norm_coefficient_post))
+    alpha=_checks.hyperparameter("alpha", alpha, minimum=0.0, maximum=1.0, maximum_exclusive=True),
+    beta=_checks.hyperparameter("beta", beta, minimum=0.0, maximum=1.0),
+    epsilon=_checks.hyperparameter("epsilon", epsilon, minimum=0.0),
+    norm_coefficient=_checks.hyperparameter("norm_coefficient", norm_coefficient),
+    norm_coefficient_post=_checks.hyperparameter("norm_coefficient_post", norm_coefficient_post),
+  )
 
   def scalars(R, T):
     return rules.adam_scalars(R, T, **hyper)
@@ -404,19 +432,26 @@ def adam(
     return rules.adam_elementwise(s, X, G, V, H)
 
   return _transform(
-      scalars, elementwise, AdamState, learning_rate, initial_count, state_dtype, minimum_count=0,
-      read_params_for=(norm_coefficient, norm_coefficient_post),
-      decays={"alpha": hyper["alpha"], "beta": hyper["beta"]})
+    scalars,
+    elementwise,
+    AdamState,
+    learning_rate,
+    initial_count,
+    state_dtype,
+    minimum_count=0,
+    read_params_for=(norm_coefficient, norm_coefficient_post),
+    decays={"alpha": hyper["alpha"], "beta": hyper["beta"]},
+  )
 
 
 def directml_adam(
-    learning_rate: ScalarOrSchedule,
-    *,
-    beta1: float = 0.9,
-    beta2: float = 0.999,
-    epsilon: float = 1e-8,
-    initial_count: int = 1,
-    state_dtype: Any = None,
+  learning_rate: ScalarOrSchedule,
+  *,
+  beta1: float = 0.9,
+  beta2: float = 0.999,
+  epsilon: float = 1e-8,
+  initial_count: int = 1,
+  state_dtype: Any = None,
 ) -> optax.GradientTransformationExtraArgs:
   """DirectML ``DML_ADAM_OPTIMIZER_OPERATOR_DESC`` as an Optax transform.
 
@@ -459,9 +494,10 @@ def directml_adam(
     Array([0.9, 2.1], dtype=float32)
   """
   hyper = dict(
-      beta1=_checks.hyperparameter("beta1", beta1, minimum=0.0, maximum=1.0, maximum_exclusive=True),
-      beta2=_checks.hyperparameter("beta2", beta2, minimum=0.0, maximum=1.0),
-      epsilon=_checks.hyperparameter("epsilon", epsilon, minimum=0.0))
+    beta1=_checks.hyperparameter("beta1", beta1, minimum=0.0, maximum=1.0, maximum_exclusive=True),
+    beta2=_checks.hyperparameter("beta2", beta2, minimum=0.0, maximum=1.0),
+    epsilon=_checks.hyperparameter("epsilon", epsilon, minimum=0.0),
+  )
 
   def scalars(R, T):
     return rules.directml_adam_scalars(R, T, **hyper)
@@ -470,5 +506,13 @@ def directml_adam(
     return rules.directml_adam_elementwise(s, X, G, M, V)
 
   return _transform(
-      scalars, elementwise, DirectMLAdamState, learning_rate, initial_count, state_dtype, minimum_count=1,
-      read_params_for=(), decays={"beta1": hyper["beta1"], "beta2": hyper["beta2"]})
+    scalars,
+    elementwise,
+    DirectMLAdamState,
+    learning_rate,
+    initial_count,
+    state_dtype,
+    minimum_count=1,
+    read_params_for=(),
+    decays={"beta1": hyper["beta1"], "beta2": hyper["beta2"]},
+  )

@@ -7,7 +7,8 @@ norm_coefficient_post > 0. (test_numerics uses realistic defaults instead.)
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -15,31 +16,55 @@ import onnx_optax
 
 
 class RuleConfig(NamedTuple):
-  rule: str            # the key of onnx_optax.reference.RULES
+  rule: str  # the key of onnx_optax.reference.RULES
   make: Callable[..., Any]
   state_cls: type
   hyper: dict[str, Any]
   learning_rate: float
-  sweep: str           # a second hyperparameter to sweep, besides the learning rate
+  sweep: str  # a second hyperparameter to sweep, besides the learning rate
 
 
 RULE_CONFIGS = {
-    "momentum_standard": RuleConfig(
-        "momentum", onnx_optax.momentum, onnx_optax.MomentumState,
-        dict(alpha=0.9, beta=0.7, mode="standard", norm_coefficient=0.05), 0.05, "alpha"),
-    "momentum_nesterov": RuleConfig(
-        "momentum", onnx_optax.momentum, onnx_optax.MomentumState,
-        dict(alpha=0.8, beta=0.6, mode="nesterov", norm_coefficient=0.05), 0.05, "beta"),
-    "adagrad": RuleConfig(
-        "adagrad", onnx_optax.adagrad, onnx_optax.AdagradState,
-        dict(decay_factor=0.2, epsilon=0.5, norm_coefficient=0.05), 0.3, "decay_factor"),
-    "adam": RuleConfig(
-        "adam", onnx_optax.adam, onnx_optax.AdamState,
-        dict(alpha=0.85, beta=0.95, epsilon=0.3, norm_coefficient=0.05, norm_coefficient_post=0.01),
-        0.05, "beta"),
-    "directml_adam": RuleConfig(
-        "directml_adam", onnx_optax.directml_adam, onnx_optax.DirectMLAdamState,
-        dict(beta1=0.85, beta2=0.95, epsilon=0.3), 0.05, "beta1"),
+  "momentum_standard": RuleConfig(
+    "momentum",
+    onnx_optax.momentum,
+    onnx_optax.MomentumState,
+    dict(alpha=0.9, beta=0.7, mode="standard", norm_coefficient=0.05),
+    0.05,
+    "alpha",
+  ),
+  "momentum_nesterov": RuleConfig(
+    "momentum",
+    onnx_optax.momentum,
+    onnx_optax.MomentumState,
+    dict(alpha=0.8, beta=0.6, mode="nesterov", norm_coefficient=0.05),
+    0.05,
+    "beta",
+  ),
+  "adagrad": RuleConfig(
+    "adagrad",
+    onnx_optax.adagrad,
+    onnx_optax.AdagradState,
+    dict(decay_factor=0.2, epsilon=0.5, norm_coefficient=0.05),
+    0.3,
+    "decay_factor",
+  ),
+  "adam": RuleConfig(
+    "adam",
+    onnx_optax.adam,
+    onnx_optax.AdamState,
+    dict(alpha=0.85, beta=0.95, epsilon=0.3, norm_coefficient=0.05, norm_coefficient_post=0.01),
+    0.05,
+    "beta",
+  ),
+  "directml_adam": RuleConfig(
+    "directml_adam",
+    onnx_optax.directml_adam,
+    onnx_optax.DirectMLAdamState,
+    dict(beta1=0.85, beta2=0.95, epsilon=0.3),
+    0.05,
+    "beta1",
+  ),
 }
 
 
@@ -97,8 +122,9 @@ def feedback_gain(rule: str, hyper: dict[str, Any], learning_rate: float, T0: in
   return 2 * R * correction * c / eps
 
 
-def trajectory_tolerances(rule: str, hypers: Any, learning_rate: float, X0: Any, xs: Any, u: float,
-                          T0: int | None = None) -> list[float]:
+def trajectory_tolerances(
+  rule: str, hypers: Any, learning_rate: float, X0: Any, xs: Any, u: float, T0: int | None = None
+) -> list[float]:
   """``tol[k]``: a bound on ``max |x_k - x_ref_k|`` after update ``k`` of a run.
 
   Args:
@@ -140,8 +166,11 @@ def trajectory_tolerances(rule: str, hypers: Any, learning_rate: float, X0: Any,
   T0 = first_count(rule) if T0 is None else T0
   steps = len(xs)
   L = max(feedback_gain(rule, h, learning_rate, T0, steps) for h in hypers)
-  alphas = [float(h.get("alpha" if rule == "adam" else "beta1", 0.0)) for h in hypers
-            if rule in ("adam", "directml_adam")]
+  alphas = [
+    float(h.get("alpha" if rule == "adam" else "beta1", 0.0))
+    for h in hypers
+    if rule in ("adam", "directml_adam")
+  ]
   A = 1 / (1 - max(alphas)) if alphas else 1.0
   previous = [np.asarray(x, np.float64) for x in X0]
   total, M, out = 0.0, 0.0, []

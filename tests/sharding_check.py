@@ -26,6 +26,7 @@ Prints one ``ok`` line per check and exits non-zero on the first failure.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
@@ -35,6 +36,7 @@ COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "coll
 
 def _configs():
   from rule_configs import RULE_CONFIGS
+
   return {k: (c.make, c.hyper) for k, c in RULE_CONFIGS.items()}
 
 
@@ -62,12 +64,17 @@ def main() -> int:
 
   def same_sharding(tree, params, what):
     for (path, leaf), p in zip(jax.tree_util.tree_flatten_with_path(tree)[0], jax.tree.leaves(params)):
-      check(leaf.sharding.is_equivalent_to(p.sharding, p.ndim),
-            f"{what}{jax.tree_util.keystr(path)} is {leaf.sharding}, the parameter is {p.sharding}")
+      check(
+        leaf.sharding.is_equivalent_to(p.sharding, p.ndim),
+        f"{what}{jax.tree_util.keystr(path)} is {leaf.sharding}, the parameter is {p.sharding}",
+      )
 
   def state_fields(state, injected):
     inner = state.inner_state if injected else state
     return list(inner[1:])  # the per-parameter trees, after the count
+
+  def put_on(mesh, tree):
+    return {k: jax.device_put(v, NamedSharding(mesh, specs[k])) for k, v in tree.items()}
 
   def collectives(hlo):
     return sorted({c for c in COLLECTIVES if re.search(rf"\b{c}(-start)?\(", hlo)})
@@ -80,58 +87,67 @@ def main() -> int:
   check(summed, "the collective detector found nothing in a sharded sum")
   print(f"ok detector: a sharded sum compiles to {summed}")
 
+  def check_config(opt, label, injected):
+    # Auto axes.
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    put = functools.partial(put_on, mesh)
+    params, grads = put(values), put(grad_values)
+    state = opt.init(params)
+    for field in state_fields(state, injected):
+      same_sharding(field, params, "init state")
+
+    def step(g, s, p):
+      u, s = opt.update(g, s, p)
+      return optax.apply_updates(p, u), u, s
+
+    jitted = jax.jit(step)
+    hlo = jitted.lower(grads, state, params).compile().as_text()
+    found = collectives(hlo)
+    check(not found, f"compiled step contains collectives {found}")
+    p, s = params, state
+    for _ in range(3):
+      p, u, s = jitted(grads, s, p)
+    same_sharding(p, params, "new params")
+    same_sharding(u, params, "updates")
+    for field in state_fields(s, injected):
+      same_sharding(field, params, "updated state")
+    print(f"ok auto {label}: state and updates sharded like the params, no collective")
+
+    # Explicit axes.
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    with jax.set_mesh(mesh):
+      put = functools.partial(put_on, mesh)
+      params, grads = put(values), put(grad_values)
+      param_types = jax.tree.map(jax.typeof, params)
+      eager = opt.init(params)
+      from_jit = jax.jit(opt.init)(params)
+      types = jax.tree.map(jax.typeof, eager)
+      check(
+        jax.tree.map(jax.typeof, from_jit) == types,
+        f"jit(init) types {jax.tree.map(jax.typeof, from_jit)} != init types {types}",
+      )
+      for field in state_fields(eager, injected):
+        check(
+          jax.tree.map(jax.typeof, field) == param_types,
+          f"init state types {jax.tree.map(jax.typeof, field)} != parameter types {param_types}",
+        )
+      p, _, s = jax.jit(step)(grads, eager, params)
+      check(
+        jax.tree.map(jax.typeof, s) == types,
+        f"state types after update {jax.tree.map(jax.typeof, s)} != after init {types}",
+      )
+      # So the state is a valid scan carry.
+      body = lambda c, _: (step(grads, c[1], c[0])[::2], None)
+      jax.jit(lambda c: jax.lax.scan(body, c, length=3))((params, eager))
+    print(f"ok explicit {label}: state types after init == after update == param types {param_types}")
+
   failures = 0
   for name, (make, hyper) in _configs().items():
     for injected in (False, True):
       label = f"{name} {'injected' if injected else 'plain'}"
       opt = (optax.inject_hyperparams(make) if injected else make)(0.05, **hyper)
       try:
-        # Auto axes.
-        mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
-        put = lambda tree: {k: jax.device_put(v, NamedSharding(mesh, specs[k])) for k, v in tree.items()}
-        params, grads = put(values), put(grad_values)
-        state = opt.init(params)
-        for field in state_fields(state, injected):
-          same_sharding(field, params, "init state")
-
-        def step(g, s, p):
-          u, s = opt.update(g, s, p)
-          return optax.apply_updates(p, u), u, s
-
-        jitted = jax.jit(step)
-        hlo = jitted.lower(grads, state, params).compile().as_text()
-        found = collectives(hlo)
-        check(not found, f"compiled step contains collectives {found}")
-        p, s = params, state
-        for _ in range(3):
-          p, u, s = jitted(grads, s, p)
-        same_sharding(p, params, "new params")
-        same_sharding(u, params, "updates")
-        for field in state_fields(s, injected):
-          same_sharding(field, params, "updated state")
-        print(f"ok auto {label}: state and updates sharded like the params, no collective")
-
-        # Explicit axes.
-        mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
-        with jax.set_mesh(mesh):
-          put = lambda tree: {k: jax.device_put(v, NamedSharding(mesh, specs[k])) for k, v in tree.items()}
-          params, grads = put(values), put(grad_values)
-          param_types = jax.tree.map(jax.typeof, params)
-          eager = opt.init(params)
-          from_jit = jax.jit(opt.init)(params)
-          types = jax.tree.map(jax.typeof, eager)
-          check(jax.tree.map(jax.typeof, from_jit) == types,
-                f"jit(init) types {jax.tree.map(jax.typeof, from_jit)} != init types {types}")
-          for field in state_fields(eager, injected):
-            check(jax.tree.map(jax.typeof, field) == param_types,
-                  f"init state types {jax.tree.map(jax.typeof, field)} != parameter types {param_types}")
-          p, _, s = jax.jit(step)(grads, eager, params)
-          check(jax.tree.map(jax.typeof, s) == types,
-                f"state types after update {jax.tree.map(jax.typeof, s)} != after init {types}")
-          # So the state is a valid scan carry.
-          body = lambda c, _: (step(grads, c[1], c[0])[::2], None)
-          jax.jit(lambda c: jax.lax.scan(body, c, length=3))((params, eager))
-        print(f"ok explicit {label}: state types after init == after update == param types {param_types}")
+        check_config(opt, label, injected)
       except Exception as e:  # report every configuration, then fail
         failures += 1
         print(f"FAIL {label}: {type(e).__name__}: {e}")

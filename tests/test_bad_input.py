@@ -26,10 +26,10 @@ MOMENTUM = dict(alpha=0.9, beta=0.9, mode="standard", norm_coefficient=0.0)
 
 # name -> (constructor, required keyword arguments)
 MAKERS = {
-    "momentum": (onnx_optax.momentum, MOMENTUM),
-    "adagrad": (onnx_optax.adagrad, {}),
-    "adam": (onnx_optax.adam, {}),
-    "directml_adam": (onnx_optax.directml_adam, {}),
+  "momentum": (onnx_optax.momentum, MOMENTUM),
+  "adagrad": (onnx_optax.adagrad, {}),
+  "adam": (onnx_optax.adam, {}),
+  "directml_adam": (onnx_optax.directml_adam, {}),
 }
 NAMES = sorted(MAKERS)
 
@@ -57,7 +57,9 @@ def test_unknown_mode():
     onnx_optax.momentum(0.1, **{**MOMENTUM, "mode": 1})
 
 
-@pytest.mark.parametrize("name,argument,value", [
+@pytest.mark.parametrize(
+  "name,argument,value",
+  [
     # Adam's bias correction divides by 1 - alpha^T: zero for alpha = 1.
     ("adam", "alpha", 1.0),
     ("directml_adam", "beta1", 1.0),
@@ -75,7 +77,8 @@ def test_unknown_mode():
     ("adagrad", "epsilon", -1e-6),
     ("adam", "epsilon", -1e-6),
     ("directml_adam", "epsilon", -1e-8),
-])
+  ],
+)
 def test_decay_rates_that_divide_by_zero_or_root_a_negative(name, argument, value):
   with _raises(ValueError, argument, str(value)):
     _make(name, **{argument: value})
@@ -93,16 +96,26 @@ def test_non_finite_hyperparameter(name, value):
 
 
 @pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize("value", [
-    "0.1", None, True, 1 + 2j, [0.1], np.array([0.1, 0.2]), np.array([0.1]),
-    np.array(True), jnp.array(0.1 + 0j), object()],
-    ids=["str", "None", "bool", "complex", "list", "vector", "shape1", "bool_array",
-         "complex_array", "object"])
+@pytest.mark.parametrize(
+  "value",
+  [
+    "0.1",
+    None,
+    True,
+    1 + 2j,
+    [0.1],
+    np.array([0.1, 0.2]),
+    np.array([0.1]),
+    np.array(True),
+    jnp.array(0.1 + 0j),
+    object(),
+  ],
+  ids=["str", "None", "bool", "complex", "list", "vector", "shape1", "bool_array", "complex_array", "object"],
+)
 def test_hyperparameter_of_the_wrong_type(name, value):
   with _raises(TypeError, "learning_rate"):
     _make(name, lr=value)
-  argument = {"momentum": "alpha", "adagrad": "epsilon", "adam": "beta",
-              "directml_adam": "beta2"}[name]
+  argument = {"momentum": "alpha", "adagrad": "epsilon", "adam": "beta", "directml_adam": "beta2"}[name]
   with _raises(TypeError, argument):
     _make(name, **{argument: value})
 
@@ -230,9 +243,15 @@ def test_state_of_another_kind(name):
     opt.update(grads, bad, params)
 
 
-@pytest.mark.parametrize("name,argument", [
-    ("momentum", "norm_coefficient"), ("adagrad", "norm_coefficient"),
-    ("adam", "norm_coefficient"), ("adam", "norm_coefficient_post")])
+@pytest.mark.parametrize(
+  "name,argument",
+  [
+    ("momentum", "norm_coefficient"),
+    ("adagrad", "norm_coefficient"),
+    ("adam", "norm_coefficient"),
+    ("adam", "norm_coefficient_post"),
+  ],
+)
 def test_norm_coefficient_without_params(name, argument):
   opt, params, state = _setup(name, **{argument: 0.01})
   grads = jax.tree.map(jnp.ones_like, params)
@@ -268,9 +287,15 @@ def test_errors_come_before_any_computation_and_inputs_are_untouched(name):
 # Traced hyperparameters are left alone
 
 
-@pytest.mark.parametrize("name,argument,bad", [
-    ("adam", "alpha", 1.0), ("directml_adam", "beta1", 1.0), ("adagrad", "decay_factor", -0.5),
-    ("momentum", "alpha", float("nan"))])
+@pytest.mark.parametrize(
+  "name,argument,bad",
+  [
+    ("adam", "alpha", 1.0),
+    ("directml_adam", "beta1", 1.0),
+    ("adagrad", "decay_factor", -0.5),
+    ("momentum", "alpha", float("nan")),
+  ],
+)
 def test_injected_hyperparameters_checked_when_concrete_not_when_traced(name, argument, bad):
   make, required = MAKERS[name]
   opt = optax.inject_hyperparams(make)(0.1, **required)
@@ -288,10 +313,10 @@ def test_injected_hyperparameters_checked_when_concrete_not_when_traced(name, ar
 # Every hyperparameter of each rule, with the defaults of the ONNX schemas
 # (the README's table) where MAKERS leaves them out: what the reference needs.
 REFERENCE_HYPER = {
-    "momentum": MOMENTUM,
-    "adagrad": dict(decay_factor=0.0, epsilon=1e-6, norm_coefficient=0.0),
-    "adam": dict(alpha=0.9, beta=0.999, epsilon=1e-6, norm_coefficient=0.0, norm_coefficient_post=0.0),
-    "directml_adam": dict(beta1=0.9, beta2=0.999, epsilon=1e-8),
+  "momentum": MOMENTUM,
+  "adagrad": dict(decay_factor=0.0, epsilon=1e-6, norm_coefficient=0.0),
+  "adam": dict(alpha=0.9, beta=0.999, epsilon=1e-6, norm_coefficient=0.0, norm_coefficient_post=0.0),
+  "directml_adam": dict(beta1=0.9, beta2=0.999, epsilon=1e-8),
 }
 
 
@@ -306,8 +331,7 @@ def test_vmap_over_hyperparameters(name):
   rules, whose first moment rounds relative to ``G``, not ``(1 - alpha) G``.
   """
   make, required = MAKERS[name]
-  argument = {"momentum": "beta", "adagrad": "decay_factor", "adam": "beta",
-              "directml_adam": "beta2"}[name]
+  argument = {"momentum": "beta", "adagrad": "decay_factor", "adam": "beta", "directml_adam": "beta2"}[name]
   params = {"w": jnp.ones(3)}
   grads = {"w": jnp.array([0.5, -1.0, 2.0])}
 
@@ -323,8 +347,10 @@ def test_vmap_over_hyperparameters(name):
   step, n_state = reference.RULES[name]
   X, G = np.ones(3), np.asarray(grads["w"], np.float64)
   for i in range(2):
-    hyper = {k: (v if isinstance(v, str) else float(np.float32(v)))
-             for k, v in {**REFERENCE_HYPER[name], argument: float(values[i])}.items()}
+    hyper = {
+      k: (v if isinstance(v, str) else float(np.float32(v)))
+      for k, v in {**REFERENCE_HYPER[name], argument: float(values[i])}.items()
+    }
     R, T = float(lrs[i]), 1 if name == "directml_adam" else 0
     S = [np.zeros(3)] * n_state
     for k in range(2):  # the parameters stay at X: only the state moves

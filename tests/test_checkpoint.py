@@ -22,12 +22,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-
-import onnx_optax
 from rule_configs import RULE_CONFIGS
 
 ocp = pytest.importorskip(
-    "orbax.checkpoint", reason="orbax-checkpoint is in the test extra: pip install onnx_optax[test]")
+  "orbax.checkpoint", reason="orbax-checkpoint is in the test extra: pip install onnx_optax[test]"
+)
 
 CONFIGS = {k: (c.make, c.hyper) for k, c in RULE_CONFIGS.items()}
 STEPS, K = 12, 5
@@ -41,10 +40,13 @@ def _setup(config, injected):
   opt = factory(schedule, **hyper, state_dtype=jnp.float32)
   rng = np.random.default_rng(0)
   # A bfloat16 leaf with a float32 state: the checkpoint must keep both dtypes.
-  params = {"w": jnp.asarray(rng.normal(size=(4, 3)), jnp.bfloat16),
-            "b": jnp.asarray(rng.normal(size=(3,)), jnp.float32)}
-  grads = [jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), p.dtype), params)
-           for _ in range(STEPS)]
+  params = {
+    "w": jnp.asarray(rng.normal(size=(4, 3)), jnp.bfloat16),
+    "b": jnp.asarray(rng.normal(size=(3,)), jnp.float32),
+  }
+  grads = [
+    jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), p.dtype), params) for _ in range(STEPS)
+  ]
 
   @jax.jit
   def step(p, s, g):
@@ -58,8 +60,10 @@ def _assert_bitwise(a, b):
   assert jax.tree.structure(a) == jax.tree.structure(b)
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     assert x.dtype == y.dtype and x.shape == y.shape
-    np.testing.assert_array_equal(np.asarray(x, np.float64) if x.dtype == jnp.bfloat16 else np.asarray(x),
-                                  np.asarray(y, np.float64) if y.dtype == jnp.bfloat16 else np.asarray(y))
+    np.testing.assert_array_equal(
+      np.asarray(x, np.float64) if x.dtype == jnp.bfloat16 else np.asarray(x),
+      np.asarray(y, np.float64) if y.dtype == jnp.bfloat16 else np.asarray(y),
+    )
 
 
 @pytest.mark.parametrize("injected", [False, True], ids=["plain", "injected"])

@@ -78,14 +78,17 @@ def test_one_call_equals_the_transforms_first_update():
   np.testing.assert_array_equal(state.v, V_new)
 
 
-@pytest.mark.parametrize("step, error, match", [
+@pytest.mark.parametrize(
+  "step, error, match",
+  [
     (0, ValueError, "training_step must be >= 1, got 0.*0/0"),
     (np.uint32(0), ValueError, "training_step must be >= 1"),
     (-3, ValueError, "training_step must be >= 1"),
     (np.float32(1), TypeError, "training_step must be an integer scalar"),
     (np.ones((1, 2), np.uint32), TypeError, "training_step must be an integer scalar"),
     (True, TypeError, "training_step must be an integer scalar"),
-])
+  ],
+)
 def test_bad_training_step(step, error, match):
   X, M, V, G = _inputs((3,), np.float32, np.random.default_rng(3))
   with pytest.raises(error, match=match):

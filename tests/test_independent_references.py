@@ -50,9 +50,9 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from rule_configs import trajectory_tolerances  # noqa: E402
 
 import onnx_optax  # noqa: E402
-from rule_configs import trajectory_tolerances  # noqa: E402
 
 STEPS = 100
 N = 12
@@ -99,8 +99,9 @@ def _torch(make, X0, grads):
 def _keras(make, X0, grads):
   """The float64 trajectory of a Keras 3 optimizer (JAX backend) on the same gradients."""
   assert keras.backend.backend() == "jax", (
-      f"this test needs Keras's JAX backend, KERAS_BACKEND={os.environ.get('KERAS_BACKEND')!r} "
-      f"selected {keras.backend.backend()!r}")
+    f"this test needs Keras's JAX backend, KERAS_BACKEND={os.environ.get('KERAS_BACKEND')!r} "
+    f"selected {keras.backend.backend()!r}"
+  )
   with jax.enable_x64(True):
     variable = keras.Variable(np.asarray(X0, np.float64), dtype="float64")
     opt = make()
@@ -127,13 +128,15 @@ def _check(rule, hyper, lr, T0, X0, grads, make_ours, theirs):
   # Both runs move: the comparison is not between two standing parameters.
   assert np.abs(theirs[-1] - np.asarray(X0, np.float64)).max() > 100 * tol32[-1]
   bad64 = np.flatnonzero(err64 > 2 * tol64)
-  assert bad64.size == 0, (f"float64 step {bad64[0]}: {err64[bad64[0]]:.3e} > {2 * tol64[bad64[0]]:.3e}")
+  assert bad64.size == 0, f"float64 step {bad64[0]}: {err64[bad64[0]]:.3e} > {2 * tol64[bad64[0]]:.3e}"
   bad32 = np.flatnonzero(err32 > tol32 + tol64)
-  assert bad32.size == 0, (f"float32 step {bad32[0]}: {err32[bad32[0]]:.3e} > {tol32[bad32[0]]:.3e}")
+  assert bad32.size == 0, f"float32 step {bad32[0]}: {err32[bad32[0]]:.3e} > {tol32[bad32[0]]:.3e}"
   if VERBOSE:
-    print(f"{rule:14s} {hyper}: float64 max|diff| {err64.max():.1e}, bound {2 * tol64[-1]:.1e}; "
-          f"float32 max|diff| {err32.max():.1e}, bound {tol32[-1]:.1e}; worst step at "
-          f"{(err32 / (tol32 + tol64)).max():.2f} of its bound; moved {np.abs(theirs[-1] - X0).max():.2f}")
+    print(
+      f"{rule:14s} {hyper}: float64 max|diff| {err64.max():.1e}, bound {2 * tol64[-1]:.1e}; "
+      f"float32 max|diff| {err32.max():.1e}, bound {tol32[-1]:.1e}; worst step at "
+      f"{(err32 / (tol32 + tol64)).max():.2f} of its bound; moved {np.abs(theirs[-1] - X0).max():.2f}"
+    )
 
 
 # ----------------------------------------------------------------------------
@@ -145,16 +148,20 @@ def test_momentum_is_torch_sgd_with_dampening(mode, beta):
   R, alpha, c = 2.0**-5, 0.875, 2.0**-6
   X0, grads = _inputs(1)
   hyper = dict(alpha=alpha, beta=beta, mode=mode, norm_coefficient=c)
-  theirs = _torch(lambda p: torch.optim.SGD(p, lr=R, momentum=alpha, dampening=1 - beta,
-                                            weight_decay=c, nesterov=mode == "nesterov"), X0, grads)
+  theirs = _torch(
+    lambda p: torch.optim.SGD(
+      p, lr=R, momentum=alpha, dampening=1 - beta, weight_decay=c, nesterov=mode == "nesterov"
+    ),
+    X0,
+    grads,
+  )
   _check("momentum", hyper, R, 0, X0, grads, lambda: onnx_optax.momentum(R, **hyper), theirs)
 
 
 def test_torch_refuses_nesterov_with_dampening():
   """Why Nesterov is compared at beta = 1 only: torch has no damped Nesterov."""
   with pytest.raises(ValueError, match="dampening"):
-    torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1, momentum=0.9, dampening=0.25,
-                    nesterov=True)
+    torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1, momentum=0.9, dampening=0.25, nesterov=True)
 
 
 # ----------------------------------------------------------------------------
@@ -166,8 +173,13 @@ def test_adagrad_is_torch_adagrad_with_lr_decay(decay_factor, c):
   R, eps = 2.0**-4, 0.25
   X0, grads = _inputs(2)
   hyper = dict(decay_factor=decay_factor, epsilon=eps, norm_coefficient=c)
-  theirs = _torch(lambda p: torch.optim.Adagrad(p, lr=R, lr_decay=decay_factor, eps=eps, weight_decay=c,
-                                                initial_accumulator_value=0), X0, grads)
+  theirs = _torch(
+    lambda p: torch.optim.Adagrad(
+      p, lr=R, lr_decay=decay_factor, eps=eps, weight_decay=c, initial_accumulator_value=0
+    ),
+    X0,
+    grads,
+  )
   _check("adagrad", hyper, R, 0, X0, grads, lambda: onnx_optax.adagrad(R, **hyper), theirs)
 
 
@@ -175,15 +187,18 @@ def test_adagrad_is_torch_adagrad_with_lr_decay(decay_factor, c):
 # DirectML Adam = Keras 3 Adam = ONNX Adam from T = 1
 
 
-ADAM = [(2.0**-7, 0.875, 1 - 2.0**-7, 2.0**-10),   # epsilon small next to sqrt(v)
-        (2.0**-5, 0.5, 0.75, 0.25)]                # epsilon comparable to sqrt(v)
+ADAM = [
+  (2.0**-7, 0.875, 1 - 2.0**-7, 2.0**-10),  # epsilon small next to sqrt(v)
+  (2.0**-5, 0.5, 0.75, 0.25),
+]  # epsilon comparable to sqrt(v)
 
 
 @pytest.mark.parametrize("lr,beta1,beta2,eps", ADAM)
 def test_directml_adam_is_keras_adam(lr, beta1, beta2, eps):
   X0, grads = _inputs(3)
-  theirs = _keras(lambda: keras.optimizers.Adam(learning_rate=lr, beta_1=beta1, beta_2=beta2, epsilon=eps),
-                  X0, grads)
+  theirs = _keras(
+    lambda: keras.optimizers.Adam(learning_rate=lr, beta_1=beta1, beta_2=beta2, epsilon=eps), X0, grads
+  )
   hyper = dict(beta1=beta1, beta2=beta2, epsilon=eps)
   _check("directml_adam", hyper, lr, 1, X0, grads, lambda: onnx_optax.directml_adam(lr, **hyper), theirs)
 
@@ -191,8 +206,9 @@ def test_directml_adam_is_keras_adam(lr, beta1, beta2, eps):
 @pytest.mark.parametrize("lr,beta1,beta2,eps", ADAM)
 def test_onnx_adam_from_t1_is_keras_adam(lr, beta1, beta2, eps):
   X0, grads = _inputs(4)
-  theirs = _keras(lambda: keras.optimizers.Adam(learning_rate=lr, beta_1=beta1, beta_2=beta2, epsilon=eps),
-                  X0, grads)
+  theirs = _keras(
+    lambda: keras.optimizers.Adam(learning_rate=lr, beta_1=beta1, beta_2=beta2, epsilon=eps), X0, grads
+  )
   hyper = dict(alpha=beta1, beta=beta2, epsilon=eps, norm_coefficient=0.0, norm_coefficient_post=0.0)
   _check("adam", hyper, lr, 1, X0, grads, lambda: onnx_optax.adam(lr, **hyper, initial_count=1), theirs)
 
@@ -201,8 +217,9 @@ def test_onnx_adam_from_t0_is_not_keras_adam():
   """The mapping needs initial_count=1: at T = 0 ONNX Adam skips the bias correction."""
   lr, beta1, beta2, eps = ADAM[0]
   X0, grads = _inputs(4)
-  theirs = _keras(lambda: keras.optimizers.Adam(learning_rate=lr, beta_1=beta1, beta_2=beta2, epsilon=eps),
-                  X0, grads)
+  theirs = _keras(
+    lambda: keras.optimizers.Adam(learning_rate=lr, beta_1=beta1, beta_2=beta2, epsilon=eps), X0, grads
+  )
   ours = _ours(onnx_optax.adam(lr, alpha=beta1, beta=beta2, epsilon=eps), X0, grads, np.float64)
   # First step: ONNX moves by lr (1 - beta1) / sqrt(1 - beta2) = 1.41 lr per element, Keras by lr.
   assert np.abs(ours[0] - theirs[0]).max() > 0.3 * lr

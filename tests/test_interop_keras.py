@@ -62,9 +62,13 @@ def keras_steps(opt, variables, grads):
   records = []
   for step_grads in grads:
     opt.apply([np.array(g) for g in step_grads], variables)
-    records.append(([np.array(v.numpy()) for v in variables],
-                    [np.array(m.numpy()) for m in opt._momentums],
-                    [np.array(v.numpy()) for v in opt._velocities]))
+    records.append(
+      (
+        [np.array(v.numpy()) for v in variables],
+        [np.array(m.numpy()) for m in opt._momentums],
+        [np.array(v.numpy()) for v in opt._velocities],
+      )
+    )
   return records
 
 
@@ -131,6 +135,7 @@ def adam_bound(x0, grads, records, lr, b1, b2, eps, u=U32):
 
 # --- the runs ----------------------------------------------------------------
 
+
 def reference_run(dtype, steps):
   x0, grads = initial(dtype), gradients(steps, dtype)
   opt = keras.optimizers.Adam(**HYPER)
@@ -140,8 +145,12 @@ def reference_run(dtype, steps):
   opt64 = keras.optimizers.Adam(**HYPER)
   records64 = keras_steps(opt64, keras_variables(x0_64), grads64)
   lr = float(opt64.learning_rate.numpy())  # float32(0.02): what Keras computes with
-  return x0, grads, records, (x0_64, grads64, records64, lr, HYPER["beta_1"], HYPER["beta_2"],
-                              HYPER["epsilon"])
+  return (
+    x0,
+    grads,
+    records,
+    (x0_64, grads64, records64, lr, HYPER["beta_1"], HYPER["beta_2"], HYPER["epsilon"]),
+  )
 
 
 def check_final(dtype, xs, ms, vs, records, run64):
@@ -157,8 +166,7 @@ def check_final(dtype, xs, ms, vs, records, run64):
     # a moment update off by one step).
     m_tol = [1e-3 * np.abs(r) + 1e-6 for r in m_ref]
     v_tol = [1e-3 * np.abs(r) + 1e-9 for r in v_ref]
-  for what, got, ref, tol in (("x", xs, x_ref, x_tol), ("m", ms, m_ref, m_tol),
-                              ("v", vs, v_ref, v_tol)):
+  for what, got, ref, tol in (("x", xs, x_ref, x_tol), ("m", ms, m_ref, m_tol), ("v", vs, v_ref, v_tol)):
     for i, (a, b, bound) in enumerate(zip(got, ref, tol)):
       a, b = np.asarray(a), np.asarray(b)
       assert a.shape == b.shape and a.dtype == b.dtype, (what, i)
@@ -202,8 +210,13 @@ def carried_to_keras(dtype, N, M, built=False):
   to_keras(state, opt, params, variables=variables)
   assert int(opt.iterations.numpy()) == N
   keras_steps(opt, variables, grads[N:])
-  return ([v.numpy() for v in variables], [m.numpy() for m in opt._momentums],
-          [v.numpy() for v in opt._velocities], records, run64)
+  return (
+    [v.numpy() for v in variables],
+    [m.numpy() for m in opt._momentums],
+    [v.numpy() for v in opt._velocities],
+    records,
+    run64,
+  )
 
 
 @pytest.mark.parametrize("N, M, built", [(3, 5, False), (6, 0, True), (2, 4, True)])
@@ -222,16 +235,23 @@ def test_onnx_adam_state_continues_in_keras():
     N, M = 3, 4
     x0, grads, records, run64 = reference_run(np.float64, N + M)
     lr = run64[3]
-    tx = onnx_optax.adam(lr, alpha=HYPER["beta_1"], beta=HYPER["beta_2"],
-                         epsilon=HYPER["epsilon"], initial_count=1)
+    tx = onnx_optax.adam(
+      lr, alpha=HYPER["beta_1"], beta=HYPER["beta_2"], epsilon=HYPER["epsilon"], initial_count=1
+    )
     params = [jnp.asarray(x) for x in x0]
     params, state = jax_steps(tx, tx.init(params), params, grads[:N])
     variables = keras_variables(x0)
     opt = keras.optimizers.Adam(**HYPER)
     to_keras(state, opt, params, variables=variables)
     keras_steps(opt, variables, grads[N:])
-    check_final(np.float64, [v.numpy() for v in variables], [m.numpy() for m in opt._momentums],
-                [v.numpy() for v in opt._velocities], records, run64)
+    check_final(
+      np.float64,
+      [v.numpy() for v in variables],
+      [m.numpy() for m in opt._momentums],
+      [v.numpy() for v in opt._velocities],
+      records,
+      run64,
+    )
 
 
 def test_schedule_continues_with_the_shifted_schedule():
@@ -258,12 +278,15 @@ def test_schedule_continues_with_the_shifted_schedule():
 
 # --- refusals ----------------------------------------------------------------
 
+
 def _params():
   x0 = initial(np.float32)
   return keras_variables(x0), [jnp.asarray(x) for x in x0]
 
 
-@pytest.mark.parametrize("make, error, match", [
+@pytest.mark.parametrize(
+  "make, error, match",
+  [
     (lambda: keras.optimizers.AdamW(), TypeError, r"AdamW decays the weights before the step"),
     (lambda: keras.optimizers.SGD(), TypeError, r"no onnx_optax rule is .*SGD.*keras.optimizers.Adam"),
     (lambda: type("MyAdam", (keras.optimizers.Adam,), {})(), TypeError, "subclasses keras.optimizers.Adam"),
@@ -276,7 +299,8 @@ def _params():
     (lambda: keras.optimizers.Adam(gradient_accumulation_steps=2), ValueError, r"optax.MultiSteps"),
     (lambda: keras.optimizers.Adam(loss_scale_factor=128.0), ValueError, r"loss_scale_factor=128.0"),
     (lambda: keras.optimizers.Adam(learning_rate=lambda: 0.01), ValueError, r"learning rate is a function"),
-])
+  ],
+)
 def test_refusals(make, error, match):
   variables, params = _params()
   opt = make()
@@ -313,14 +337,18 @@ def test_to_keras_refuses_before_writing():
   with pytest.raises(ValueError, match="count 0: ONNX Adam's T = 0 update"):
     to_keras(t0, opt, params, variables=variables)
   with pytest.raises(TypeError, match="state holds a MomentumState"):
-    to_keras(onnx_optax.momentum(0.1, alpha=0.9, beta=1.0, mode="standard", norm_coefficient=0.0)
-             .init(params), opt, variables=variables)
+    to_keras(
+      onnx_optax.momentum(0.1, alpha=0.9, beta=1.0, mode="standard", norm_coefficient=0.0).init(params),
+      opt,
+      variables=variables,
+    )
   wide = state._replace(m=[m.astype(jnp.float16) for m in state.m])
   with pytest.raises(ValueError, match=r"the state of variable 0 .* dtype float16; Keras keeps"):
     to_keras(wide, opt, variables=variables)
   split = optax.multi_transform(
-      {"a": onnx_optax.directml_adam(0.1), "b": onnx_optax.directml_adam(0.1, initial_count=5)},
-      ["a", "b", "a", "b"])
+    {"a": onnx_optax.directml_adam(0.1), "b": onnx_optax.directml_adam(0.1, initial_count=5)},
+    ["a", "b", "a", "b"],
+  )
   with pytest.raises(ValueError, match=r"the counts \[1, 5\]; Keras keeps one step count"):
     to_keras(split.init(params), opt, variables=variables)
   with pytest.raises(ValueError, match=r"params\[0\] has shape \(4,\)"):

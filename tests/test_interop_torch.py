@@ -67,8 +67,9 @@ def _torch_state(opt, ps):
     slot = opt.state.get(p, {})
     tensor = slot.get("momentum_buffer", slot.get("sum"))
     step = slot.get("step")
-    out.append((None if tensor is None else tensor.detach().numpy().copy(),
-                None if step is None else float(step)))
+    out.append(
+      (None if tensor is None else tensor.detach().numpy().copy(), None if step is None else float(step))
+    )
   return out
 
 
@@ -83,12 +84,19 @@ def jax_steps(tx, state, params, grads):
 
 # --- the optimizers, every hyperparameter away from its default -------------
 
+
 def sgd(ps, **overrides):
   groups = [
-      dict(params=[ps[i] for i in GROUPS[0]], lr=0.05, momentum=0.9, dampening=0.3,
-           weight_decay=0.01, maximize=True),
-      dict(params=[ps[i] for i in GROUPS[1]], lr=0.02, momentum=0.5, nesterov=True,
-           weight_decay=0.03)]
+    dict(
+      params=[ps[i] for i in GROUPS[0]],
+      lr=0.05,
+      momentum=0.9,
+      dampening=0.3,
+      weight_decay=0.01,
+      maximize=True,
+    ),
+    dict(params=[ps[i] for i in GROUPS[1]], lr=0.02, momentum=0.5, nesterov=True, weight_decay=0.03),
+  ]
   return torch.optim.SGD(groups, **overrides)
 
 
@@ -99,9 +107,11 @@ def sgd_plain(ps, **overrides):
 
 def adagrad(ps, **overrides):
   groups = [
-      dict(params=[ps[i] for i in GROUPS[0]], lr=0.3, lr_decay=0.05, eps=1e-3,
-           weight_decay=0.02, maximize=True),
-      dict(params=[ps[i] for i in GROUPS[1]], lr=0.1, eps=1e-6)]
+    dict(
+      params=[ps[i] for i in GROUPS[0]], lr=0.3, lr_decay=0.05, eps=1e-3, weight_decay=0.02, maximize=True
+    ),
+    dict(params=[ps[i] for i in GROUPS[1]], lr=0.1, eps=1e-6),
+  ]
   return torch.optim.Adagrad(groups, initial_accumulator_value=0.25, **overrides)
 
 
@@ -211,6 +221,7 @@ BOUNDS = {"sgd": momentum_bound, "sgd_plain": momentum_bound, "adagrad": adagrad
 
 # --- the runs ----------------------------------------------------------------
 
+
 def assert_close(actual, expected, bound, what):
   actual, expected = np.asarray(actual), np.asarray(expected)
   assert actual.shape == expected.shape and actual.dtype == expected.dtype, what
@@ -289,23 +300,34 @@ def carried_from_torch(name, dtype, N, M, missing=()):
 def test_from_torch_float64(name, N, M):
   with jax.enable_x64(True):
     params, opt2, ps2, records, run64 = carried_from_torch(name, np.float64, N, M)
-    check_final(name, np.float64, [np.asarray(x) for x in jax.tree.leaves(params)],
-                [_tensor_and_step(opt2, p) for p in ps2], records, run64)
+    check_final(
+      name,
+      np.float64,
+      [np.asarray(x) for x in jax.tree.leaves(params)],
+      [_tensor_and_step(opt2, p) for p in ps2],
+      records,
+      run64,
+    )
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_from_torch_float32(name):
   params, opt2, ps2, records, run64 = carried_from_torch(name, np.float32, 4, 6)
-  check_final(name, np.float32, [np.asarray(x) for x in jax.tree.leaves(params)],
-              [_tensor_and_step(opt2, p) for p in ps2], records, run64)
+  check_final(
+    name,
+    np.float32,
+    [np.asarray(x) for x in jax.tree.leaves(params)],
+    [_tensor_and_step(opt2, p) for p in ps2],
+    records,
+    run64,
+  )
 
 
 def _tensor_and_step(opt, p):
   slot = opt.state.get(p, {})
   tensor = slot.get("momentum_buffer", slot.get("sum"))
   step = slot.get("step")
-  return (None if tensor is None else tensor.detach().numpy(),
-          None if step is None else float(step))
+  return (None if tensor is None else tensor.detach().numpy(), None if step is None else float(step))
 
 
 def carried_to_torch(name, dtype, N, M):
@@ -341,8 +363,14 @@ def test_parameters_at_different_steps(name):
   missing = {(0, 1), (1, 1), (0, 3)}  # leaf 1 gets its first grad at step 2, leaf 3 at step 1
   with jax.enable_x64(True):
     params, opt2, ps2, records, run64 = carried_from_torch(name, np.float64, 2, 4, missing)
-    check_final(name, np.float64, [np.asarray(x) for x in jax.tree.leaves(params)],
-                [_tensor_and_step(opt2, p) for p in ps2], records, run64)
+    check_final(
+      name,
+      np.float64,
+      [np.asarray(x) for x in jax.tree.leaves(params)],
+      [_tensor_and_step(opt2, p) for p in ps2],
+      records,
+      run64,
+    )
 
 
 def test_parameters_at_different_steps_get_their_own_transforms():
@@ -350,8 +378,10 @@ def test_parameters_at_different_steps_get_their_own_transforms():
   opt = sgd(ps)
   torch_steps(opt, ps, gradients(1, np.float32), missing={(0, 1)})
   tx, state = from_torch(opt, torch_params(opt, like(jnp.float32)))
+
   def rule_state(inner):  # maximize chains a negation before the rule
     return inner if isinstance(inner, onnx_optax.MomentumState) else inner[-1]
+
   counts = {label: int(rule_state(s.inner_state).count) for label, s in state.inner_states.items()}
   assert counts == {"group0.T0": 0, "group0.T1": 1, "group1": 1}
 
@@ -431,16 +461,20 @@ def test_single_group_returns_the_plain_transform():
 
 # --- refusals ----------------------------------------------------------------
 
+
 def _params32():
   ps = torch_parameters(initial(np.float32))
   return ps, like(jnp.float32)
 
 
-@pytest.mark.parametrize("cls, match", [
+@pytest.mark.parametrize(
+  "cls, match",
+  [
     (torch.optim.Adam, r"torch.optim.Adam puts epsilon inside the bias correction.*optax.adam"),
     (torch.optim.AdamW, r"AdamW puts epsilon inside.*optax.adamw"),
     (torch.optim.RMSprop, r"no onnx_optax rule is torch.optim.rmsprop.RMSprop.*torch.optim.SGD"),
-])
+  ],
+)
 def test_refuses_other_optimizers(cls, match):
   ps, structure = _params32()
   with pytest.raises(TypeError, match=match):
@@ -450,6 +484,7 @@ def test_refuses_other_optimizers(cls, match):
 def test_refuses_subclasses():
   class MySGD(torch.optim.SGD):
     pass
+
   ps, structure = _params32()
   with pytest.raises(TypeError, match="subclasses a PyTorch optimizer"):
     from_torch(MySGD(ps, lr=0.1), structure)
@@ -482,8 +517,11 @@ def test_refuses_mismatched_params():
   ps, structure = _params32()
   opt = torch.optim.SGD(ps, lr=0.1)
   params = {k: jnp.zeros(v.shape, v.dtype) for k, v in structure.items()}
-  with pytest.raises(ValueError, match=r"params\['p1'\] has shape \(4, 2\) but the PyTorch "
-                                       r"param_groups\[0\]\['params'\]\[1\] has shape \(2, 4\)"):
+  with pytest.raises(
+    ValueError,
+    match=r"params\['p1'\] has shape \(4, 2\) but the PyTorch "
+    r"param_groups\[0\]\['params'\]\[1\] has shape \(2, 4\)",
+  ):
     from_torch(opt, dict(params, p1=jnp.zeros((4, 2))))
   with pytest.raises(ValueError, match=r"params\['p2'\] has dtype float16 but .* has dtype float32"):
     from_torch(opt, dict(params, p2=jnp.zeros((), jnp.float16)))
@@ -510,8 +548,11 @@ def test_to_torch_refuses_before_writing():
   with pytest.raises(TypeError, match="state holds a AdagradState, this optimizer needs MomentumState"):
     to_torch(ada_state, opt, params)
   wide = jax.tree.map(lambda x: x.astype(jnp.float16) if x.dtype == jnp.float32 else x, state)
-  with pytest.raises(ValueError, match=r"the state of param_groups\[0\]\['params'\]\[0\] has shape "
-                                       r"\(3,\) and dtype float16"):
+  with pytest.raises(
+    ValueError,
+    match=r"the state of param_groups\[0\]\['params'\]\[0\] has shape "
+    r"\(3,\) and dtype float16",
+  ):
     to_torch(wide, opt, params)
   with pytest.raises(ValueError, match=r"params\['p0'\] has shape \(4,\)"):
     to_torch(state, opt, dict(params, p0=jnp.zeros(4)))

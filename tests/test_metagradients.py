@@ -37,9 +37,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from rule_configs import RULE_CONFIGS
 
 import onnx_optax
-from rule_configs import RULE_CONFIGS
 
 K = 10
 CONFIGS = {k: (c.make, c.hyper, c.learning_rate) for k, c in RULE_CONFIGS.items()}
@@ -60,14 +60,17 @@ def _problem(weights=None):
 
   def loss(p):
     # Not a quadratic: the gradient depends on the parameters non-linearly.
-    return sum(jnp.sum(w * jnp.cos(a) * (a - t) ** 2 + 0.1 * w * a**4)
-               for a, t, w in zip(jax.tree.leaves(p), jax.tree.leaves(target), jax.tree.leaves(weights)))
+    return sum(
+      jnp.sum(w * jnp.cos(a) * (a - t) ** 2 + 0.1 * w * a**4)
+      for a, t, w in zip(jax.tree.leaves(p), jax.tree.leaves(target), jax.tree.leaves(weights))
+    )
 
   return params, loss
 
 
 def _meta_objective(make, static, loss, params, steps=K, prepare=None):
   """The loss after ``steps`` updates, a function of a dict of hyperparameters."""
+
   def meta(h):
     h = dict(h)
     opt = make(h.pop("learning_rate"), **static, **h)
@@ -76,6 +79,7 @@ def _meta_objective(make, static, loss, params, steps=K, prepare=None):
       s = prepare(s)
     p, _ = jax.lax.fori_loop(0, steps, lambda _, c: _step(opt, loss, *c), (params, s))
     return loss(p)
+
   return meta
 
 
@@ -131,8 +135,9 @@ def test_metagradient_through_inject_hyperparams():
   h0 = {"learning_rate": jnp.float64(lr), "beta": jnp.float64(hyper["beta"])}
   grads = jax.jit(jax.grad(meta))(h0)
   for name in h0:
-    fd = _central_difference(lambda h: meta({k: jnp.asarray(v) for k, v in h.items()}),
-                             {k: float(v) for k, v in h0.items()}, name)
+    fd = _central_difference(
+      lambda h: meta({k: jnp.asarray(v) for k, v in h.items()}), {k: float(v) for k, v in h0.items()}, name
+    )
     assert abs(float(grads[name]) - fd) <= 1e-6 * (abs(fd) + 1), (name, float(grads[name]), fd)
 
 
@@ -140,9 +145,9 @@ def test_metagradient_through_inject_hyperparams():
 # Singular derivatives, and what a user can do.
 
 SQRT_RULES = {  # rule -> (factory, hyperparameters, name of the second-moment field)
-    "adagrad": (onnx_optax.adagrad, dict(epsilon=0.1), "h"),
-    "adam": (onnx_optax.adam, dict(epsilon=0.1), "h"),
-    "directml_adam": (onnx_optax.directml_adam, dict(epsilon=0.1), "v"),
+  "adagrad": (onnx_optax.adagrad, dict(epsilon=0.1), "h"),
+  "adam": (onnx_optax.adam, dict(epsilon=0.1), "h"),
+  "directml_adam": (onnx_optax.directml_adam, dict(epsilon=0.1), "v"),
 }
 
 
@@ -196,8 +201,9 @@ def test_derivative_at_epsilon_zero_is_regular_when_H_is_positive(rule):
   assert np.isfinite(g) and abs(g - fd) <= 1e-6 * (abs(fd) + 1), (g, fd)
 
 
-@pytest.mark.parametrize("make,decay", [(onnx_optax.adam, "alpha"), (onnx_optax.adam, "beta"),
-                                        (onnx_optax.directml_adam, "beta1")])
+@pytest.mark.parametrize(
+  "make,decay", [(onnx_optax.adam, "alpha"), (onnx_optax.adam, "beta"), (onnx_optax.directml_adam, "beta1")]
+)
 def test_derivative_at_a_decay_of_zero_is_finite(make, decay):
   """The bias corrections' derivative is written out: finite at 0, exact near it.
 

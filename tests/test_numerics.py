@@ -16,9 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from rule_configs import as_float32_sees as _f32
+from rule_configs import first_count as _first_count
 
 import onnx_optax
-from rule_configs import as_float32_sees as _f32, first_count as _first_count
 from onnx_optax import reference
 from onnx_optax.conformance import tolerance
 
@@ -27,17 +28,36 @@ U32 = 2.0**-24  # float32 unit roundoff
 
 # name -> (reference rule, constructor, hyperparameters, learning rate)
 CONFIGS = {
-    "momentum_standard": ("momentum", onnx_optax.momentum,
-                          dict(alpha=0.9, beta=0.9, mode="standard", norm_coefficient=1e-3), 1e-3),
-    "momentum_nesterov": ("momentum", onnx_optax.momentum,
-                          dict(alpha=0.9, beta=0.9, mode="nesterov", norm_coefficient=1e-3), 1e-3),
-    "adagrad": ("adagrad", onnx_optax.adagrad,
-                dict(decay_factor=1e-4, epsilon=1e-6, norm_coefficient=1e-3), 1e-2),
-    "adam": ("adam", onnx_optax.adam,
-             dict(alpha=0.9, beta=0.999, epsilon=1e-6, norm_coefficient=1e-3,
-                  norm_coefficient_post=1e-5), 1e-3),
-    "directml_adam": ("directml_adam", onnx_optax.directml_adam,
-                      dict(beta1=0.9, beta2=0.999, epsilon=1e-8), 1e-3),
+  "momentum_standard": (
+    "momentum",
+    onnx_optax.momentum,
+    dict(alpha=0.9, beta=0.9, mode="standard", norm_coefficient=1e-3),
+    1e-3,
+  ),
+  "momentum_nesterov": (
+    "momentum",
+    onnx_optax.momentum,
+    dict(alpha=0.9, beta=0.9, mode="nesterov", norm_coefficient=1e-3),
+    1e-3,
+  ),
+  "adagrad": (
+    "adagrad",
+    onnx_optax.adagrad,
+    dict(decay_factor=1e-4, epsilon=1e-6, norm_coefficient=1e-3),
+    1e-2,
+  ),
+  "adam": (
+    "adam",
+    onnx_optax.adam,
+    dict(alpha=0.9, beta=0.999, epsilon=1e-6, norm_coefficient=1e-3, norm_coefficient_post=1e-5),
+    1e-3,
+  ),
+  "directml_adam": (
+    "directml_adam",
+    onnx_optax.directml_adam,
+    dict(beta1=0.9, beta2=0.999, epsilon=1e-8),
+    1e-3,
+  ),
 }
 NAMES = sorted(CONFIGS)
 
@@ -47,9 +67,14 @@ def _reference_step(rule, T, X, G, state, hyper, lr, seen=_f32):
   step, _ = reference.RULES[rule]
   with warnings.catch_warnings():
     warnings.simplefilter("ignore", RuntimeWarning)  # inf - inf, 0/0: the point of some tests
-    X_new, *S = step(seen(lr), T, np.asarray(X, np.float64), np.asarray(G, np.float64),
-                     *(np.asarray(s, np.float64) for s in state),
-                     **{k: seen(v) for k, v in hyper.items()})
+    X_new, *S = step(
+      seen(lr),
+      T,
+      np.asarray(X, np.float64),
+      np.asarray(G, np.float64),
+      *(np.asarray(s, np.float64) for s in state),
+      **{k: seen(v) for k, v in hyper.items()},
+    )
   return X_new, S
 
 
@@ -62,14 +87,14 @@ def _reference_step(rule, T, X, G, state, hyper, lr, seen=_f32):
 # (x_new, state...) per rule: NaN in, NaN everywhere; +Inf in: Momentum moves
 # X to -Inf with an infinite V, the adaptive rules compute Inf/Inf = NaN.
 NON_FINITE = {
-    ("momentum", "nan"): ("nan", "nan"),
-    ("momentum", "inf"): ("-inf", "inf"),
-    ("adagrad", "nan"): ("nan", "nan"),
-    ("adagrad", "inf"): ("nan", "inf"),
-    ("adam", "nan"): ("nan", "nan", "nan"),
-    ("adam", "inf"): ("nan", "inf", "inf"),
-    ("directml_adam", "nan"): ("nan", "nan", "nan"),
-    ("directml_adam", "inf"): ("nan", "inf", "inf"),
+  ("momentum", "nan"): ("nan", "nan"),
+  ("momentum", "inf"): ("-inf", "inf"),
+  ("adagrad", "nan"): ("nan", "nan"),
+  ("adagrad", "inf"): ("nan", "inf"),
+  ("adam", "nan"): ("nan", "nan", "nan"),
+  ("adam", "inf"): ("nan", "inf", "inf"),
+  ("directml_adam", "nan"): ("nan", "nan", "nan"),
+  ("directml_adam", "inf"): ("nan", "inf", "inf"),
 }
 
 
@@ -84,8 +109,9 @@ def test_non_finite_gradient_propagates_as_the_spec_says(config, bad):
   updates, state = opt.update(G, state, X)
   x_new = np.asarray(optax.apply_updates(X, updates))
   got = [x_new, *(np.asarray(s) for s in state[1:])]
-  want_x, want_s = _reference_step(rule, _first_count(rule), X, G,
-                                   [np.zeros(3)] * (len(state) - 1), hyper, lr)
+  want_x, want_s = _reference_step(
+    rule, _first_count(rule), X, G, [np.zeros(3)] * (len(state) - 1), hyper, lr
+  )
   table = NON_FINITE[(rule, bad)]
   for g, w, expected in zip(got, [want_x, *want_s], table):
     assert str(g[1]) == expected and str(w[1]) == expected, (g, w, expected)
@@ -160,8 +186,13 @@ def test_count_at_int32_max_is_finite_right_and_does_not_wrap(config, dtype):
     X64, G64 = np.asarray(x, np.float64), np.asarray(G, np.float64)
     # The hyperparameters as passed: their rounding to `dtype` is in the bound.
     want, S_want = _reference_step(rule, T, X64, G64, S, hyper, lr, seen=lambda v: v)
-    tol = [a + b for a, b in zip(tolerance.bounds(rule, implementation, lr, T, X64, G64, S, **hyper),
-                                 tolerance.bounds(rule, ref, lr, T, X64, G64, S, **hyper))]
+    tol = [
+      a + b
+      for a, b in zip(
+        tolerance.bounds(rule, implementation, lr, T, X64, G64, S, **hyper),
+        tolerance.bounds(rule, ref, lr, T, X64, G64, S, **hyper),
+      )
+    ]
     assert all(np.all(np.isfinite(t)) for t in tol)
     step_size = np.abs(want - X64)
     assert np.all(tol[0] < 0.5 * step_size), (tol[0], step_size)  # the check has teeth
@@ -198,6 +229,7 @@ def _long_run(config, **override):
       x, s = carry
       u, s = opt.update(g, s, x)
       return (x + u, s), None
+
     return jax.lax.scan(step, (x, opt.init(x)), gs)[0][0]
 
   x32 = np.asarray(run(jnp.asarray(X0), jnp.asarray(G)), np.float64)
@@ -248,6 +280,7 @@ def _adagrad_h(g, steps, dtype, state_dtype=None):
   def step(s, _):
     u, s = opt.update(jnp.full(1, g, dtype), s)
     return s, (s.h[0], u[0])
+
   _, (h, u) = jax.lax.scan(step, opt.init(x), None, length=steps)
   return np.asarray(h, np.float64), np.asarray(u, np.float64)
 
@@ -262,9 +295,9 @@ def test_float16_adagrad_accumulator_overflows(g, first_inf):
   """
   assert first_inf == math.ceil(65520 / g**2)
   h, u = _adagrad_h(g, first_inf + 5, jnp.float16)
-  np.testing.assert_array_equal(h[:first_inf - 1], g**2 * np.arange(1, first_inf))
-  assert np.all(np.isinf(h[first_inf - 1:]))
-  assert np.all(u[first_inf - 1:] == 0)
+  np.testing.assert_array_equal(h[: first_inf - 1], g**2 * np.arange(1, first_inf))
+  assert np.all(np.isinf(h[first_inf - 1 :]))
+  assert np.all(u[first_inf - 1 :] == 0)
   # The documented fix: the state in float32 (compute in float32, H exact here).
   h32, u32 = _adagrad_h(g, first_inf + 5, jnp.float16, state_dtype=jnp.float32)
   n = np.arange(1, first_inf + 6)
@@ -274,8 +307,9 @@ def test_float16_adagrad_accumulator_overflows(g, first_inf):
   np.testing.assert_allclose(u32, want, rtol=2.0**-11)
 
 
-@pytest.mark.parametrize("dtype,g,stall", [
-    (jnp.float16, 1.0, 2048.0), (jnp.float16, 0.5, 512.0), (jnp.bfloat16, 1.0, 256.0)])
+@pytest.mark.parametrize(
+  "dtype,g,stall", [(jnp.float16, 1.0, 2048.0), (jnp.float16, 0.5, 512.0), (jnp.bfloat16, 1.0, 256.0)]
+)
 def test_low_precision_adagrad_accumulator_stalls(dtype, g, stall):
   """Below the overflow, H stops growing once G^2 is half its spacing or less.
 
@@ -323,10 +357,14 @@ def test_float16_epsilon_1e8_is_zero(dtype):
 # DirectML (T = 1): -lr * Alpha * 0.1 G / (sqrt(1e-3 G^2) + eps), Alpha = sqrt(1e-3) / 0.1;
 # ONNX Adam (T = 0, no bias correction): -lr * 0.1 G / (sqrt(1e-3 G^2) + eps).
 EPSILON_CASES = {
-    "directml_adam": (lambda **kw: onnx_optax.directml_adam(1e-3, **kw),
-                      lambda G: -1e-3 * (math.sqrt(1e-3) / 0.1) * 0.1 * G / (np.sqrt(1e-3 * G**2) + 1e-8)),
-    "adam_eps1e-8": (lambda **kw: onnx_optax.adam(1e-3, epsilon=1e-8, **kw),
-                     lambda G: -1e-3 * 0.1 * G / (np.sqrt(1e-3 * G**2) + 1e-8)),
+  "directml_adam": (
+    lambda **kw: onnx_optax.directml_adam(1e-3, **kw),
+    lambda G: -1e-3 * (math.sqrt(1e-3) / 0.1) * 0.1 * G / (np.sqrt(1e-3 * G**2) + 1e-8),
+  ),
+  "adam_eps1e-8": (
+    lambda **kw: onnx_optax.adam(1e-3, epsilon=1e-8, **kw),
+    lambda G: -1e-3 * 0.1 * G / (np.sqrt(1e-3 * G**2) + 1e-8),
+  ),
 }
 
 
@@ -349,8 +387,7 @@ def test_float16_adam_epsilon_underflow(case):
   opt = make(state_dtype=jnp.float32)
   u, _ = opt.update(g, opt.init(x))
   # Computed in float32, rounded once to float16 (relative 2**-11).
-  np.testing.assert_allclose(np.asarray(u, np.float64), expected(np.asarray(g, np.float64)),
-                             rtol=2.0**-10)
+  np.testing.assert_allclose(np.asarray(u, np.float64), expected(np.asarray(g, np.float64)), rtol=2.0**-10)
 
 
 def test_float16_adam_larger_epsilon_avoids_nan():
@@ -362,11 +399,19 @@ def test_float16_adam_larger_epsilon_avoids_nan():
   assert float(u[0]) == 0
 
 
-@pytest.mark.parametrize("make,argument", [
+@pytest.mark.parametrize(
+  "make,argument",
+  [
     (lambda **kw: onnx_optax.adam(1e-3, **kw), "beta"),
     (lambda **kw: onnx_optax.directml_adam(1e-3, **kw), "beta2"),
-    (lambda **kw: onnx_optax.momentum(1e-3, alpha=0.999, beta=1.0, mode="standard",
-                                      norm_coefficient=0.0, **kw), "alpha")])
+    (
+      lambda **kw: onnx_optax.momentum(
+        1e-3, alpha=0.999, beta=1.0, mode="standard", norm_coefficient=0.0, **kw
+      ),
+      "alpha",
+    ),
+  ],
+)
 def test_bfloat16_decay_rate_that_rounds_to_one_is_rejected(make, argument):
   """0.999 is 1.0 in bfloat16: the moment would never decay (a running sum).
 
@@ -386,21 +431,29 @@ if __name__ == "__main__":
     x32, x64 = _long_run(name, **override)
     scale = float(np.abs(x64).max())
     err = float(np.abs(x32 - x64).max())
-    print(f"{name:18s} {override or ''} N={N_LONG} max|x32 - x64| = {err:.3e}  max|x64| = {scale:.3e}  "
-          f"= {err / (U32 * scale):7.1f} u*max|x|  (bound {4 * math.sqrt(N_LONG):.0f}, "
-          "plus the norm_coefficient_post term for adam)")
+    print(
+      f"{name:18s} {override or ''} N={N_LONG} max|x32 - x64| = {err:.3e}  max|x64| = {scale:.3e}  "
+      f"= {err / (U32 * scale):7.1f} u*max|x|  (bound {4 * math.sqrt(N_LONG):.0f}, "
+      "plus the norm_coefficient_post term for adam)"
+    )
   for g in (1.0, 4.0, 8.0, 16.0):
     h, u = _adagrad_h(g, 70_000, jnp.float16)
     inf = np.flatnonzero(np.isinf(h))
     stall = np.flatnonzero(np.diff(h) == 0)
-    print(f"float16 adagrad |G|={g}: H inf from update {inf[0] + 1 if inf.size else None}, "
-          f"stops growing at H={h[stall[0]] if stall.size else None}")
+    print(
+      f"float16 adagrad |G|={g}: H inf from update {inf[0] + 1 if inf.size else None}, "
+      f"stops growing at H={h[stall[0]] if stall.size else None}"
+    )
   x = jnp.ones(8, jnp.float16)
   g = jnp.array([0.0, 1e-5, 1e-3, 5e-3, 5.4e-3, 5.6e-3, 1e-2, 0.1], jnp.float16)
   for label, kw in [("float16 state", {}), ("float32 state", {"state_dtype": jnp.float32})]:
-    for name, make in [("directml_adam", onnx_optax.directml_adam),
-                       ("adam eps=1e-6", lambda lr, **k: onnx_optax.adam(lr, epsilon=1e-6, **k))]:
+    for name, make in [
+      ("directml_adam", onnx_optax.directml_adam),
+      ("adam eps=1e-6", lambda lr, **k: onnx_optax.adam(lr, epsilon=1e-6, **k)),
+    ]:
       opt = make(1e-3, **kw)
       u, _ = opt.update(g, opt.init(x))
-      print(f"float16 {name:14s} {label}: G={np.asarray(g, np.float32).tolist()} -> "
-            f"update={np.asarray(u, np.float32).tolist()}")
+      print(
+        f"float16 {name:14s} {label}: G={np.asarray(g, np.float32).tolist()} -> "
+        f"update={np.asarray(u, np.float32).tolist()}"
+      )

@@ -49,9 +49,13 @@ DOMAIN = "ai.onnx.preview.training"
 STATE = {"Momentum": ("V",), "Adagrad": ("H",), "Adam": ("V", "H")}
 RULE = {"Momentum": "momentum", "Adagrad": "adagrad", "Adam": "adam"}
 SCHEMA_DEFAULTS = {  # What the schema stores (float32 values), read from onnx below.
-    op: {name: helper.get_attribute_value(a.default_value)
-         for name, a in onnx.defs.get_schema(op, 1, DOMAIN).attributes.items() if a.default_value.name}
-    for op in STATE}
+  op: {
+    name: helper.get_attribute_value(a.default_value)
+    for name, a in onnx.defs.get_schema(op, 1, DOMAIN).attributes.items()
+    if a.default_value.name
+  }
+  for op in STATE
+}
 
 
 def _f32(x: float) -> float:
@@ -61,16 +65,27 @@ def _f32(x: float) -> float:
 
 def _attributes(op: str, mode: str, rng: np.random.Generator, omit: bool) -> dict:
   if op == "Momentum":  # All required by the schema: nothing can be omitted.
-    return dict(alpha=_f32(rng.uniform(0, 1)), beta=_f32(rng.uniform(0.5, 1)), mode=mode,
-                norm_coefficient=_f32(rng.uniform(0, 0.1)))
+    return dict(
+      alpha=_f32(rng.uniform(0, 1)),
+      beta=_f32(rng.uniform(0.5, 1)),
+      mode=mode,
+      norm_coefficient=_f32(rng.uniform(0, 0.1)),
+    )
   if omit:
     return {}
   if op == "Adagrad":
-    return dict(decay_factor=_f32(rng.uniform(0, 0.5)), epsilon=_f32(10 ** rng.uniform(-7, -5)),
-                norm_coefficient=_f32(rng.uniform(0, 0.1)))
-  return dict(alpha=_f32(rng.uniform(0.5, 0.99)), beta=_f32(rng.uniform(0.9, 0.9999)),
-              epsilon=_f32(10 ** rng.uniform(-7, -5)), norm_coefficient=_f32(rng.uniform(0, 0.1)),
-              norm_coefficient_post=_f32(rng.uniform(0, 0.1)))
+    return dict(
+      decay_factor=_f32(rng.uniform(0, 0.5)),
+      epsilon=_f32(10 ** rng.uniform(-7, -5)),
+      norm_coefficient=_f32(rng.uniform(0, 0.1)),
+    )
+  return dict(
+    alpha=_f32(rng.uniform(0.5, 0.99)),
+    beta=_f32(rng.uniform(0.9, 0.9999)),
+    epsilon=_f32(10 ** rng.uniform(-7, -5)),
+    norm_coefficient=_f32(rng.uniform(0, 0.1)),
+    norm_coefficient_post=_f32(rng.uniform(0, 0.1)),
+  )
 
 
 def _node(op: str, n: int, attributes: dict) -> onnx.NodeProto:
@@ -101,9 +116,19 @@ def _bounds(op: str, context, inputs: list, attributes: dict) -> list[np.ndarray
   R, T, *tensors = inputs
   k = 2 + len(STATE[op])
   n = len(tensors) // k
-  per_tensor = [tolerance.bounds(RULE[op], context, float(R), int(T), tensors[i], tensors[n + i],
-                                 [tensors[(2 + j) * n + i] for j in range(len(STATE[op]))], **attributes)
-                for i in range(n)]
+  per_tensor = [
+    tolerance.bounds(
+      RULE[op],
+      context,
+      float(R),
+      int(T),
+      tensors[i],
+      tensors[n + i],
+      [tensors[(2 + j) * n + i] for j in range(len(STATE[op]))],
+      **attributes,
+    )
+    for i in range(n)
+  ]
   return [per_tensor[i][j] for j in range(1 + len(STATE[op])) for i in range(n)]
 
 
@@ -113,7 +138,8 @@ def _assert_within(actual, expected, bounds, what: str) -> None:
     assert a64.shape == e64.shape, f"{what}: output {i} shape {a64.shape} != {e64.shape}"
     err = np.abs(a64 - e64)
     assert np.all(err <= b), (
-        f"{what}: output {i} differs by {err.max()} > bound {b.flat[np.argmax(err - b)]}\n{a64}\n{e64}")
+      f"{what}: output {i} differs by {err.max()} > bound {b.flat[np.argmax(err - b)]}\n{a64}\n{e64}"
+    )
 
 
 def _context(dtype):
@@ -129,11 +155,14 @@ def _evaluator_float32_bounds(op, inputs, full):
 
 
 CASES = [
-    (op, mode, n, T, omit, dtype, scale)
-    for op, mode in (("Momentum", "standard"), ("Momentum", "nesterov"), ("Adagrad", None), ("Adam", None))
-    for n in (1, 3) for T in (0, 1, 1000) for omit in (False, True) for dtype in ("float32", "float64")
-    for scale in ("normal", "tiny")
-    if not (op == "Momentum" and omit)  # Momentum's attributes are all required.
+  (op, mode, n, T, omit, dtype, scale)
+  for op, mode in (("Momentum", "standard"), ("Momentum", "nesterov"), ("Adagrad", None), ("Adam", None))
+  for n in (1, 3)
+  for T in (0, 1, 1000)
+  for omit in (False, True)
+  for dtype in ("float32", "float64")
+  for scale in ("normal", "tiny")
+  if not (op == "Momentum" and omit)  # Momentum's attributes are all required.
 ]
 
 
@@ -156,8 +185,12 @@ def test_run_node_agrees_with_reference_evaluator(op, mode, n, T, omit, dtype, s
       # (checked in test_evaluator_multi_tensor_adam_casts_to_float32):
       # compare with the spec in float64, and with the evaluator to float32.
       R, T_, *tensors = inputs
-      spec = [reference.adam(float(R), int(T_), tensors[i], tensors[n + i], tensors[2 * n + i],
-                             tensors[3 * n + i], **full) for i in range(n)]
+      spec = [
+        reference.adam(
+          float(R), int(T_), tensors[i], tensors[n + i], tensors[2 * n + i], tensors[3 * n + i], **full
+        )
+        for i in range(n)
+      ]
       spec = [spec[i][j] for j in range(3) for i in range(n)]
       ref_bounds = _bounds(op, tolerance.reference_context(), inputs, full)
       _assert_within(ours, spec, [a + b for a, b in zip(our_bounds, ref_bounds)], "vs reference")
@@ -166,8 +199,15 @@ def test_run_node_agrees_with_reference_evaluator(op, mode, n, T, omit, dtype, s
       f32 = [np.asarray(o).astype(np.float32) for o in ours]
       ev_bounds = _bounds(op, tolerance.evaluator_context(), inputs, full)
       tiny = float(np.finfo(np.float32).smallest_subnormal)
-      _assert_within(f32, expected, [2.0**-23 * np.abs(e.astype(np.float64)) + tiny + a + b
-                                     for e, a, b in zip(expected, our_bounds, ev_bounds)], "vs evaluator's float32")
+      _assert_within(
+        f32,
+        expected,
+        [
+          2.0**-23 * np.abs(e.astype(np.float64)) + tiny + a + b
+          for e, a, b in zip(expected, our_bounds, ev_bounds)
+        ],
+        "vs evaluator's float32",
+      )
     else:
       ev_bounds = _bounds(op, tolerance.evaluator_context(), inputs, full)
       _assert_within(ours, expected, [a + b for a, b in zip(our_bounds, ev_bounds)], "vs ReferenceEvaluator")
@@ -197,19 +237,33 @@ def test_evaluator_multi_tensor_adam_casts_to_float32():
 def test_evaluator_adam_evaluation_order():
   """The evaluator computes r_adjusted * (v_new / h_sqrt); the schema text R_adjusted * V_new / H_sqrt."""
   from onnx.reference.ops.aionnx_preview_training import op_adam
+
   assert "r_adjusted * (v_new / h_sqrt)" in inspect.getsource(op_adam)
   assert "R_adjusted * V_new / H_sqrt" in onnx.defs.get_schema("Adam", 1, DOMAIN).doc
 
 
 def test_onnx_backend_test_cases():
   """ONNX's own expected outputs (test_adam, test_momentum_multiple...) through run_node."""
-  from onnx.backend.test.case.node import collect_testcases
   import warnings
+
+  from onnx.backend.test.case.node import collect_testcases
+
   with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    cases = [c for c in collect_testcases(None) if c.name in (
-        "test_momentum", "test_nesterov_momentum", "test_momentum_multiple", "test_adagrad",
-        "test_adagrad_multiple", "test_adam", "test_adam_multiple")]
+    cases = [
+      c
+      for c in collect_testcases(None)
+      if c.name
+      in (
+        "test_momentum",
+        "test_nesterov_momentum",
+        "test_momentum_multiple",
+        "test_adagrad",
+        "test_adagrad_multiple",
+        "test_adam",
+        "test_adam_multiple",
+      )
+    ]
   assert len(cases) == 7
   for case in cases:
     node = case.model.graph.node[0]
@@ -221,6 +275,7 @@ def test_onnx_backend_test_cases():
 
 # -- jit -------------------------------------------------------------------------------
 
+
 def test_operator_calls_under_jit():
   rng = np.random.default_rng(2)
   attributes = dict(alpha=0.5, beta=0.75, epsilon=1e-6, norm_coefficient=0.01, norm_coefficient_post=0.02)
@@ -228,11 +283,18 @@ def test_operator_calls_under_jit():
   step = jax.jit(ox.adam, static_argnames=tuple(attributes))
   jitted = step(*inputs, **attributes)
   R, T, *tensors = inputs
-  spec = [reference.adam(float(R), 3, tensors[i], tensors[2 + i], tensors[4 + i], tensors[6 + i],
-                         **attributes) for i in range(2)]
+  spec = [
+    reference.adam(float(R), 3, tensors[i], tensors[2 + i], tensors[4 + i], tensors[6 + i], **attributes)
+    for i in range(2)
+  ]
   spec = [spec[i][j] for j in range(3) for i in range(2)]
-  bounds = [a + b for a, b in zip(_bounds("Adam", _context(np.float32), inputs, attributes),
-                                  _bounds("Adam", tolerance.reference_context(), inputs, attributes))]
+  bounds = [
+    a + b
+    for a, b in zip(
+      _bounds("Adam", _context(np.float32), inputs, attributes),
+      _bounds("Adam", tolerance.reference_context(), inputs, attributes),
+    )
+  ]
   _assert_within(jitted, spec, bounds, "jit vs reference")
 
 
@@ -251,29 +313,45 @@ def test_run_node_under_jit_and_traced_T():
 
 # -- from_node -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("op, attributes", [
+
+@pytest.mark.parametrize(
+  "op, attributes",
+  [
     ("Momentum", dict(alpha=0.9, beta=0.5, mode="standard", norm_coefficient=0.01)),
     ("Momentum", dict(alpha=0.8, beta=0.7, mode="nesterov", norm_coefficient=0.0)),
     ("Adagrad", {}),
     ("Adagrad", dict(decay_factor=0.1, epsilon=1e-7, norm_coefficient=0.05)),
     ("Adam", {}),
     ("Adam", dict(alpha=0.5, beta=0.75, epsilon=1e-5, norm_coefficient=0.05, norm_coefficient_post=0.1)),
-])
+  ],
+)
 def test_from_node_one_update_equals_one_node_execution(op, attributes):
   rng = np.random.default_rng(4)
   node = _node(op, 2, attributes)
   R = 0.05
-  params = {"a": jnp.asarray(rng.normal(size=(3,)), jnp.float32),
-            "b": jnp.asarray(rng.normal(size=(2, 2)), jnp.float32)}
-  grads = {"a": jnp.asarray(rng.normal(size=(3,)), jnp.float32),
-           "b": jnp.asarray(rng.normal(size=(2, 2)), jnp.float32)}
+  params = {
+    "a": jnp.asarray(rng.normal(size=(3,)), jnp.float32),
+    "b": jnp.asarray(rng.normal(size=(2, 2)), jnp.float32),
+  }
+  grads = {
+    "a": jnp.asarray(rng.normal(size=(3,)), jnp.float32),
+    "b": jnp.asarray(rng.normal(size=(2, 2)), jnp.float32),
+  }
   opt = ox.from_node(node, R)
   updates, state = opt.update(grads, opt.init(params), params)
   new_params = optax.apply_updates(params, updates)
 
   zeros = [jnp.zeros_like(params[k]) for k in ("a", "b")]
-  outputs = ox.run_node(node, np.float32(R), np.int64(0), params["a"], params["b"], grads["a"], grads["b"],
-                        *(zeros * len(STATE[op])))
+  outputs = ox.run_node(
+    node,
+    np.float32(R),
+    np.int64(0),
+    params["a"],
+    params["b"],
+    grads["a"],
+    grads["b"],
+    *(zeros * len(STATE[op])),
+  )
   np.testing.assert_array_equal(new_params["a"], outputs[0])
   np.testing.assert_array_equal(new_params["b"], outputs[1])
   for j, field in enumerate(state[1:]):
@@ -297,25 +375,64 @@ def _good(n: int = 1, op: str = "Momentum"):
   return _inputs(op, n, 1, np.float32, "normal", rng)
 
 
-@pytest.mark.parametrize("node, error, match", [
-    (helper.make_node("Momentum", ["R", "T", "X", "G", "V"], ["Y", "W"], **MOMENTUM), ValueError, "node.domain"),
-    (helper.make_node("Momentum", ["R", "T", "X", "G", "V"], ["Y", "W"], domain="ai.onnx.ml", **MOMENTUM),
-     ValueError, "node.domain"),
-    (helper.make_node("Adadelta", ["R", "T", "X", "G", "V"], ["Y", "W"], domain=DOMAIN), ValueError,
-     "node.op_type"),
-    (helper.make_node("Momentum", ["R", "T", "X", "G", "V"], ["Y", "W"], domain=DOMAIN, alpha=0.9, beta=0.5,
-                      mode="standard"), ValueError, "requires 'norm_coefficient'"),
-    (helper.make_node("Momentum", ["R", "T", "X", "G", "V"], ["Y", "W"], domain=DOMAIN, gamma=0.1, **MOMENTUM),
-     ValueError, "no attribute 'gamma'"),
-    (helper.make_node("Momentum", ["R", "T", "X", "G", "V"], ["Y", "W"], domain=DOMAIN,
-                      **{**MOMENTUM, "mode": "heavy_ball"}), ValueError, "mode"),
-    (helper.make_node("Momentum", ["R", "T", "X", "G", "V"], ["Y", "W"], domain=DOMAIN,
-                      **{**MOMENTUM, "alpha": 1}), TypeError, "'alpha' must be of type FLOAT"),
-    (helper.make_node("Momentum", ["R", "T", "X", "G"], ["Y", "W"], domain=DOMAIN, **MOMENTUM), ValueError,
-     "node.input"),
-    (helper.make_node("Momentum", ["R", "T", "X", "G", "V"], ["Y"], domain=DOMAIN, **MOMENTUM), ValueError,
-     "node.output"),
-])
+@pytest.mark.parametrize(
+  "node, error, match",
+  [
+    (
+      helper.make_node("Momentum", ["R", "T", "X", "G", "V"], ["Y", "W"], **MOMENTUM),
+      ValueError,
+      "node.domain",
+    ),
+    (
+      helper.make_node("Momentum", ["R", "T", "X", "G", "V"], ["Y", "W"], domain="ai.onnx.ml", **MOMENTUM),
+      ValueError,
+      "node.domain",
+    ),
+    (
+      helper.make_node("Adadelta", ["R", "T", "X", "G", "V"], ["Y", "W"], domain=DOMAIN),
+      ValueError,
+      "node.op_type",
+    ),
+    (
+      helper.make_node(
+        "Momentum", ["R", "T", "X", "G", "V"], ["Y", "W"], domain=DOMAIN, alpha=0.9, beta=0.5, mode="standard"
+      ),
+      ValueError,
+      "requires 'norm_coefficient'",
+    ),
+    (
+      helper.make_node(
+        "Momentum", ["R", "T", "X", "G", "V"], ["Y", "W"], domain=DOMAIN, gamma=0.1, **MOMENTUM
+      ),
+      ValueError,
+      "no attribute 'gamma'",
+    ),
+    (
+      helper.make_node(
+        "Momentum", ["R", "T", "X", "G", "V"], ["Y", "W"], domain=DOMAIN, **{**MOMENTUM, "mode": "heavy_ball"}
+      ),
+      ValueError,
+      "mode",
+    ),
+    (
+      helper.make_node(
+        "Momentum", ["R", "T", "X", "G", "V"], ["Y", "W"], domain=DOMAIN, **{**MOMENTUM, "alpha": 1}
+      ),
+      TypeError,
+      "'alpha' must be of type FLOAT",
+    ),
+    (
+      helper.make_node("Momentum", ["R", "T", "X", "G"], ["Y", "W"], domain=DOMAIN, **MOMENTUM),
+      ValueError,
+      "node.input",
+    ),
+    (
+      helper.make_node("Momentum", ["R", "T", "X", "G", "V"], ["Y"], domain=DOMAIN, **MOMENTUM),
+      ValueError,
+      "node.output",
+    ),
+  ],
+)
 def test_bad_nodes(node, error, match):
   with pytest.raises(error, match=match):
     ox.run_node(node, *_good())
@@ -333,8 +450,9 @@ def test_bad_node_for_from_node_and_opset():
   with pytest.raises(ValueError, match="node inputs"):
     ox.from_node(helper.make_node("Adam", ["R", "T", "X", "G", "V"], ["Y", "V2"], domain=DOMAIN), 0.1)
   with pytest.raises(ValueError, match="no attribute 'decay'"):
-    ox.from_node(helper.make_node("Adagrad", ["R", "T", "X", "G", "H"], ["Y", "H2"], domain=DOMAIN,
-                                  decay=0.1), 0.1)
+    ox.from_node(
+      helper.make_node("Adagrad", ["R", "T", "X", "G", "H"], ["Y", "H2"], domain=DOMAIN, decay=0.1), 0.1
+    )
 
 
 def test_bad_input_count():
@@ -369,7 +487,9 @@ def test_float64_tensors_need_x64():
     ox.momentum(R, T, X.astype(np.float64), G.astype(np.float64), V.astype(np.float64), **MOMENTUM)
 
 
-@pytest.mark.parametrize("T, error, match", [
+@pytest.mark.parametrize(
+  "T, error, match",
+  [
     (np.float32(1.0), TypeError, "T must be an integer scalar"),
     (1.0, TypeError, "T must be an integer scalar"),
     (True, TypeError, "T must be an integer scalar"),
@@ -377,7 +497,8 @@ def test_float64_tensors_need_x64():
     (np.int64(-1), ValueError, "T must be >= 0"),
     (np.array(2**40, np.int64), ValueError, "T = 1099511627776 does not fit int32.*enable_x64"),
     (2**31, ValueError, "does not fit int32"),
-])
+  ],
+)
 def test_bad_T(T, error, match):
   R, _, X, G, V = _good()
   with pytest.raises(error, match=match):
@@ -393,20 +514,28 @@ def test_large_T_under_x64_stays_int64():
     X_new, H_new = ox.adagrad(*inputs, **attributes)
     R, _, X, G, H = inputs
     X_spec, H_spec = reference.adagrad(float(R), T, X, G, H, **attributes)
-    bounds = [a + b for a, b in zip(_bounds("Adagrad", _context(np.float64), inputs, attributes),
-                                    _bounds("Adagrad", tolerance.reference_context(), inputs, attributes))]
+    bounds = [
+      a + b
+      for a, b in zip(
+        _bounds("Adagrad", _context(np.float64), inputs, attributes),
+        _bounds("Adagrad", tolerance.reference_context(), inputs, attributes),
+      )
+    ]
     _assert_within([X_new, H_new], [X_spec, H_spec], bounds, "T = 2**40 under x64")
     # Truncated to int32, T would be 0 and the decay would vanish.
     assert not np.allclose(X_new, reference.adagrad(float(R), 0, X, G, H, **attributes)[0])
 
 
-@pytest.mark.parametrize("R, error, match", [
+@pytest.mark.parametrize(
+  "R, error, match",
+  [
     (1, TypeError, "R must be a float scalar"),
     (np.int64(1), TypeError, "R must be a float scalar"),
     (np.array([0.1], np.float32), TypeError, r"R must be a float scalar .*shape \(1,\)"),
     ("0.1", TypeError, "R must be a float scalar"),
     (float("nan"), ValueError, "R must be finite"),
-])
+  ],
+)
 def test_bad_R(R, error, match):
   _, T, X, G, V = _good()
   with pytest.raises(error, match=match):
@@ -439,6 +568,7 @@ def test_errors_come_before_any_computation_under_jit():
 
 def test_directml_call_is_reexported():
   from onnx_optax import directml
+
   assert ox.adam_optimizer is directml.adam_optimizer
   assert "adam_optimizer" in ox.__all__
 
@@ -447,17 +577,19 @@ def test_operator_calls_need_jax_alone():
   """Without the onnx package the calls work; run_node says what is missing."""
   import subprocess
   import sys
+
   code = (
-      "import sys; sys.modules['onnx'] = None\n"  # Makes `import onnx` raise ImportError.
-      "import numpy as np\n"
-      "from onnx_optax import onnx as ox\n"
-      "X, V = ox.adagrad(np.float32(0.1), 0, np.ones(2, np.float32), np.ones(2, np.float32),\n"
-      "                  np.zeros(2, np.float32), epsilon=0.0)\n"
-      "assert np.allclose(X, 0.9), X\n"
-      "try:\n"
-      "  ox.run_node(object(), 1.0)\n"
-      "except ImportError:\n"
-      "  print('ok')\n")
+    "import sys; sys.modules['onnx'] = None\n"  # Makes `import onnx` raise ImportError.
+    "import numpy as np\n"
+    "from onnx_optax import onnx as ox\n"
+    "X, V = ox.adagrad(np.float32(0.1), 0, np.ones(2, np.float32), np.ones(2, np.float32),\n"
+    "                  np.zeros(2, np.float32), epsilon=0.0)\n"
+    "assert np.allclose(X, 0.9), X\n"
+    "try:\n"
+    "  ox.run_node(object(), 1.0)\n"
+    "except ImportError:\n"
+    "  print('ok')\n"
+  )
   root = str(__import__("pathlib").Path(__file__).resolve().parents[1])
   result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root)
   assert result.stdout.strip() == "ok", result.stderr

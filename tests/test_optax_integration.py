@@ -27,6 +27,7 @@ per step.
 
 from __future__ import annotations
 
+import operator
 import zlib
 
 import jax
@@ -34,10 +35,18 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from rule_configs import (
+  RULE_CONFIGS,
+  trajectory_tolerances,
+)
+from rule_configs import (
+  as_float32_sees as _f32,
+)
+from rule_configs import (
+  first_count as _first_count,
+)
 
 import onnx_optax
-from rule_configs import (ROUNDINGS, RULE_CONFIGS, as_float32_sees as _f32, first_count as _first_count,
-                          trajectory_tolerances)
 from onnx_optax import reference
 
 STEPS = 30
@@ -56,8 +65,10 @@ def _seen(hyper):
 
 
 def _tree(rng, scale=1.0):
-  return {"w": (scale * rng.normal(size=(4, 3))).astype(np.float32),
-          "b": (scale * rng.normal(size=(3,))).astype(np.float32)}
+  return {
+    "w": (scale * rng.normal(size=(4, 3))).astype(np.float32),
+    "b": (scale * rng.normal(size=(3,))).astype(np.float32),
+  }
 
 
 def _problem(config, steps=STEPS):
@@ -107,8 +118,10 @@ def _run(opt, params, grads, *, jit=True, before_step=None):
 
 
 def _max_diff(a, b):
-  return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
-             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+  return max(
+    float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+  )
 
 
 # ----------------------------------------------------------------------------
@@ -137,8 +150,14 @@ def test_inject_hyperparams_matches_plain_rule_and_reference(config, jit):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
   xs, ref_state, _ = reference.trajectory(
-      rule, _leaves(params), [_leaves(g) for g in grads], _zero_state(rule, params),
-      _first_count(rule), [_f32(lr)] * STEPS, **_seen(hyper))
+    rule,
+    _leaves(params),
+    [_leaves(g) for g in grads],
+    _zero_state(rule, params),
+    _first_count(rule),
+    [_f32(lr)] * STEPS,
+    **_seen(hyper),
+  )
   _assert_trajectory(injected, xs, _tolerances(rule, hyper, lr, _leaves(params), xs))
 
 
@@ -150,8 +169,10 @@ def test_changing_hyperparameters_between_steps_takes_effect_at_that_step(config
   K = 12
   lrs = [lr * (1.0 + 0.5 * np.sin(k)) for k in range(STEPS)]
   # Other values, still valid (decays in [0, 1), epsilon >= 0).
-  changed = {k: (v if isinstance(v, str) else 0.5 * v + (0.3 if k in ("alpha", "beta", "beta1", "beta2") else 0.0))
-             for k, v in hyper.items()}
+  changed = {
+    k: (v if isinstance(v, str) else 0.5 * v + (0.3 if k in ("alpha", "beta", "beta1", "beta2") else 0.0))
+    for k, v in hyper.items()
+  }
 
   def before_step(k, state):
     state.hyperparams["learning_rate"] = jnp.asarray(lrs[k], jnp.float32)
@@ -164,19 +185,31 @@ def test_changing_hyperparameters_between_steps_takes_effect_at_that_step(config
   got, _ = _run(optax.inject_hyperparams(make)(lr, **hyper), params, grads, before_step=before_step)
 
   xs1, s1, T1 = reference.trajectory(
-      rule, _leaves(params), [_leaves(g) for g in grads[:K]], _zero_state(rule, params),
-      _first_count(rule), [_f32(r) for r in lrs[:K]], **_seen(hyper))
+    rule,
+    _leaves(params),
+    [_leaves(g) for g in grads[:K]],
+    _zero_state(rule, params),
+    _first_count(rule),
+    [_f32(r) for r in lrs[:K]],
+    **_seen(hyper),
+  )
   xs2, s2, _ = reference.trajectory(
-      rule, xs1[-1], [_leaves(g) for g in grads[K:]], s1, T1, [_f32(r) for r in lrs[K:]],
-      **_seen(changed))
+    rule, xs1[-1], [_leaves(g) for g in grads[K:]], s1, T1, [_f32(r) for r in lrs[K:]], **_seen(changed)
+  )
   xs = xs1 + xs2
   _assert_trajectory(got, xs, _tolerances(rule, [hyper, changed], max(lrs), _leaves(params), xs))
   # Each change acts at its own step, not one step later: at step K the
   # reference with every change one step late is much farther away.
   late = [lrs[0]] + lrs[:-1]
   ys1, t1, U1 = reference.trajectory(
-      rule, _leaves(params), [_leaves(g) for g in grads[:K + 1]], _zero_state(rule, params),
-      _first_count(rule), [_f32(r) for r in late[:K + 1]], **_seen(hyper))
+    rule,
+    _leaves(params),
+    [_leaves(g) for g in grads[: K + 1]],
+    _zero_state(rule, params),
+    _first_count(rule),
+    [_f32(r) for r in late[: K + 1]],
+    **_seen(hyper),
+  )
   right, wrong = _max_diff(got[K], xs[K]), _max_diff(got[K], ys1[K])
   assert 100 * right < wrong, (right, wrong)
 
@@ -207,9 +240,10 @@ def test_state_dtype_under_inject_hyperparams():
   params = {"w": jnp.ones(3, jnp.bfloat16)}
   with pytest.raises(TypeError, match="static_args"):
     optax.inject_hyperparams(onnx_optax.adam)(0.1, state_dtype=jnp.float32).init(params)
-  for opt in (optax.inject_hyperparams(onnx_optax.adam, static_args=("state_dtype",))(
-                  0.1, state_dtype=jnp.float32),
-              optax.inject_hyperparams(onnx_optax.adam)(0.1, state_dtype=jnp.dtype("float32"))):
+  for opt in (
+    optax.inject_hyperparams(onnx_optax.adam, static_args=("state_dtype",))(0.1, state_dtype=jnp.float32),
+    optax.inject_hyperparams(onnx_optax.adam)(0.1, state_dtype=jnp.dtype("float32")),
+  ):
     state = opt.init(params)
     assert "state_dtype" not in state.hyperparams
     assert state.inner_state.h["w"].dtype == jnp.float32
@@ -227,8 +261,14 @@ def test_learning_rate_schedule_plain_and_injected(config):
   # Written out, not evaluated by optax: the schedule's value at update k.
   lrs = [_f32(0.1 * lr + (lr - 0.1 * lr) * min(k, 10) / 10) for k in range(STEPS)]
   xs, s, _ = reference.trajectory(
-      rule, _leaves(params), [_leaves(g) for g in grads], _zero_state(rule, params),
-      _first_count(rule), lrs, **_seen(hyper))
+    rule,
+    _leaves(params),
+    [_leaves(g) for g in grads],
+    _zero_state(rule, params),
+    _first_count(rule),
+    lrs,
+    **_seen(hyper),
+  )
   tol = _tolerances(rule, hyper, lr, _leaves(params), xs)
   plain, _ = _run(make(schedule, **hyper), params, grads)
   _assert_trajectory(plain, xs, tol, "plain")
@@ -284,8 +324,14 @@ def test_masked(config):
     p = optax.apply_updates(p, u)
     got.append(p["w"])
   xs, s, _ = reference.trajectory(
-      rule, [params["w"]], [[g["w"]] for g in grads], _zero_state(rule, {"w": params["w"]}),
-      _first_count(rule), [_f32(lr)] * STEPS, **_seen(hyper))
+    rule,
+    [params["w"]],
+    [[g["w"]] for g in grads],
+    _zero_state(rule, {"w": params["w"]}),
+    _first_count(rule),
+    [_f32(lr)] * STEPS,
+    **_seen(hyper),
+  )
   _assert_trajectory(got, xs, _tolerances(rule, hyper, lr, [params["w"]], xs))
 
 
@@ -295,18 +341,31 @@ def test_multi_transform(config):
   params, grads = _problem(config)
   other = dict(alpha=0.5, beta=1.0, mode="nesterov", norm_coefficient=0.0)
   opt = optax.multi_transform(
-      {"main": make(lr, **hyper), "other": onnx_optax.momentum(0.02, **other)},
-      {"w": "main", "b": "other"})
+    {"main": make(lr, **hyper), "other": onnx_optax.momentum(0.02, **other)}, {"w": "main", "b": "other"}
+  )
   got, _ = _run(opt, params, grads)
   xs_w, s_w, _ = reference.trajectory(
-      rule, [params["w"]], [[g["w"]] for g in grads], _zero_state(rule, {"w": params["w"]}),
-      _first_count(rule), [_f32(lr)] * STEPS, **_seen(hyper))
+    rule,
+    [params["w"]],
+    [[g["w"]] for g in grads],
+    _zero_state(rule, {"w": params["w"]}),
+    _first_count(rule),
+    [_f32(lr)] * STEPS,
+    **_seen(hyper),
+  )
   xs_b, s_b, _ = reference.trajectory(
-      "momentum", [params["b"]], [[g["b"]] for g in grads], [[np.zeros(3)]], 0,
-      [_f32(0.02)] * STEPS, **_seen(other))
+    "momentum",
+    [params["b"]],
+    [[g["b"]] for g in grads],
+    [[np.zeros(3)]],
+    0,
+    [_f32(0.02)] * STEPS,
+    **_seen(other),
+  )
   _assert_trajectory([p["w"] for p in got], xs_w, _tolerances(rule, hyper, lr, [params["w"]], xs_w), "w")
-  _assert_trajectory([p["b"] for p in got], xs_b, _tolerances("momentum", other, 0.02, [params["b"]], xs_b),
-                     "b")
+  _assert_trajectory(
+    [p["b"] for p in got], xs_b, _tolerances("momentum", other, 0.02, [params["b"]], xs_b), "b"
+  )
 
 
 @pytest.mark.parametrize("config", NAMES)
@@ -317,11 +376,19 @@ def test_multi_steps_accumulates_gradients(config):
   params, grads = _problem(config)
   opt = optax.MultiSteps(make(lr, **hyper), every_k_schedule=every)
   got, state = _run(opt, params, grads)
-  mean_grads = [[np.mean([_leaves(g)[i].astype(np.float64) for g in grads[k:k + every]], axis=0)
-                 for i in range(2)] for k in range(0, STEPS, every)]
+  mean_grads = [
+    [np.mean([_leaves(g)[i].astype(np.float64) for g in grads[k : k + every]], axis=0) for i in range(2)]
+    for k in range(0, STEPS, every)
+  ]
   xs, s, T = reference.trajectory(
-      rule, _leaves(params), mean_grads, _zero_state(rule, params), _first_count(rule),
-      [_f32(lr)] * len(mean_grads), **_seen(hyper))
+    rule,
+    _leaves(params),
+    mean_grads,
+    _zero_state(rule, params),
+    _first_count(rule),
+    [_f32(lr)] * len(mean_grads),
+    **_seen(hyper),
+  )
   # The mean of `every` float32 gradients rounds a few times relative to |G|:
   # an input error of the update's relative size, inside ROUNDINGS.
   tols = _tolerances(rule, hyper, lr, _leaves(params), xs)
@@ -347,8 +414,14 @@ def test_apply_if_finite_skips_non_finite_steps(config):
   got, state = _run(opt, params, grads)
   good = [g for k, g in enumerate(grads) if k not in bad]
   xs, s, T = reference.trajectory(
-      rule, _leaves(params), [_leaves(g) for g in good], _zero_state(rule, params),
-      _first_count(rule), [_f32(lr)] * len(good), **_seen(hyper))
+    rule,
+    _leaves(params),
+    [_leaves(g) for g in good],
+    _zero_state(rule, params),
+    _first_count(rule),
+    [_f32(lr)] * len(good),
+    **_seen(hyper),
+  )
   # The expected parameters after each step: a skipped step repeats the last ones.
   good_tols = _tolerances(rule, hyper, lr, _leaves(params), xs)
   want, tols, j = [], [], 0
@@ -460,7 +533,9 @@ def _scan_matches_loop(config, inject):
   target = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), jnp.float32), params)
 
   def loss(p):
-    return sum(jnp.sum(jnp.cos(a) * (a - t) ** 2) for a, t in zip(jax.tree.leaves(p), jax.tree.leaves(target)))
+    return sum(
+      jnp.sum(jnp.cos(a) * (a - t) ** 2) for a, t in zip(jax.tree.leaves(p), jax.tree.leaves(target))
+    )
 
   opt = (optax.inject_hyperparams(make) if inject else make)(lr, **hyper)
   traces = []
@@ -500,7 +575,8 @@ def test_vmap_over_a_sweep_of_hyperparameters(config):
   stacked = jax.tree.map(lambda *g: jnp.stack(g), *grads)
   lrs = np.array([0.5, 1.0, 1.5, 2.0], np.float32) * np.float32(lr)
   seconds = np.array([0.5, 0.6, 0.7, 0.8], np.float32) * np.float32(
-      hyper[second] if hyper[second] < 1 else 0.9)
+    hyper[second] if hyper[second] < 1 else 0.9
+  )
 
   @jax.jit
   @jax.vmap
@@ -520,11 +596,21 @@ def test_vmap_over_a_sweep_of_hyperparameters(config):
   assert sweep._cache_size() == 1
   for i, (r, b) in enumerate(zip(lrs, seconds)):
     xs, s, _ = reference.trajectory(
-        rule, _leaves(params), [_leaves(g) for g in grads], _zero_state(rule, params),
-        _first_count(rule), [float(r)] * len(grads), **_seen(dict(hyper, **{second: float(b)})))
-    mine = [jax.tree.map(lambda a: a[i, k], got) for k in range(len(grads))]
-    _assert_trajectory(mine, xs, _tolerances(rule, dict(hyper, **{second: float(b)}), float(r),
-                                             _leaves(params), xs), f"sweep {i}")
+      rule,
+      _leaves(params),
+      [_leaves(g) for g in grads],
+      _zero_state(rule, params),
+      _first_count(rule),
+      [float(r)] * len(grads),
+      **_seen(dict(hyper, **{second: float(b)})),
+    )
+    mine = [jax.tree.map(operator.itemgetter((i, k)), got) for k in range(len(grads))]
+    _assert_trajectory(
+      mine,
+      xs,
+      _tolerances(rule, dict(hyper, **{second: float(b)}), float(r), _leaves(params), xs),
+      f"sweep {i}",
+    )
 
 
 def test_vmap_over_injected_hyperparameters():
@@ -540,8 +626,9 @@ def test_vmap_over_injected_hyperparameters():
   step = jax.jit(jax.vmap(lambda g, s, p: opt.update(g, s, p), in_axes=(None, axes, None)))
   updates, new_state = step(grads[0], state, params)
   for i, r in enumerate(np.asarray(lrs)):
-    want, _, _ = reference.adam(float(r), 0, params["w"], grads[0]["w"], np.zeros((4, 3)),
-                                np.zeros((4, 3)), **_seen(hyper))
+    want, _, _ = reference.adam(
+      float(r), 0, params["w"], grads[0]["w"], np.zeros((4, 3)), np.zeros((4, 3)), **_seen(hyper)
+    )
     got = params["w"] + np.asarray(updates["w"][i], np.float64)
     tol = _tolerances("adam", hyper, float(r), [params["w"]], [[want]])[0]
     np.testing.assert_allclose(got, want, rtol=0, atol=tol)

@@ -54,19 +54,25 @@ import optax
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from rule_configs import as_float32_sees as _f32
 
 import onnx_optax
-from rule_configs import as_float32_sees as _f32
-from onnx_optax import directml
+from onnx_optax import directml, reference
 from onnx_optax import onnx as ox
-from onnx_optax import reference
 
 settings.register_profile(
-    "ci", max_examples=8, deadline=None, derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+  "ci",
+  max_examples=8,
+  deadline=None,
+  derandomize=True,
+  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 settings.register_profile(
-    "thorough", max_examples=100, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+  "thorough",
+  max_examples=100,
+  deadline=None,
+  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 PROFILE = settings.get_profile(os.environ.get("ONNX_OPTAX_HYPOTHESIS_PROFILE", "ci"))
 
 ROUNDINGS = 16
@@ -76,12 +82,14 @@ STEPS = 3
 
 shapes = st.lists(st.integers(1, 4), min_size=0, max_size=3).map(tuple)
 structures = st.recursive(
-    shapes,
-    lambda children: st.one_of(
-        st.dictionaries(st.sampled_from("abcdw"), children, min_size=1, max_size=3),
-        st.lists(children, min_size=1, max_size=3),
-        st.lists(children, min_size=1, max_size=2).map(tuple)),
-    max_leaves=5)
+  shapes,
+  lambda children: st.one_of(
+    st.dictionaries(st.sampled_from("abcdw"), children, min_size=1, max_size=3),
+    st.lists(children, min_size=1, max_size=3),
+    st.lists(children, min_size=1, max_size=2).map(tuple),
+  ),
+  max_leaves=5,
+)
 
 
 def _is_shape(node):
@@ -120,23 +128,34 @@ def _small(rng):
 
 
 HYPER = {
-    "momentum_standard": lambda rng: dict(
-        alpha=_unit(rng), beta=_unit(rng), mode="standard", norm_coefficient=_small(rng)),
-    "momentum_nesterov": lambda rng: dict(
-        alpha=_unit(rng), beta=_unit(rng), mode="nesterov", norm_coefficient=_small(rng)),
-    "adagrad": lambda rng: dict(
-        decay_factor=_unit(rng), epsilon=_epsilon(rng), norm_coefficient=_small(rng)),
-    "adam": lambda rng: dict(
-        alpha=_spread(rng, 0.0, 0.95, (0.0, 0.9)), beta=_spread(rng, 0.0, 0.999, (0.0, 0.99, 0.999)),
-        epsilon=_epsilon(rng), norm_coefficient=_small(rng), norm_coefficient_post=_small(rng)),
-    "directml_adam": lambda rng: dict(
-        beta1=_spread(rng, 0.0, 0.95, (0.0, 0.9)), beta2=_spread(rng, 0.0, 0.999, (0.0, 0.99, 0.999)),
-        epsilon=_epsilon(rng)),
+  "momentum_standard": lambda rng: dict(
+    alpha=_unit(rng), beta=_unit(rng), mode="standard", norm_coefficient=_small(rng)
+  ),
+  "momentum_nesterov": lambda rng: dict(
+    alpha=_unit(rng), beta=_unit(rng), mode="nesterov", norm_coefficient=_small(rng)
+  ),
+  "adagrad": lambda rng: dict(decay_factor=_unit(rng), epsilon=_epsilon(rng), norm_coefficient=_small(rng)),
+  "adam": lambda rng: dict(
+    alpha=_spread(rng, 0.0, 0.95, (0.0, 0.9)),
+    beta=_spread(rng, 0.0, 0.999, (0.0, 0.99, 0.999)),
+    epsilon=_epsilon(rng),
+    norm_coefficient=_small(rng),
+    norm_coefficient_post=_small(rng),
+  ),
+  "directml_adam": lambda rng: dict(
+    beta1=_spread(rng, 0.0, 0.95, (0.0, 0.9)),
+    beta2=_spread(rng, 0.0, 0.999, (0.0, 0.99, 0.999)),
+    epsilon=_epsilon(rng),
+  ),
 }
 VARIANTS = sorted(HYPER)
 RULE = {v: v.split("_")[0] if v.startswith("momentum") else v for v in VARIANTS}
-MAKE = {"momentum": onnx_optax.momentum, "adagrad": onnx_optax.adagrad,
-        "adam": onnx_optax.adam, "directml_adam": onnx_optax.directml_adam}
+MAKE = {
+  "momentum": onnx_optax.momentum,
+  "adagrad": onnx_optax.adagrad,
+  "adam": onnx_optax.adam,
+  "directml_adam": onnx_optax.directml_adam,
+}
 
 
 @st.composite
@@ -148,8 +167,10 @@ def problems(draw, variant):
   T0 = draw(st.integers(1 if rule == "directml_adam" else 0, 1000))
   structure = draw(structures)
   params = _fill(structure, lambda s: rng.uniform(-2, 2, size=s).astype(np.float32))
-  grads = [_fill(structure, lambda s: (rng.choice([-1, 1], size=s) * rng.uniform(0.5, 2, size=s))
-                 .astype(np.float32)) for _ in range(STEPS)]
+  grads = [
+    _fill(structure, lambda s: (rng.choice([-1, 1], size=s) * rng.uniform(0.5, 2, size=s)).astype(np.float32))
+    for _ in range(STEPS)
+  ]
   return rule, hyper, lr, T0, params, grads
 
 
@@ -187,15 +208,23 @@ def _reference(rule, hyper, lr, T0, params, grads):
   n_state = reference.RULES[rule][1]
   zeros = [[np.zeros_like(x, np.float64) for x in leaves(params)] for _ in range(n_state)]
   xs, state, _ = reference.trajectory(
-      rule, leaves(params), [leaves(g) for g in grads], zeros, T0, [_f32(lr)] * len(grads),
-      **{k: _f32(v) for k, v in hyper.items()})
+    rule,
+    leaves(params),
+    [leaves(g) for g in grads],
+    zeros,
+    T0,
+    [_f32(lr)] * len(grads),
+    **{k: _f32(v) for k, v in hyper.items()},
+  )
   return xs, state
 
 
 def _tolerance(rule, hyper, xs, state, params):
-  scale = max([1.0] + [float(np.abs(a).max(initial=0)) for a in jax.tree.leaves((xs, state))]
-              + [float(np.abs(b - a).max(initial=0))
-                 for a, b in zip(jax.tree.leaves(params), xs[0])])
+  scale = max(
+    [1.0]
+    + [float(np.abs(a).max(initial=0)) for a in jax.tree.leaves((xs, state))]
+    + [float(np.abs(b - a).max(initial=0)) for a, b in zip(jax.tree.leaves(params), xs[0])]
+  )
   alpha = hyper.get("alpha", 0.0) if rule == "adam" else hyper.get("beta1", 0.0)
   return ROUNDINGS * 2.0**-24 * scale / (1 - alpha)
 
@@ -245,14 +274,16 @@ def test_onnx_call_gives_the_transforms_result_to_the_bit(variant):
     for k, g in enumerate(grads):
       G = [jnp.asarray(x) for x in jax.tree.leaves(g)]
       if rule == "directml_adam":
-        outs = [directml.adam_optimizer(x, m, v, gg, T0 + k, learning_rate=lr, **hyper)
-                for x, m, v, gg in zip(X, *S, G)]
+        outs = [
+          directml.adam_optimizer(x, m, v, gg, T0 + k, learning_rate=lr, **hyper)
+          for x, m, v, gg in zip(X, *S, G)
+        ]
         X, S = [o[0] for o in outs], [[o[1] for o in outs], [o[2] for o in outs]]
       else:
         call = {"momentum": ox.momentum, "adagrad": ox.adagrad, "adam": ox.adam}[rule]
         out = call(jnp.float32(lr), T0 + k, *X, *G, *(s for block in S for s in block), **hyper)
         X = list(out[:n])
-        S = [list(out[n * (i + 1):n * (i + 2)]) for i in range(len(S))]
+        S = [list(out[n * (i + 1) : n * (i + 2)]) for i in range(len(S))]
       for a, b in zip(X, jax.tree.leaves(xs[k])):
         np.testing.assert_array_equal(a, b)
       for block, field in zip(S, states[k][1:]):
@@ -266,17 +297,25 @@ def test_onnx_call_gives_the_transforms_result_to_the_bit(variant):
 # Structures and dtypes are what this property explores; the variant is drawn
 # with the rest, and at least 3 examples per variant run on average.
 @settings(PROFILE, max_examples=max(3 * len(VARIANTS), PROFILE.max_examples))
-@given(st.sampled_from(VARIANTS).flatmap(problems), st.sampled_from([jnp.float32, jnp.float16, jnp.bfloat16]),
-       st.sampled_from([None, jnp.float32]))
+@given(
+  st.sampled_from(VARIANTS).flatmap(problems),
+  st.sampled_from([jnp.float32, jnp.float16, jnp.bfloat16]),
+  st.sampled_from([None, jnp.float32]),
+)
 def test_state_structure_and_dtypes_are_stable(problem, dtype, state_dtype):
   rule, hyper, lr, T0, params, grads = problem
   params = jax.tree.map(lambda x: jnp.asarray(x, dtype), params)
   grads = [jax.tree.map(lambda x: jnp.asarray(x, dtype), g) for g in grads]
   opt = MAKE[rule](lr, **hyper, initial_count=T0, state_dtype=state_dtype)
   compute = jnp.promote_types(dtype, state_dtype or dtype)
-  rounds_to_one = [k for k in ("alpha", "beta", "beta1", "beta2")
-                   if k in hyper and (rule != "momentum" or k == "alpha")
-                   and hyper[k] < 1 and float(np.asarray(hyper[k], compute)) == 1.0]
+  rounds_to_one = [
+    k
+    for k in ("alpha", "beta", "beta1", "beta2")
+    if k in hyper
+    and (rule != "momentum" or k == "alpha")
+    and hyper[k] < 1
+    and float(np.asarray(hyper[k], compute)) == 1.0
+  ]
   if rounds_to_one:  # documented: init refuses a decay that the dtype makes 1
     with pytest.raises(ValueError, match=rounds_to_one[0]):
       opt.init(params)
@@ -294,24 +333,26 @@ def test_state_structure_and_dtypes_are_stable(problem, dtype, state_dtype):
     assert jax.tree.structure(state) == structure
     assert [x.dtype for x in jax.tree.leaves(state)] == dtypes
     assert jax.tree.structure(updates) == jax.tree.structure(params)
-    assert all(u.dtype == dtype and u.shape == x.shape
-               for u, x in zip(jax.tree.leaves(updates), jax.tree.leaves(params)))
+    assert all(
+      u.dtype == dtype and u.shape == x.shape
+      for u, x in zip(jax.tree.leaves(updates), jax.tree.leaves(params))
+    )
     assert int(state.count) == T0 + k + 1
 
 
 # name -> strategies of invalid values (nan and inf are invalid everywhere)
 INVALID = {
-    ("adam", "alpha"): st.one_of(st.floats(1.0, 1e6), st.floats(-1e6, -1e-9)),
-    ("adam", "beta"): st.one_of(st.floats(1.0 + 2**-40, 1e6), st.floats(-1e6, -1e-9)),
-    ("adam", "epsilon"): st.floats(-1e6, -1e-30),
-    ("directml_adam", "beta1"): st.one_of(st.floats(1.0, 1e6), st.floats(-1e6, -1e-9)),
-    ("directml_adam", "beta2"): st.one_of(st.floats(1.0 + 2**-40, 1e6), st.floats(-1e6, -1e-9)),
-    ("directml_adam", "epsilon"): st.floats(-1e6, -1e-30),
-    ("adagrad", "decay_factor"): st.floats(-1e6, -1e-30),
-    ("adagrad", "epsilon"): st.floats(-1e6, -1e-30),
-    ("momentum", "alpha"): st.nothing(),
-    ("momentum", "norm_coefficient"): st.nothing(),
-    ("adam", "norm_coefficient_post"): st.nothing(),
+  ("adam", "alpha"): st.one_of(st.floats(1.0, 1e6), st.floats(-1e6, -1e-9)),
+  ("adam", "beta"): st.one_of(st.floats(1.0 + 2**-40, 1e6), st.floats(-1e6, -1e-9)),
+  ("adam", "epsilon"): st.floats(-1e6, -1e-30),
+  ("directml_adam", "beta1"): st.one_of(st.floats(1.0, 1e6), st.floats(-1e6, -1e-9)),
+  ("directml_adam", "beta2"): st.one_of(st.floats(1.0 + 2**-40, 1e6), st.floats(-1e6, -1e-9)),
+  ("directml_adam", "epsilon"): st.floats(-1e6, -1e-30),
+  ("adagrad", "decay_factor"): st.floats(-1e6, -1e-30),
+  ("adagrad", "epsilon"): st.floats(-1e6, -1e-30),
+  ("momentum", "alpha"): st.nothing(),
+  ("momentum", "norm_coefficient"): st.nothing(),
+  ("adam", "norm_coefficient_post"): st.nothing(),
 }
 
 

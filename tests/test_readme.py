@@ -28,4 +28,4 @@ def test_readme_example_runs(index):
   # A line `print(x)  # value` promises that output.
   promised = re.findall(r"print\(.*\)\s*#\s*(.+)", code)
   printed = out.getvalue().splitlines()
-  assert printed[:len(promised)] == [p.strip() for p in promised]
+  assert printed[: len(promised)] == [p.strip() for p in promised]

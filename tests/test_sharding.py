@@ -26,8 +26,7 @@ def test_sharded_training_on_8_devices():
   # The package as the suite imports it, wherever it lives.
   root = str(pathlib.Path(onnx_optax.__file__).resolve().parent.parent)
   env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-  result = subprocess.run([sys.executable, str(SCRIPT)], env=env, capture_output=True, text=True,
-                          timeout=600)
+  result = subprocess.run([sys.executable, str(SCRIPT)], env=env, capture_output=True, text=True, timeout=600)
   output = result.stdout + result.stderr
   assert result.returncode == 0, output
   lines = result.stdout.splitlines()

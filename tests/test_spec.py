@@ -22,8 +22,15 @@ import onnx_optax  # noqa: E402
 from onnx_optax import reference  # noqa: E402
 
 DOMAIN = "ai.onnx.preview.training"
-CASES = ("test_momentum", "test_nesterov_momentum", "test_momentum_multiple",
-         "test_adagrad", "test_adagrad_multiple", "test_adam", "test_adam_multiple")
+CASES = (
+  "test_momentum",
+  "test_nesterov_momentum",
+  "test_momentum_multiple",
+  "test_adagrad",
+  "test_adagrad_multiple",
+  "test_adam",
+  "test_adam_multiple",
+)
 STATE_BLOCKS = {"Momentum": 1, "Adagrad": 1, "Adam": 2}
 
 
@@ -36,8 +43,11 @@ def onnx_cases():
 
 def _attributes(node):
   schema = onnx.defs.get_schema(node.op_type, 1, DOMAIN)
-  attrs = {name: helper.get_attribute_value(a.default_value)
-           for name, a in schema.attributes.items() if a.default_value.name}
+  attrs = {
+    name: helper.get_attribute_value(a.default_value)
+    for name, a in schema.attributes.items()
+    if a.default_value.name
+  }
   attrs.update({a.name: helper.get_attribute_value(a) for a in node.attribute})
   return {k: (v.decode() if isinstance(v, bytes) else v) for k, v in attrs.items()}
 
@@ -50,9 +60,8 @@ def test_reference_reproduces_onnx_test_cases(onnx_cases, name):
   R, T, *tensors = inputs
   k = 2 + STATE_BLOCKS[node.op_type]
   n = len(tensors) // k
-  blocks = [tensors[i * n:(i + 1) * n] for i in range(k)]
-  rule = {"Momentum": reference.momentum, "Adagrad": reference.adagrad,
-          "Adam": reference.adam}[node.op_type]
+  blocks = [tensors[i * n : (i + 1) * n] for i in range(k)]
+  rule = {"Momentum": reference.momentum, "Adagrad": reference.adagrad, "Adam": reference.adam}[node.op_type]
   outputs = [rule(R, int(T), *(b[i] for b in blocks), **_attributes(node)) for i in range(n)]
   got = [out[j] for j in range(len(outputs[0])) for out in outputs]
   assert len(got) == len(expected)
@@ -63,8 +72,11 @@ def test_reference_reproduces_onnx_test_cases(onnx_cases, name):
 
 def _schema_defaults(op):
   schema = onnx.defs.get_schema(op, 1, DOMAIN)
-  return {name: helper.get_attribute_value(a.default_value)
-          for name, a in schema.attributes.items() if a.default_value.name}
+  return {
+    name: helper.get_attribute_value(a.default_value)
+    for name, a in schema.attributes.items()
+    if a.default_value.name
+  }
 
 
 @pytest.mark.parametrize("op,transform", [("Adagrad", onnx_optax.adagrad), ("Adam", onnx_optax.adam)])

@@ -31,27 +31,33 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from rule_configs import (
+  ROUNDINGS,
+  RULE_CONFIGS,
+  feedback_gain,
+  trajectory_tolerances,
+)
+from rule_configs import (
+  first_count as _first_count,
+)
 
 import onnx_optax
-from rule_configs import (ROUNDINGS, RULE_CONFIGS, feedback_gain, first_count as _first_count,
-                          trajectory_tolerances)
 from onnx_optax import reference
 
 STEPS = 30
 
 # Every term of every formula matters: non-zero norm_coefficient, beta != 1,
 # epsilon comparable to sqrt(H), decay_factor > 0, norm_coefficient_post > 0.
-CONFIGS = {k: (c.rule, c.make, c.state_cls, c.hyper, c.learning_rate)
-           for k, c in RULE_CONFIGS.items()}
+CONFIGS = {k: (c.rule, c.make, c.state_cls, c.hyper, c.learning_rate) for k, c in RULE_CONFIGS.items()}
 
 SHAPES = {"w": (4, 3), "b": (3,), "nested": [(), (5,)]}
 
 
 def _tree(rng, dtype, scale=1.0):
   return {
-      "w": (scale * rng.normal(size=SHAPES["w"])).astype(dtype),
-      "b": (scale * rng.normal(size=SHAPES["b"])).astype(dtype),
-      "nested": [(scale * rng.normal(size=s)).astype(dtype) for s in SHAPES["nested"]],
+    "w": (scale * rng.normal(size=SHAPES["w"])).astype(dtype),
+    "b": (scale * rng.normal(size=SHAPES["b"])).astype(dtype),
+    "nested": [(scale * rng.normal(size=s)).astype(dtype) for s in SHAPES["nested"]],
   }
 
 
@@ -65,8 +71,9 @@ def _run(config, dtype, jit, nonzero_start):
   if nonzero_start:
     # Second moments must be non-negative; first moments may be anything.
     second = {"adagrad": [0], "adam": [1], "directml_adam": [1]}.get(rule, [])
-    state0 = [jax.tree.map(np.abs, _tree(rng, dtype)) if i in second else _tree(rng, dtype)
-              for i in range(n_state)]
+    state0 = [
+      jax.tree.map(np.abs, _tree(rng, dtype)) if i in second else _tree(rng, dtype) for i in range(n_state)
+    ]
     T0 = 7
   else:
     state0 = [jax.tree.map(np.zeros_like, params) for _ in range(n_state)]
@@ -90,10 +97,15 @@ def _run(config, dtype, jit, nonzero_start):
   ref_hyper = {k: (v if isinstance(v, str) else as_seen(v)) for k, v in hyper.items()}
   leaves = jax.tree.leaves
   xs, ref_state, ref_T = reference.trajectory(
-      rule, leaves(params), [leaves(g) for g in grads], [leaves(s) for s in state0],
-      T0, [as_seen(lr)] * STEPS, **ref_hyper)
-  return trajectory, state, xs, ref_state, ref_T, state0, (
-      leaves(params), ref_hyper, as_seen(lr), T0)
+    rule,
+    leaves(params),
+    [leaves(g) for g in grads],
+    [leaves(s) for s in state0],
+    T0,
+    [as_seen(lr)] * STEPS,
+    **ref_hyper,
+  )
+  return trajectory, state, xs, ref_state, ref_T, state0, (leaves(params), ref_hyper, as_seen(lr), T0)
 
 
 @pytest.mark.parametrize("nonzero_start", [False, True], ids=["zero_state", "given_state"])
@@ -102,8 +114,7 @@ def _run(config, dtype, jit, nonzero_start):
 @pytest.mark.parametrize("config", sorted(CONFIGS))
 def test_trajectory_matches_reference(config, dtype, jit, nonzero_start):
   with jax.enable_x64(dtype == np.float64):
-    trajectory, state, xs, ref_state, ref_T, _, (X0, seen, lr, T0) = _run(
-        config, dtype, jit, nonzero_start)
+    trajectory, state, xs, ref_state, ref_T, _, (X0, seen, lr, T0) = _run(config, dtype, jit, nonzero_start)
     rule = CONFIGS[config][0]
     u = np.finfo(dtype).eps / 2
     tols = trajectory_tolerances(rule, seen, lr, X0, xs, u, T0)
@@ -111,8 +122,9 @@ def test_trajectory_matches_reference(config, dtype, jit, nonzero_start):
       for g, w in zip(jax.tree.leaves(got), want):
         assert g.dtype == dtype
         np.testing.assert_allclose(np.asarray(g), w, rtol=0, atol=tols[k], err_msg=f"step {k}")
-    scale = max(np.max(np.abs(a)) for a in
-                [x for step in xs for x in step] + [s for field in ref_state for s in field])
+    scale = max(
+      np.max(np.abs(a)) for a in [x for step in xs for x in step] + [s for field in ref_state for s in field]
+    )
     gain = (1 + feedback_gain(rule, seen, lr, T0, STEPS)) ** STEPS
     tol = gain * STEPS * ROUNDINGS * u * max(scale, 1.0)
     for field, want in zip(state[1:], ref_state):
@@ -146,7 +158,7 @@ def _eager_update_is_spec_x_new_to_the_bit(config):
   x, g = rng.normal(size=n).astype(np.float32), rng.normal(size=n).astype(np.float32)
   n_state = len(state_cls._fields) - 1
   s = [np.abs(rng.normal(size=n)).astype(np.float32) for _ in range(n_state)]
-  for T in ([1] if rule == "directml_adam" else [0, 1]):
+  for T in [1] if rule == "directml_adam" else [0, 1]:
     if rule == "adam" and T > 0:
       continue  # R_adjusted needs beta**T.
     opt = make(lr, **hyper, initial_count=T)
@@ -174,8 +186,9 @@ def _jit_contracts_multiply_add_within_one_rounding():
   state = onnx_optax.MomentumState(jnp.int32(3), jnp.asarray(V))
   u, _ = jax.jit(opt.update)(jnp.asarray(G), state)
   x_new = np.asarray(jax.jit(optax.apply_updates)(jnp.asarray(X), u), np.float64)
-  want, _ = reference.momentum(0.1, 3, X, G, V, alpha=np.float32(0.9), beta=1.0,
-                               mode="standard", norm_coefficient=0.0)
+  want, _ = reference.momentum(
+    0.1, 3, X, G, V, alpha=np.float32(0.9), beta=1.0, mode="standard", norm_coefficient=0.0
+  )
   # V_new = alpha*V + G and X - R*V_new: at most 4 roundings of operands <= S.
   S = np.maximum.reduce([np.abs(X), np.abs(G), np.abs(V), np.abs(want)]) + 1
   assert np.all(np.abs(x_new - want) <= 4 * 2.0**-24 * S * 2)
@@ -189,7 +202,7 @@ def test_count_is_T_and_starts_at_initial_count(config):
   state = opt.init(params)
   assert state.count.dtype == jnp.int32
   assert int(state.count) == _first_count(rule)
-  for k in range(3):
+  for _ in range(3):
     _, state = opt.update({"a": jnp.ones(3)}, state, params)
   assert int(state.count) == _first_count(rule) + 3
   assert int(make(lr, **hyper, initial_count=5).init(params).count) == 5
@@ -211,9 +224,11 @@ def test_count_saturates_and_updates_stay_finite(config):
 def test_schedule_is_evaluated_at_updates_applied():
   """A schedule sees 0 at the first update, whatever the rule's T starts at."""
   seen = []
+
   def schedule(step):
     seen.append(step)
     return 0.1 * (step + 1)
+
   opt = onnx_optax.directml_adam(schedule, epsilon=0.0)  # T starts at 1
   params = jnp.ones(2)
   state = opt.init(params)
@@ -225,9 +240,16 @@ def test_schedule_is_evaluated_at_updates_applied():
     xs.append(np.asarray(params))
   assert [int(s) for s in seen] == [0, 1, 2]
   want, _, _ = reference.trajectory(
-      "directml_adam", [np.ones(2)], [[np.array([1.0, -1.0])]] * 3,
-      [[np.zeros(2)], [np.zeros(2)]], 1, [np.float32(0.1 * k) for k in (1, 2, 3)],
-      beta1=np.float32(0.9), beta2=np.float32(0.999), epsilon=0.0)  # as float32 sees them
+    "directml_adam",
+    [np.ones(2)],
+    [[np.array([1.0, -1.0])]] * 3,
+    [[np.zeros(2)], [np.zeros(2)]],
+    1,
+    [np.float32(0.1 * k) for k in (1, 2, 3)],
+    beta1=np.float32(0.9),
+    beta2=np.float32(0.999),
+    epsilon=0.0,
+  )  # as float32 sees them
   for got, w in zip(xs, want):
     np.testing.assert_allclose(got, w[0], rtol=1e-6)
 
@@ -260,9 +282,16 @@ def test_none_leaves_pass_through(config):
   assert all(field["frozen"] is None for field in state[1:])
 
 
-@pytest.mark.parametrize("param_dtype,state_dtype", [
-    (jnp.float16, None), (jnp.bfloat16, None), (jnp.bfloat16, jnp.float32),
-    (jnp.float16, jnp.float32), (jnp.float32, jnp.bfloat16)])
+@pytest.mark.parametrize(
+  "param_dtype,state_dtype",
+  [
+    (jnp.float16, None),
+    (jnp.bfloat16, None),
+    (jnp.bfloat16, jnp.float32),
+    (jnp.float16, jnp.float32),
+    (jnp.float32, jnp.bfloat16),
+  ],
+)
 @pytest.mark.parametrize("config", sorted(CONFIGS))
 def test_dtype_policy(config, param_dtype, state_dtype):
   """State in state_dtype (default: the parameter's), updates in the parameter's."""

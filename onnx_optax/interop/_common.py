@@ -25,10 +25,10 @@ from onnx_optax import transforms
 #: The transforms' state NamedTuples: what the bridges look for inside a state
 #: (alone, in an ``optax.chain`` or under ``optax.multi_transform``).
 RULE_STATES = (
-    transforms.MomentumState,
-    transforms.AdagradState,
-    transforms.AdamState,
-    transforms.DirectMLAdamState,
+  transforms.MomentumState,
+  transforms.AdagradState,
+  transforms.AdamState,
+  transforms.DirectMLAdamState,
 )
 
 
@@ -38,15 +38,18 @@ def require(module: str, caller: str) -> ModuleType:
     return importlib.import_module(module)
   except ImportError as error:
     raise ImportError(
-        f"{caller} needs {module}, which is not installed: "
-        f"pip install 'onnx_optax[interop]'") from error
+      f"{caller} needs {module}, which is not installed: pip install 'onnx_optax[interop]'"
+    ) from error
 
 
 def leaf_paths(params: Any) -> tuple[list[Any], jax.tree_util.PyTreeDef, list[str]]:
   """The leaves of ``params``, its structure, and each leaf's path as text."""
   with_path, treedef = jax.tree_util.tree_flatten_with_path(params)
-  return ([leaf for _, leaf in with_path], treedef,
-          [jax.tree_util.keystr(path) or "<root>" for path, _ in with_path])
+  return (
+    [leaf for _, leaf in with_path],
+    treedef,
+    [jax.tree_util.keystr(path) or "<root>" for path, _ in with_path],
+  )
 
 
 def dtype_name(dtype: Any) -> str:
@@ -56,10 +59,10 @@ def dtype_name(dtype: Any) -> str:
 
 
 def check_leaves(
-    leaves: Sequence[Any],
-    paths: Sequence[str],
-    others: Sequence[tuple[tuple[int, ...], str, str]],
-    framework: str,
+  leaves: Sequence[Any],
+  paths: Sequence[str],
+  others: Sequence[tuple[tuple[int, ...], str, str]],
+  framework: str,
 ) -> None:
   """Checks that the JAX leaves match the other framework's parameters one by one.
 
@@ -77,19 +80,21 @@ def check_leaves(
   """
   if len(leaves) != len(others):
     raise ValueError(
-        f"params has {len(leaves)} leaves but the {framework} optimizer has {len(others)} "
-        f"parameters; jax.tree.leaves(params) must list them in the optimizer's order")
+      f"params has {len(leaves)} leaves but the {framework} optimizer has {len(others)} "
+      f"parameters; jax.tree.leaves(params) must list them in the optimizer's order"
+    )
   for leaf, path, (shape, dtype, where) in zip(leaves, paths, others):
     if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
       raise TypeError(f"params{path} must be an array, got {type(leaf).__name__}")
     if tuple(leaf.shape) != tuple(shape):
       raise ValueError(
-          f"params{path} has shape {tuple(leaf.shape)} but the {framework} {where} has shape "
-          f"{tuple(shape)}")
+        f"params{path} has shape {tuple(leaf.shape)} but the {framework} {where} has shape {tuple(shape)}"
+      )
     if jnp.dtype(leaf.dtype).name != dtype:
       raise ValueError(
-          f"params{path} has dtype {jnp.dtype(leaf.dtype).name} but the {framework} {where} "
-          f"has dtype {dtype} (nothing is cast; for float64 enable jax_enable_x64)")
+        f"params{path} has dtype {jnp.dtype(leaf.dtype).name} but the {framework} {where} "
+        f"has dtype {dtype} (nothing is cast; for float64 enable jax_enable_x64)"
+      )
 
 
 def put_like(value: np.ndarray, leaf: Any) -> jax.Array:
@@ -120,6 +125,7 @@ def real_number(name: str, value: Any) -> float:
 
 class Position(NamedTuple):
   """Where one parameter's state lives inside a transform's state."""
+
   rule_state: Any  # the MomentumState, AdagradState, ... that owns this leaf
   values: tuple[Any, ...]  # the leaf's entry in each tensor field of rule_state
 
@@ -149,8 +155,9 @@ def positions(state: Any, n_leaves: int, kinds: tuple[type, ...]) -> list[Positi
     fields = [_entries(tree) for tree in node[1:]]
     if any(len(entries) != n_leaves for entries in fields):
       raise ValueError(
-          f"the {type(node).__name__} in state has {len(fields[0])} leaves but the optimizer has "
-          f"{n_leaves} parameters")
+        f"the {type(node).__name__} in state has {len(fields[0])} leaves but the optimizer has "
+        f"{n_leaves} parameters"
+      )
     for i, entries in enumerate(zip(*fields)):
       if isinstance(entries[0], optax.MaskedNode):
         continue
@@ -181,23 +188,30 @@ def fill(state: Any, treedef: jax.tree_util.PyTreeDef, values: Sequence[Sequence
       value per parameter leaf; leaves a rule state masks keep their
       ``MaskedNode``.
   """
+
   def fill_one(node):
     if not _is_rule_state(node):
       return node
     fields = []
     for tree, field_values in zip(node[1:], values):
       entries = treedef.flatten_up_to(tree)
-      fields.append(treedef.unflatten(
-          [entry if isinstance(entry, optax.MaskedNode) else value
-           for entry, value in zip(entries, field_values)]))
+      fields.append(
+        treedef.unflatten(
+          [
+            entry if isinstance(entry, optax.MaskedNode) else value
+            for entry, value in zip(entries, field_values)
+          ]
+        )
+      )
     return type(node)(node.count, *fields)
+
   return jax.tree.map(fill_one, state, is_leaf=_is_rule_state)
 
 
 def partition(
-    transforms_by_label: dict[str, optax.GradientTransformation],
-    labels: Sequence[str],
-    treedef: jax.tree_util.PyTreeDef,
+  transforms_by_label: dict[str, optax.GradientTransformation],
+  labels: Sequence[str],
+  treedef: jax.tree_util.PyTreeDef,
 ) -> optax.GradientTransformation:
   """One transform for one label, else ``optax.multi_transform`` over the labels."""
   if len(transforms_by_label) == 1:
@@ -216,8 +230,9 @@ def learning_rates(learning_rate: Any, n_groups: int) -> list[Any]:
     return [learning_rate] * n_groups
   if len(learning_rate) != n_groups:
     raise ValueError(
-        f"learning_rate has {len(learning_rate)} entries but the optimizer has {n_groups} param "
-        f"groups: pass one float or schedule, or one per group")
+      f"learning_rate has {len(learning_rate)} entries but the optimizer has {n_groups} param "
+      f"groups: pass one float or schedule, or one per group"
+    )
   return list(learning_rate)
 
 

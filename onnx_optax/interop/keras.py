@@ -41,19 +41,31 @@ __all__ = ["from_keras", "to_keras"]
 # Base-optimizer options that change the update and that no rule has, with
 # the value that leaves the update alone and what to do instead.
 _OPTIONS = (
-    ("amsgrad", False, "AMSGrad keeps the maximum of the second moments; no onnx_optax rule "
-     "does (optax.amsgrad is the nearest, with epsilon inside the bias correction)"),
-    ("weight_decay", None, "Keras decays the weights before the step (x -= lr * wd * x), "
-     "decoupled from the gradient, which no onnx_optax rule does; "
-     "optax.chain(onnx_optax.directml_adam(...), optax.add_decayed_weights(-lr * wd)) is the "
-     "same update up to rounding"),
-    ("clipnorm", None, "Keras clips each gradient's norm and the rules do not clip: clip in "
-     "JAX before the transform, optax.chain(<per-leaf norm clipping>, tx)"),
-    ("clipvalue", None, "clip in JAX with optax.chain(optax.clip(value), ...)"),
-    ("global_clipnorm", None, "clip in JAX with optax.chain(optax.clip_by_global_norm(norm), ...)"),
-    ("use_ema", False, "keep an average in JAX with optax.ema or a copy of the parameters"),
-    ("gradient_accumulation_steps", None, "accumulate in JAX with optax.MultiSteps"),
-    ("loss_scale_factor", None, "scale the loss and unscale the gradients yourself"),
+  (
+    "amsgrad",
+    False,
+    "AMSGrad keeps the maximum of the second moments; no onnx_optax rule "
+    "does (optax.amsgrad is the nearest, with epsilon inside the bias correction)",
+  ),
+  (
+    "weight_decay",
+    None,
+    "Keras decays the weights before the step (x -= lr * wd * x), "
+    "decoupled from the gradient, which no onnx_optax rule does; "
+    "optax.chain(onnx_optax.directml_adam(...), optax.add_decayed_weights(-lr * wd)) is the "
+    "same update up to rounding",
+  ),
+  (
+    "clipnorm",
+    None,
+    "Keras clips each gradient's norm and the rules do not clip: clip in "
+    "JAX before the transform, optax.chain(<per-leaf norm clipping>, tx)",
+  ),
+  ("clipvalue", None, "clip in JAX with optax.chain(optax.clip(value), ...)"),
+  ("global_clipnorm", None, "clip in JAX with optax.chain(optax.clip_by_global_norm(norm), ...)"),
+  ("use_ema", False, "keep an average in JAX with optax.ema or a copy of the parameters"),
+  ("gradient_accumulation_steps", None, "accumulate in JAX with optax.MultiSteps"),
+  ("loss_scale_factor", None, "scale the loss and unscale the gradients yourself"),
 )
 
 
@@ -62,10 +74,10 @@ def _keras() -> Any:
 
 
 def from_keras(
-    optimizer: Any,
-    params: Any,
-    *,
-    learning_rate: Any = None,
+  optimizer: Any,
+  params: Any,
+  *,
+  learning_rate: Any = None,
 ) -> tuple[optax.GradientTransformationExtraArgs, transforms.DirectMLAdamState]:
   """The transform and state that continue a Keras 3 Adam run in JAX.
 
@@ -123,10 +135,11 @@ def from_keras(
     schedule = optimizer._learning_rate
     if not isinstance(schedule, keras.Variable):
       raise ValueError(
-          f"the optimizer's learning rate is a {type(schedule).__name__}, which is not part of "
-          f"its state: pass learning_rate= a float, or a schedule n -> lr of the number n of "
-          f"JAX updates (the Keras schedule evaluated at n + iterations, here "
-          f"n + {_iterations(keras, optimizer)})")
+        f"the optimizer's learning rate is a {type(schedule).__name__}, which is not part of "
+        f"its state: pass learning_rate= a float, or a schedule n -> lr of the number n of "
+        f"JAX updates (the Keras schedule evaluated at n + iterations, here "
+        f"n + {_iterations(keras, optimizer)})"
+      )
     learning_rate = _common.real_number("learning_rate", keras.ops.convert_to_numpy(schedule))
   leaves, treedef, paths = _common.leaf_paths(params)
   variables = _variables(optimizer)
@@ -134,17 +147,23 @@ def from_keras(
     _common.check_leaves(leaves, paths, _described(variables), "Keras")
   T = _iterations(keras, optimizer) + 1
   tx = transforms.directml_adam(
-      learning_rate,
-      beta1=_common.real_number("beta_1", optimizer.beta_1),
-      beta2=_common.real_number("beta_2", optimizer.beta_2),
-      epsilon=_common.real_number("epsilon", optimizer.epsilon),
-      initial_count=T)
+    learning_rate,
+    beta1=_common.real_number("beta_1", optimizer.beta_1),
+    beta2=_common.real_number("beta_2", optimizer.beta_2),
+    epsilon=_common.real_number("epsilon", optimizer.epsilon),
+    initial_count=T,
+  )
   state = tx.init(params)
   if variables is not None:
     moments = [optimizer._momentums, optimizer._velocities]
-    state = _common.fill(state, treedef, [
+    state = _common.fill(
+      state,
+      treedef,
+      [
         [_common.put_like(keras.ops.convert_to_numpy(m), leaf) for m, leaf in zip(field, leaves)]
-        for field in moments])
+        for field in moments
+      ],
+    )
   return tx, state
 
 
@@ -190,29 +209,32 @@ def to_keras(state: Any, optimizer: Any, params: Any = None, *, variables: Any =
   if built is None:
     if variables is None:
       raise ValueError(
-          "the optimizer has not been built, so it has no variables to load the moments into: "
-          "pass variables=model.trainable_variables (in the order of params)")
+        "the optimizer has not been built, so it has no variables to load the moments into: "
+        "pass variables=model.trainable_variables (in the order of params)"
+      )
     built = list(variables)
   described = _described(built)
   owners = _common.positions(state, len(built), (transforms.DirectMLAdamState, transforms.AdamState))
   counts = {int(owner.rule_state.count) for owner in owners}
   if len(counts) != 1:
     raise ValueError(
-        f"the leaves of state have the counts {sorted(counts)}; Keras keeps one step count for "
-        f"all variables")
+      f"the leaves of state have the counts {sorted(counts)}; Keras keeps one step count for all variables"
+    )
   (count,) = counts
   if count < 1:
     raise ValueError(
-        "state has count 0: ONNX Adam's T = 0 update has no bias correction, which Keras's "
-        "Adam never takes; only a state with count >= 1 continues in Keras")
+      "state has count 0: ONNX Adam's T = 0 update has no bias correction, which Keras's "
+      "Adam never takes; only a state with count >= 1 continues in Keras"
+    )
   moments: list[list[np.ndarray]] = [[], []]
   for owner, (shape, dtype, where) in zip(owners, described):
     for field, value in zip(moments, owner.values):
       if tuple(value.shape) != shape or _common.dtype_name(value.dtype) != dtype:
         raise ValueError(
-            f"the state of {where} has shape {tuple(value.shape)} and dtype "
-            f"{_common.dtype_name(value.dtype)}; Keras keeps it with the variable's shape "
-            f"{shape} and dtype {dtype}")
+          f"the state of {where} has shape {tuple(value.shape)} and dtype "
+          f"{_common.dtype_name(value.dtype)}; Keras keeps it with the variable's shape "
+          f"{shape} and dtype {dtype}"
+        )
       field.append(np.asarray(value))
   new_params = None
   if params is not None:
@@ -235,10 +257,11 @@ def _check_optimizer(keras: Any, optimizer: Any) -> None:
   cls = type(optimizer)
   if isinstance(optimizer, keras.optimizers.AdamW):
     raise TypeError(
-        "keras.optimizers.AdamW decays the weights before the step (x -= lr * wd * x), "
-        "decoupled from the gradient, which no onnx_optax rule does; "
-        "optax.chain(onnx_optax.directml_adam(...), optax.add_decayed_weights(-lr * wd)) is "
-        "the same update up to rounding")
+      "keras.optimizers.AdamW decays the weights before the step (x -= lr * wd * x), "
+      "decoupled from the gradient, which no onnx_optax rule does; "
+      "optax.chain(onnx_optax.directml_adam(...), optax.add_decayed_weights(-lr * wd)) is "
+      "the same update up to rounding"
+    )
   # On some backends keras.optimizers.Adam(...) builds the backend's own class
   # (torch: keras.src.backend.torch.optimizers.torch_adam.Adam, the same
   # update with foreach kernels); those are Keras's Adam too.
@@ -246,11 +269,13 @@ def _check_optimizer(keras: Any, optimizer: Any) -> None:
   if not (cls is keras.optimizers.Adam or backend_adam):
     if isinstance(optimizer, keras.optimizers.Adam):
       raise TypeError(
-          f"{cls.__module__}.{cls.__qualname__} subclasses keras.optimizers.Adam and may change "
-          f"its step; the bridge maps keras.optimizers.Adam itself")
+        f"{cls.__module__}.{cls.__qualname__} subclasses keras.optimizers.Adam and may change "
+        f"its step; the bridge maps keras.optimizers.Adam itself"
+      )
     raise TypeError(
-        f"no onnx_optax rule is {cls.__module__}.{cls.__qualname__}: the Keras bridge maps "
-        f"keras.optimizers.Adam (DirectML Adam)")
+      f"no onnx_optax rule is {cls.__module__}.{cls.__qualname__}: the Keras bridge maps "
+      f"keras.optimizers.Adam (DirectML Adam)"
+    )
   for name, neutral, instead in _OPTIONS:
     value = getattr(optimizer, name, neutral)
     if not (value is neutral or value == neutral):
@@ -266,5 +291,7 @@ def _variables(optimizer: Any) -> list[Any] | None:
 
 
 def _described(variables: list[Any]) -> list[tuple[tuple[int, ...], str, str]]:
-  return [(tuple(v.shape), _common.dtype_name(v.dtype), f"variable {i} ({v.path!r})")
-          for i, v in enumerate(variables)]
+  return [
+    (tuple(v.shape), _common.dtype_name(v.dtype), f"variable {i} ({v.path!r})")
+    for i, v in enumerate(variables)
+  ]

@@ -62,28 +62,56 @@ from onnx_optax.interop import _common
 
 __all__ = ["from_torch", "to_torch", "torch_params"]
 
-_SGD_KEYS = frozenset({
-    "params", "lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize", "foreach",
-    "differentiable", "fused", "param_names", "initial_lr"})
-_ADAGRAD_KEYS = frozenset({
-    "params", "lr", "lr_decay", "eps", "weight_decay", "initial_accumulator_value", "foreach",
-    "maximize", "differentiable", "fused", "param_names", "initial_lr"})
+_SGD_KEYS = frozenset(
+  {
+    "params",
+    "lr",
+    "momentum",
+    "dampening",
+    "weight_decay",
+    "nesterov",
+    "maximize",
+    "foreach",
+    "differentiable",
+    "fused",
+    "param_names",
+    "initial_lr",
+  }
+)
+_ADAGRAD_KEYS = frozenset(
+  {
+    "params",
+    "lr",
+    "lr_decay",
+    "eps",
+    "weight_decay",
+    "initial_accumulator_value",
+    "foreach",
+    "maximize",
+    "differentiable",
+    "fused",
+    "param_names",
+    "initial_lr",
+  }
+)
 # torch.optim.Adagrad keeps ``step`` as a float32 tensor: it counts exactly up
 # to 2**24, and PyTorch's own ``step += 1`` stops there.
 _FLOAT32_EXACT_COUNT = 2**24
 
 _REFUSED = {
-    "Adam": (
-        "torch.optim.Adam puts epsilon inside the bias correction "
-        "(lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps)); onnx_optax's Adam rules add it after the "
-        "bias correction. The same rule as Adam is optax.adam(lr, b1, b2, eps) (weight_decay: "
-        "optax.chain(optax.add_decayed_weights(wd), optax.adam(...))), with state "
-        "optax.ScaleByAdamState(count=step, mu=exp_avg, nu=exp_avg_sq)"),
-    "AdamW": (
-        "torch.optim.AdamW puts epsilon inside the bias correction and decays the weights "
-        "decoupled from the gradient; no onnx_optax rule does either. The same rule is "
-        "optax.adamw(lr, b1, b2, eps, weight_decay), with state "
-        "optax.ScaleByAdamState(count=step, mu=exp_avg, nu=exp_avg_sq)"),
+  "Adam": (
+    "torch.optim.Adam puts epsilon inside the bias correction "
+    "(lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps)); onnx_optax's Adam rules add it after the "
+    "bias correction. The same rule as Adam is optax.adam(lr, b1, b2, eps) (weight_decay: "
+    "optax.chain(optax.add_decayed_weights(wd), optax.adam(...))), with state "
+    "optax.ScaleByAdamState(count=step, mu=exp_avg, nu=exp_avg_sq)"
+  ),
+  "AdamW": (
+    "torch.optim.AdamW puts epsilon inside the bias correction and decays the weights "
+    "decoupled from the gradient; no onnx_optax rule does either. The same rule is "
+    "optax.adamw(lr, b1, b2, eps, weight_decay), with state "
+    "optax.ScaleByAdamState(count=step, mu=exp_avg, nu=exp_avg_sq)"
+  ),
 }
 
 
@@ -92,10 +120,10 @@ def _torch() -> Any:
 
 
 def from_torch(
-    optimizer: Any,
-    params: Any,
-    *,
-    learning_rate: Any = None,
+  optimizer: Any,
+  params: Any,
+  *,
+  learning_rate: Any = None,
 ) -> tuple[optax.GradientTransformationExtraArgs, Any]:
   """The transform and state that continue a PyTorch optimizer's run in JAX.
 
@@ -168,16 +196,17 @@ def from_torch(
     counts_and_tensors = [_read_state(torch, kind, optimizer, group, p) for p in group["params"]]
     for T in sorted({T for T, _ in counts_and_tensors}):
       label = f"group{g}" if len({T for T, _ in counts_and_tensors}) == 1 else f"group{g}.T{T}"
-      transforms_by_label[label] = _common.negated(
-          _transform(kind, g, group, R, T), bool(group["maximize"]))
+      transforms_by_label[label] = _common.negated(_transform(kind, g, group, R, T), bool(group["maximize"]))
     for T, tensor in counts_and_tensors:
       labels.append(f"group{g}" if f"group{g}" in transforms_by_label else f"group{g}.T{T}")
       tensors.append(tensor)
 
   tx = _common.partition(transforms_by_label, labels, treedef)
   state = tx.init(params)
-  values = [tensor if tensor is not None else np.zeros(leaf.shape, _common.dtype_name(leaf.dtype))
-            for tensor, leaf in zip(tensors, leaves)]
+  values = [
+    tensor if tensor is not None else np.zeros(leaf.shape, _common.dtype_name(leaf.dtype))
+    for tensor, leaf in zip(tensors, leaves)
+  ]
   state = _common.fill(state, treedef, [[_common.put_like(v, leaf) for v, leaf in zip(values, leaves)]])
   return tx, state
 
@@ -241,14 +270,15 @@ def to_torch(state: Any, optimizer: Any, params: Any = None) -> None:
       shape, dtype, where = described[i]
       if tuple(value.shape) != shape or _common.dtype_name(value.dtype) != dtype:
         raise ValueError(
-            f"the state of {where} has shape {tuple(value.shape)} and dtype "
-            f"{_common.dtype_name(value.dtype)}; PyTorch keeps it with the parameter's shape "
-            f"{shape} and dtype {dtype}")
+          f"the state of {where} has shape {tuple(value.shape)} and dtype "
+          f"{_common.dtype_name(value.dtype)}; PyTorch keeps it with the parameter's shape "
+          f"{shape} and dtype {dtype}"
+        )
       count = int(owner.rule_state.count)
       if kind == "Adagrad" and count > _FLOAT32_EXACT_COUNT:
         raise ValueError(
-            f"the state of {where} has count {count}, beyond 2**24, where torch's float32 step "
-            f"stops counting")
+          f"the state of {where} has count {count}, beyond 2**24, where torch's float32 step stops counting"
+        )
       writes.append((p, group, count, _to_tensor(torch, np.asarray(value), p)))
       i += 1
 
@@ -300,9 +330,12 @@ def torch_params(optimizer: Any, like: Any) -> Any:
   groups = optimizer.param_groups
   _common.check_leaves(leaves, paths, _described(groups), "PyTorch")
   values = [_to_numpy(torch, p) for group in groups for p in group["params"]]
-  return treedef.unflatten([_common.put_like(v, leaf) if isinstance(leaf, jax.Array)
-                            else jax.numpy.asarray(v, dtype=leaf.dtype)
-                            for v, leaf in zip(values, leaves)])
+  return treedef.unflatten(
+    [
+      _common.put_like(v, leaf) if isinstance(leaf, jax.Array) else jax.numpy.asarray(v, dtype=leaf.dtype)
+      for v, leaf in zip(values, leaves)
+    ]
+  )
 
 
 def _kind(torch: Any, optimizer: Any) -> str:
@@ -315,11 +348,13 @@ def _kind(torch: Any, optimizer: Any) -> str:
     raise TypeError(f"no onnx_optax rule is {cls.__name__}: {_REFUSED[cls.__name__]}")
   if isinstance(optimizer, (torch.optim.SGD, torch.optim.Adagrad)):
     raise TypeError(
-        f"{cls.__module__}.{cls.__qualname__} subclasses a PyTorch optimizer and may change its "
-        f"step; the bridges map torch.optim.SGD and torch.optim.Adagrad themselves")
+      f"{cls.__module__}.{cls.__qualname__} subclasses a PyTorch optimizer and may change its "
+      f"step; the bridges map torch.optim.SGD and torch.optim.Adagrad themselves"
+    )
   raise TypeError(
-      f"no onnx_optax rule is {cls.__module__}.{cls.__qualname__}: the PyTorch bridges map "
-      f"torch.optim.SGD (ONNX Momentum) and torch.optim.Adagrad (ONNX Adagrad)")
+    f"no onnx_optax rule is {cls.__module__}.{cls.__qualname__}: the PyTorch bridges map "
+    f"torch.optim.SGD (ONNX Momentum) and torch.optim.Adagrad (ONNX Adagrad)"
+  )
 
 
 def _described(groups: Sequence[dict]) -> list[tuple[tuple[int, ...], str, str]]:
@@ -339,45 +374,59 @@ def _check_group(g: int, group: dict, kind: str, learning_rate: Any) -> None:
   unknown = sorted(set(group) - known)
   if unknown:
     raise ValueError(
-        f"param_groups[{g}] has options {unknown} that torch.optim.{kind} does not have in "
-        f"PyTorch 2.13 (a scheduler's, or a newer PyTorch's): onnx_optax cannot tell whether "
-        f"they change the update")
+      f"param_groups[{g}] has options {unknown} that torch.optim.{kind} does not have in "
+      f"PyTorch 2.13 (a scheduler's, or a newer PyTorch's): onnx_optax cannot tell whether "
+      f"they change the update"
+    )
   if "initial_lr" in group and learning_rate is None:
     raise ValueError(
-        f"param_groups[{g}] has 'initial_lr': a learning-rate scheduler is attached, and its "
-        f"schedule is not part of the optimizer. Pass learning_rate= the current lr "
-        f"({group['lr']}) to keep it constant, or a schedule n -> lr of the number n of JAX "
-        f"updates (the PyTorch schedule shifted by the steps already taken, e.g. "
-        f"optax.cosine_decay_schedule(...) evaluated at n + steps)")
+      f"param_groups[{g}] has 'initial_lr': a learning-rate scheduler is attached, and its "
+      f"schedule is not part of the optimizer. Pass learning_rate= the current lr "
+      f"({group['lr']}) to keep it constant, or a schedule n -> lr of the number n of JAX "
+      f"updates (the PyTorch schedule shifted by the steps already taken, e.g. "
+      f"optax.cosine_decay_schedule(...) evaluated at n + steps)"
+    )
   if group.get("differentiable"):
     raise ValueError(
-        f"param_groups[{g}] has differentiable=True: it differentiates through PyTorch's step, "
-        f"which a copy of the state cannot carry; build the optimizer with differentiable=False "
-        f"(JAX differentiates through the transform itself)")
+      f"param_groups[{g}] has differentiable=True: it differentiates through PyTorch's step, "
+      f"which a copy of the state cannot carry; build the optimizer with differentiable=False "
+      f"(JAX differentiates through the transform itself)"
+    )
   if kind == "SGD":
     if group["nesterov"] and (group["momentum"] == 0 or group["dampening"] != 0):
       # PyTorch's constructor refuses this too; a group edited after it is not.
       raise ValueError(
-          f"param_groups[{g}] has nesterov=True with momentum={group['momentum']} and "
-          f"dampening={group['dampening']}: PyTorch refuses Nesterov momentum without momentum "
-          f"or with dampening, and ONNX Momentum's Nesterov mode is PyTorch's only for "
-          f"dampening=0. Use dampening=0 (beta=1), or nesterov=False")
+        f"param_groups[{g}] has nesterov=True with momentum={group['momentum']} and "
+        f"dampening={group['dampening']}: PyTorch refuses Nesterov momentum without momentum "
+        f"or with dampening, and ONNX Momentum's Nesterov mode is PyTorch's only for "
+        f"dampening=0. Use dampening=0 (beta=1), or nesterov=False"
+      )
 
 
 def _transform(kind: str, g: int, group: dict, R: Any, T: int) -> optax.GradientTransformationExtraArgs:
   def number(key):
     return _common.real_number(f"param_groups[{g}][{key!r}]", group[key])
+
   if kind == "SGD":
     alpha = number("momentum")
     # momentum = 0 is plain SGD: PyTorch ignores dampening, and V_new is the
     # regularized gradient itself when beta = 1.
     beta = 1.0 - number("dampening") if alpha != 0 else 1.0
     return transforms.momentum(
-        R, alpha=alpha, beta=beta, mode="nesterov" if group["nesterov"] else "standard",
-        norm_coefficient=number("weight_decay"), initial_count=T)
+      R,
+      alpha=alpha,
+      beta=beta,
+      mode="nesterov" if group["nesterov"] else "standard",
+      norm_coefficient=number("weight_decay"),
+      initial_count=T,
+    )
   return transforms.adagrad(
-      R, decay_factor=number("lr_decay"), epsilon=number("eps"),
-      norm_coefficient=number("weight_decay"), initial_count=T)
+    R,
+    decay_factor=number("lr_decay"),
+    epsilon=number("eps"),
+    norm_coefficient=number("weight_decay"),
+    initial_count=T,
+  )
 
 
 def _read_state(torch: Any, kind: str, optimizer: Any, group: dict, p: Any) -> tuple[int, Any]:
@@ -403,6 +452,7 @@ def _to_numpy(torch: Any, tensor: Any) -> np.ndarray:
   tensor = tensor.detach().cpu()
   if tensor.dtype == torch.bfloat16:
     import ml_dtypes  # a dependency of jax and of onnx_optax
+
     # float32 holds every bfloat16 exactly.
     return tensor.float().numpy().astype(ml_dtypes.bfloat16)
   return tensor.numpy().copy()
