@@ -126,7 +126,7 @@ def floating_leaves(name: str, tree: Any) -> None:
       )
 
 
-def state(state_cls: type, value: Any) -> None:
+def state(state_cls: Any, value: Any) -> None:
   """``value`` is a ``state_cls`` with an integer scalar count and float leaves.
 
   Checked before anything is read from it: the state of another optimizer
@@ -138,7 +138,7 @@ def state(state_cls: type, value: Any) -> None:
       f"state must be the {state_cls.__name__} that this transform's init returns, got {type(value).__name__}"
     )
   dtype, shape = getattr(value.count, "dtype", None), getattr(value.count, "shape", None)
-  if dtype is None or tuple(shape) != () or not jnp.issubdtype(dtype, jnp.integer):
+  if dtype is None or shape is None or tuple(shape) != () or not jnp.issubdtype(dtype, jnp.integer):
     raise TypeError(
       f"state.count must be an integer scalar array, got {type(value.count).__name__} "
       f"of dtype {dtype} and shape {shape}"
@@ -154,9 +154,9 @@ def same_trees(updates: Any, others: dict[str, Any]) -> None:
   nothing is broadcast or cast silently.
   """
   floating_leaves("updates", updates)
-  structure = jax.tree.structure(updates)
+  structure: Any = jax.tree.structure(updates)
   for name, tree in others.items():
-    if jax.tree.structure(tree) != structure:
+    if structure != jax.tree.structure(tree):
       raise ValueError(
         f"updates and {name} have different tree structures:\n"
         f"  updates: {structure}\n  {name}: {jax.tree.structure(tree)}"
@@ -232,6 +232,7 @@ def integer_scalar(
   """
   if isinstance(value, bool) or isinstance(value, np.bool_):
     raise TypeError(f"{name} must be an integer scalar (ONNX: int64), got {value!r}")
+  dtype: Any
   if isinstance(value, numbers.Integral):
     dtype = jax.dtypes.canonicalize_dtype(np.int64)
   else:
@@ -239,7 +240,7 @@ def integer_scalar(
     scalar = shape is not None and (tuple(shape) == () or (shape_ok is not None and shape_ok(tuple(shape))))
     if not scalar or dtype is None or dtype == np.bool_ or not jnp.issubdtype(dtype, jnp.integer):
       raise TypeError(f"{name} must be an integer scalar (ONNX: int64), got {describe(value)}")
-    if tuple(shape) != ():
+    if shape is not None and tuple(shape) != ():
       value = jnp.reshape(value, ())
     if is_traced(value):
       return value

@@ -117,7 +117,8 @@ def _run(
     _checks.block([f"{b}_{i + 1}" for b in blocks], [inputs[j * n + i] for j in range(len(blocks))])
     for i in range(n)
   ]
-  xs, states = [], [[] for _ in OPERATORS[op_type]]
+  xs: list[Any] = []
+  states: list[list[Any]] = [[] for _ in OPERATORS[op_type]]
   for X, G, *S in map(_checks.as_arrays, per_tensor):
     U, *S_new = rule(R, T, X, G, *S)
     xs.append(X + U)
@@ -379,5 +380,10 @@ def from_node(
   op_type, attributes = _node_attributes(node, None)
   if len(node.input):
     _tensor_count(op_type, len(node.input), "node inputs")
-  make = {"Momentum": transforms.momentum, "Adagrad": transforms.adagrad, "Adam": transforms.adam}[op_type]
+  makers: dict[str, Callable[..., Any]] = {
+    "Momentum": transforms.momentum,
+    "Adagrad": transforms.adagrad,
+    "Adam": transforms.adam,
+  }
+  make = makers[op_type]
   return make(learning_rate, initial_count=initial_count, state_dtype=state_dtype, **attributes)

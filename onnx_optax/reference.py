@@ -135,16 +135,16 @@ def trajectory(
   if len(state) != n_state:
     raise ValueError(f"{rule} has {n_state} state tensors per parameter, got {len(state)}")
   X = [np.asarray(x) for x in X]
-  state = [list(s) for s in state]
+  S = [list(s) for s in state]
   xs = []
   for k, R in enumerate(learning_rates):
     G = grads(k, X) if callable(grads) else grads[k]
     outputs = [
-      step(R, T, x, g, *(s[i] for s in state), dtype=dtype, **hyperparameters)
+      step(R, T, x, g, *(s[i] for s in S), dtype=dtype, **hyperparameters)
       for i, (x, g) in enumerate(zip(X, G))
     ]
     X = [out[0] for out in outputs]
-    state = [[out[1 + j] for out in outputs] for j in range(n_state)]
+    S = [[out[1 + j] for out in outputs] for j in range(n_state)]
     xs.append(X)
     T += 1
-  return xs, state, T
+  return xs, S, T

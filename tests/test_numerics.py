@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -445,15 +447,16 @@ if __name__ == "__main__":
       f"stops growing at H={h[stall[0]] if stall.size else None}"
     )
   x = jnp.ones(8, jnp.float16)
-  g = jnp.array([0.0, 1e-5, 1e-3, 5e-3, 5.4e-3, 5.6e-3, 1e-2, 0.1], jnp.float16)
+  g16 = jnp.array([0.0, 1e-5, 1e-3, 5e-3, 5.4e-3, 5.6e-3, 1e-2, 0.1], jnp.float16)
   for label, kw in [("float16 state", {}), ("float32 state", {"state_dtype": jnp.float32})]:
-    for name, make in [
+    makers: list[tuple[str, Callable[..., Any]]] = [
       ("directml_adam", onnx_optax.directml_adam),
       ("adam eps=1e-6", lambda lr, **k: onnx_optax.adam(lr, epsilon=1e-6, **k)),
-    ]:
+    ]
+    for name, make in makers:
       opt = make(1e-3, **kw)
-      u, _ = opt.update(g, opt.init(x))
+      u, _ = opt.update(g16, opt.init(x))
       print(
-        f"float16 {name:14s} {label}: G={np.asarray(g, np.float32).tolist()} -> "
+        f"float16 {name:14s} {label}: G={np.asarray(g16, np.float32).tolist()} -> "
         f"update={np.asarray(u, np.float32).tolist()}"
       )

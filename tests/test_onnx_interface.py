@@ -29,6 +29,7 @@ import functools
 import inspect
 import itertools
 import zlib
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -37,7 +38,7 @@ import optax
 import pytest
 
 onnx = pytest.importorskip("onnx", reason="run_node and from_node need the onnx extra")
-from onnx import helper  # noqa: E402
+from onnx import NodeProto, helper  # noqa: E402
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 import onnx_optax  # noqa: E402
@@ -88,7 +89,7 @@ def _attributes(op: str, mode: str, rng: np.random.Generator, omit: bool) -> dic
   )
 
 
-def _node(op: str, n: int, attributes: dict) -> onnx.NodeProto:
+def _node(op: str, n: int, attributes: dict) -> NodeProto:
   blocks = ("X", "G", *STATE[op])
   inputs = ["R", "T"] + [f"{b}{i}" for b in blocks for i in range(n)]
   outputs = [f"{b}{i}_new" for b in ("X", *STATE[op]) for i in range(n)]
@@ -367,7 +368,7 @@ def test_from_node_one_update_equals_one_node_execution(op, attributes):
 
 # -- bad input -------------------------------------------------------------------------
 
-MOMENTUM = dict(alpha=0.9, beta=0.5, mode="standard", norm_coefficient=0.0)
+MOMENTUM: dict[str, Any] = dict(alpha=0.9, beta=0.5, mode="standard", norm_coefficient=0.0)
 
 
 def _good(n: int = 1, op: str = "Momentum"):
