@@ -152,7 +152,7 @@ class Comparison(NamedTuple):
   """The outcome of :func:`compare` on one output tensor."""
 
   worst: float  #: largest ``|got - want| / tol``
-  index: int  #: flat index of that element
+  at: int  #: flat index of that element
   loose: int  #: elements whose tolerance reaches their magnitude
   unchecked: int  #: finite elements with an infinite tolerance
 
@@ -171,7 +171,7 @@ def compare(got: np.ndarray, want: np.ndarray, tol: np.ndarray) -> Comparison:
   Example:
     >>> import numpy as np
     >>> compare(np.array([1.0, 2.5, 7.0]), np.array([1.0, 2.0, 3.0]), np.array([1.0, 1.0, np.inf]))
-    Comparison(worst=0.5, index=1, loose=1, unchecked=1)
+    Comparison(worst=0.5, at=1, loose=1, unchecked=1)
   """
   want = np.asarray(want, np.float64)
   tol = np.broadcast_to(np.asarray(tol, np.float64), want.shape).ravel()

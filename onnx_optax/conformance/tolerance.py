@@ -87,8 +87,8 @@ errors do not all reach their bound at once); the teeth test in
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -189,6 +189,8 @@ class Context:
     if self.hyper_dtype is None:
       return self.sub(self.exact(1.0), self.const(value))
     s = self.scalar
+    if s is None:  # Every context with a hyper_dtype has one (implementation_context).
+      raise ValueError("a context with hyper_dtype needs its scalar context")
     return self.to_elementwise(s.sub(s.exact(1.0), s.const(value)))
 
   def apply(self, X: Bounded, U: Bounded) -> Bounded:

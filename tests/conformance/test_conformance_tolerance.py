@@ -102,6 +102,7 @@ def test_underflow_on_this_backend_is_within_tiny(dtype):
   """
   import jax
   import jax.numpy as jnp
+
   from onnx_optax.conformance.cases import numpy_dtype
 
   dt = numpy_dtype(dtype)
