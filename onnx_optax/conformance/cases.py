@@ -38,20 +38,20 @@ _TINY = {"float64": 1e-8, "float32": 1e-6, "bfloat16": 1e-6, "float16": 1e-2}
 _HUGE = {"float64": 1e100, "float32": 1e15, "bfloat16": 1e15, "float16": 100.0}
 
 _DEFAULTS: dict[str, dict[str, Any]] = {
-    "momentum_standard": dict(alpha=0.9, beta=0.8, mode="standard", norm_coefficient=0.01),
-    "momentum_nesterov": dict(alpha=0.9, beta=0.8, mode="nesterov", norm_coefficient=0.01),
-    "adagrad": dict(decay_factor=0.1, epsilon=1e-6, norm_coefficient=0.01),
-    "adam": dict(alpha=0.9, beta=0.999, epsilon=1e-6, norm_coefficient=0.01, norm_coefficient_post=0.0),
-    "directml_adam": dict(beta1=0.9, beta2=0.999, epsilon=1e-8),
+  "momentum_standard": dict(alpha=0.9, beta=0.8, mode="standard", norm_coefficient=0.01),
+  "momentum_nesterov": dict(alpha=0.9, beta=0.8, mode="nesterov", norm_coefficient=0.01),
+  "adagrad": dict(decay_factor=0.1, epsilon=1e-6, norm_coefficient=0.01),
+  "adam": dict(alpha=0.9, beta=0.999, epsilon=1e-6, norm_coefficient=0.01, norm_coefficient_post=0.0),
+  "directml_adam": dict(beta1=0.9, beta2=0.999, epsilon=1e-8),
 }
 #: The state tensors of each rule, in the spec's order, and whether each is a
 #: second moment (non-negative).
 STATE: dict[str, tuple[tuple[str, bool], ...]] = {
-    "momentum_standard": (("v", False),),
-    "momentum_nesterov": (("v", False),),
-    "adagrad": (("h", True),),
-    "adam": (("v", False), ("h", True)),
-    "directml_adam": (("m", False), ("v", True)),
+  "momentum_standard": (("v", False),),
+  "momentum_nesterov": (("v", False),),
+  "adagrad": (("h", True),),
+  "adam": (("v", False), ("h", True)),
+  "directml_adam": (("m", False), ("v", True)),
 }
 _EPSILON = {"adagrad": "epsilon", "adam": "epsilon", "directml_adam": "epsilon"}
 
@@ -150,8 +150,9 @@ class Case:
       if self.state == "zero":
         state.append([np.zeros(s, state_dtype) for s in self.shapes])
       elif second_moment:
-        state.append([draw(s, 0.1, 1.0, signed=False, scale=state_scale**2, dtype=state_dtype)
-                      for s in self.shapes])
+        state.append(
+          [draw(s, 0.1, 1.0, signed=False, scale=state_scale**2, dtype=state_dtype) for s in self.shapes]
+        )
       else:
         state.append([draw(s, 0.1, 1.0, scale=state_scale, dtype=state_dtype) for s in self.shapes])
     return X, G, state
@@ -159,9 +160,10 @@ class Case:
 
 #: Why the float16 tiny-gradient cases may have unchecked elements on a TPU.
 _TPU_FLOAT16_TINY = (
-    "float16 on a TPU, which flushes subnormals: (1 - beta2) * G * G (~1e-7) and the tiny state "
-    "(~1e-5) are below float16's smallest normal number (6.1e-5), so the second moment is known "
-    "to within a few 6.1e-5, its square root to within its own size")
+  "float16 on a TPU, which flushes subnormals: (1 - beta2) * G * G (~1e-7) and the tiny state "
+  "(~1e-5) are below float16's smallest normal number (6.1e-5), so the second moment is known "
+  "to within a few 6.1e-5, its square root to within its own size"
+)
 
 
 def _case(rule: str, dtype: str, name: str, T: int = 5, R: float = 0.05, **kwargs: Any) -> Case:
@@ -174,25 +176,39 @@ def _edges(rule: str, dtype: str) -> list[Case]:
   """Hyperparameter edges specific to one rule."""
   c = lambda name, **kw: _case(rule, dtype, name, **kw)  # noqa: E731
   if rule.startswith("momentum"):
-    return [c("alpha=0", hyper=dict(alpha=0.0)), c("beta=1", hyper=dict(beta=1.0)),
-            c("beta=0", hyper=dict(beta=0.0)), c("beta=0,T=0", T=0, hyper=dict(beta=0.0)),
-            c("norm_coefficient=0", hyper=dict(norm_coefficient=0.0))]
+    return [
+      c("alpha=0", hyper=dict(alpha=0.0)),
+      c("beta=1", hyper=dict(beta=1.0)),
+      c("beta=0", hyper=dict(beta=0.0)),
+      c("beta=0,T=0", T=0, hyper=dict(beta=0.0)),
+      c("norm_coefficient=0", hyper=dict(norm_coefficient=0.0)),
+    ]
   if rule == "adagrad":
-    return [c("epsilon=0", hyper=dict(epsilon=0.0)), c("decay_factor=0", hyper=dict(decay_factor=0.0)),
-            c("norm_coefficient=0", hyper=dict(norm_coefficient=0.0))]
+    return [
+      c("epsilon=0", hyper=dict(epsilon=0.0)),
+      c("decay_factor=0", hyper=dict(decay_factor=0.0)),
+      c("norm_coefficient=0", hyper=dict(norm_coefficient=0.0)),
+    ]
   if rule == "adam":
-    return [c("alpha=0", hyper=dict(alpha=0.0)), c("beta=1", hyper=dict(beta=1.0)),
-            c("beta=1,T=0", T=0, hyper=dict(beta=1.0)), c("beta=0", hyper=dict(beta=0.0)),
-            c("epsilon=0", hyper=dict(epsilon=0.0)),
-            c("norm_coefficient_post", hyper=dict(norm_coefficient_post=0.02)),
-            c("norm_coefficient_post,T=0", T=0, hyper=dict(norm_coefficient_post=0.02)),
-            # Large enough to stand out of bfloat16's rounding of X (0.02 is 5 u there).
-            c("norm_coefficient_post=0.25", hyper=dict(norm_coefficient_post=0.25)),
-            c("norm_coefficient=0", hyper=dict(norm_coefficient=0.0)),
-            c("alpha=0.999,state=0", state="zero", hyper=dict(alpha=0.999))]
-  return [c("beta1=0", hyper=dict(beta1=0.0)), c("beta2=1", hyper=dict(beta2=1.0)),
-          c("epsilon=0", hyper=dict(epsilon=0.0)),
-          c("beta1=0.999,state=0", state="zero", hyper=dict(beta1=0.999))]
+    return [
+      c("alpha=0", hyper=dict(alpha=0.0)),
+      c("beta=1", hyper=dict(beta=1.0)),
+      c("beta=1,T=0", T=0, hyper=dict(beta=1.0)),
+      c("beta=0", hyper=dict(beta=0.0)),
+      c("epsilon=0", hyper=dict(epsilon=0.0)),
+      c("norm_coefficient_post", hyper=dict(norm_coefficient_post=0.02)),
+      c("norm_coefficient_post,T=0", T=0, hyper=dict(norm_coefficient_post=0.02)),
+      # Large enough to stand out of bfloat16's rounding of X (0.02 is 5 u there).
+      c("norm_coefficient_post=0.25", hyper=dict(norm_coefficient_post=0.25)),
+      c("norm_coefficient=0", hyper=dict(norm_coefficient=0.0)),
+      c("alpha=0.999,state=0", state="zero", hyper=dict(alpha=0.999)),
+    ]
+  return [
+    c("beta1=0", hyper=dict(beta1=0.0)),
+    c("beta2=1", hyper=dict(beta2=1.0)),
+    c("epsilon=0", hyper=dict(epsilon=0.0)),
+    c("beta1=0.999,state=0", state="zero", hyper=dict(beta1=0.999)),
+  ]
 
 
 #: A state dtype narrower than each parameter dtype (or, for float16 and
@@ -213,8 +229,10 @@ def _transform_layer(rule: str, dtype: str, first: int) -> list[Case]:
   exact in every dtype.
   """
   c = lambda name, **kw: _case(rule, dtype, name, **kw)  # noqa: E731
-  grid = [c("schedule", T=first + 3, R=2.0, schedule_steps=4),
-          c(f"state_dtype={NARROW_STATE[dtype]}", state_dtype=NARROW_STATE[dtype])]
+  grid = [
+    c("schedule", T=first + 3, R=2.0, schedule_steps=4),
+    c(f"state_dtype={NARROW_STATE[dtype]}", state_dtype=NARROW_STATE[dtype]),
+  ]
   if first == 0:
     grid.append(c("schedule,initial_count=1", T=4, R=2.0, schedule_steps=4, initial_count=1))
   return grid
@@ -235,24 +253,31 @@ def cases(rule: str, dtype: str, *, large: bool = True) -> list[Case]:
   first = 1 if rule == "directml_adam" else 0  # DirectML's T starts at 1.
   c = lambda name, **kw: _case(rule, dtype, name, **kw)  # noqa: E731
   grid = [
-      c("pytree", shapes=((), (3, 5), (1, 7, 2))),
-      c("scalar", T=2, shapes=((),)),
-      c("odd", shapes=((13,),)),
-      c(f"T={first}", T=first),
-      c(f"T={first + 1}", T=first + 1),
-      c("T=10^6", T=10**6),
-      c("T=int32max", T=INT32_MAX),
-      c("gradient=0", gradient="zero"),
-      c("gradient=huge", gradient="huge"),
-      c(f"state=0,T={first}", T=first, state="zero"),
+    c("pytree", shapes=((), (3, 5), (1, 7, 2))),
+    c("scalar", T=2, shapes=((),)),
+    c("odd", shapes=((13,),)),
+    c(f"T={first}", T=first),
+    c(f"T={first + 1}", T=first + 1),
+    c("T=10^6", T=10**6),
+    c("T=int32max", T=INT32_MAX),
+    c("gradient=0", gradient="zero"),
+    c("gradient=huge", gradient="huge"),
+    c(f"state=0,T={first}", T=first, state="zero"),
   ]
   tiny = _TINY[dtype]
   # Without L2 (norm_coefficient * X would dwarf a tiny gradient).
   no_l2 = {"norm_coefficient": 0.0} if "norm_coefficient" in _DEFAULTS[rule] else {}
   if rule in _EPSILON:
     # R = 1: the step stays visible next to X even in bfloat16.
-    grid.append(c("gradient~epsilon", R=1.0, gradient="tiny", hyper={_EPSILON[rule]: tiny, **no_l2},
-                  unchecked_limit=_TPU_FLOAT16_TINY if dtype == "float16" else None))
+    grid.append(
+      c(
+        "gradient~epsilon",
+        R=1.0,
+        gradient="tiny",
+        hyper={_EPSILON[rule]: tiny, **no_l2},
+        unchecked_limit=_TPU_FLOAT16_TINY if dtype == "float16" else None,
+      )
+    )
   else:
     grid.append(c("gradient=tiny", gradient="tiny", hyper=no_l2))
   grid += _edges(rule, dtype)
@@ -261,8 +286,15 @@ def cases(rule: str, dtype: str, *, large: bool = True) -> list[Case]:
     grid.append(c("state_dtype=float32", shapes=((), (3, 5), (1, 7, 2)), state_dtype="float32"))
     grid.append(c(f"state_dtype=float32,T={first}", T=first, state_dtype="float32"))
     if rule in _EPSILON:
-      grid.append(c("state_dtype=float32,gradient~epsilon", R=1.0, gradient="tiny", state_dtype="float32",
-                    hyper={_EPSILON[rule]: tiny, **no_l2}))
+      grid.append(
+        c(
+          "state_dtype=float32,gradient~epsilon",
+          R=1.0,
+          gradient="tiny",
+          state_dtype="float32",
+          hyper={_EPSILON[rule]: tiny, **no_l2},
+        )
+      )
   if large:
     grid.append(c("10^6 elements", T=7, shapes=((LARGE,),)))
   return grid

@@ -22,8 +22,21 @@ from onnx_optax import reference
 from onnx_optax.conformance import tolerance
 from onnx_optax.conformance.cases import INT32_MAX, Case, numpy_dtype
 
-__all__ = ["OUTPUT_NAMES", "CaseResult", "Comparison", "check_outputs", "compare", "device", "expected",
-           "has_float64", "make_transform", "platforms", "run_case", "run_transform", "tolerances"]
+__all__ = [
+  "OUTPUT_NAMES",
+  "CaseResult",
+  "Comparison",
+  "check_outputs",
+  "compare",
+  "device",
+  "expected",
+  "has_float64",
+  "make_transform",
+  "platforms",
+  "run_case",
+  "run_transform",
+  "tolerances",
+]
 
 _PLATFORM_ORDER = ("cpu", "gpu", "tpu")
 
@@ -50,8 +63,13 @@ def has_float64(platform: str) -> bool:
   return platform != "tpu"
 
 
-def make_transform(rule: str, R: float | optax.Schedule, hyper: dict[str, Any], state_dtype: str | None = None,
-                   initial_count: int | None = None) -> optax.GradientTransformationExtraArgs:
+def make_transform(
+  rule: str,
+  R: float | optax.Schedule,
+  hyper: dict[str, Any],
+  state_dtype: str | None = None,
+  initial_count: int | None = None,
+) -> optax.GradientTransformationExtraArgs:
   """The Optax transform of a suite rule name with Python-float hyperparameters.
 
   ``R`` is a float or a schedule; ``state_dtype`` and ``initial_count``
@@ -62,12 +80,17 @@ def make_transform(rule: str, R: float | optax.Schedule, hyper: dict[str, Any], 
     extra["initial_count"] = initial_count
   if rule.startswith("momentum"):
     return onnx_optax.momentum(R, **hyper, **extra)
-  return {"adagrad": onnx_optax.adagrad, "adam": onnx_optax.adam,
-          "directml_adam": onnx_optax.directml_adam}[rule](R, **hyper, **extra)
+  return {"adagrad": onnx_optax.adagrad, "adam": onnx_optax.adam, "directml_adam": onnx_optax.directml_adam}[
+    rule
+  ](R, **hyper, **extra)
 
 
-_STATE_CLS = {"momentum": onnx_optax.MomentumState, "adagrad": onnx_optax.AdagradState,
-              "adam": onnx_optax.AdamState, "directml_adam": onnx_optax.DirectMLAdamState}
+_STATE_CLS = {
+  "momentum": onnx_optax.MomentumState,
+  "adagrad": onnx_optax.AdagradState,
+  "adam": onnx_optax.AdamState,
+  "directml_adam": onnx_optax.DirectMLAdamState,
+}
 
 
 def _tree(leaves: list[Any]) -> Any:
@@ -77,11 +100,19 @@ def _tree(leaves: list[Any]) -> Any:
   return {"a": {"b": leaves[0], "c": leaves[1]}, "d": list(leaves[2:])}  # Flattens in this order.
 
 
-def run_transform(rule: str, dtype: str, platform: str, R: float | optax.Schedule, T: int,
-                  hyper: dict[str, Any], X: list[np.ndarray], G: list[np.ndarray],
-                  state: list[list[np.ndarray]], state_dtype: str | None = None,
-                  initial_count: int | None = None,
-                  ) -> tuple[list[np.ndarray], list[list[np.ndarray]], int]:
+def run_transform(
+  rule: str,
+  dtype: str,
+  platform: str,
+  R: float | optax.Schedule,
+  T: int,
+  hyper: dict[str, Any],
+  X: list[np.ndarray],
+  G: list[np.ndarray],
+  state: list[list[np.ndarray]],
+  state_dtype: str | None = None,
+  initial_count: int | None = None,
+) -> tuple[list[np.ndarray], list[list[np.ndarray]], int]:
   """One jitted update of ``rule`` on the first ``platform`` device.
 
   ``R`` is the transform's learning rate (a float or a schedule), the other
@@ -126,18 +157,31 @@ def expected(rule: str, R: float, T: int, X, G, state, hyper) -> list[tuple[np.n
   return outs
 
 
-def tolerances(rule: str, dtype: str, platform: str, R: float, T: int, X, G, state, hyper,
-               state_dtype: str | None = None, scalar_dtype: str | None = None,
-               ) -> list[tuple[np.ndarray, ...]]:
+def tolerances(
+  rule: str,
+  dtype: str,
+  platform: str,
+  R: float,
+  T: int,
+  X,
+  G,
+  state,
+  hyper,
+  state_dtype: str | None = None,
+  scalar_dtype: str | None = None,
+) -> list[tuple[np.ndarray, ...]]:
   """Per leaf and output: bound(implementation) + bound(reference).
 
   ``scalar_dtype``: the dtype of the rule's ``T``-dependent scalars when it
   is not the default (see :func:`tolerance.implementation_context`).
   """
   base = "momentum" if rule.startswith("momentum") else rule
-  impl = tolerance.implementation_context(numpy_dtype(dtype), platform,
-                                          state_dtype and numpy_dtype(state_dtype),
-                                          scalar_dtype and numpy_dtype(scalar_dtype))
+  impl = tolerance.implementation_context(
+    numpy_dtype(dtype),
+    platform,
+    state_dtype and numpy_dtype(state_dtype),
+    scalar_dtype and numpy_dtype(scalar_dtype),
+  )
   ref = tolerance.reference_context()
   outs = []
   for i, (x, g) in enumerate(zip(X, G)):
@@ -220,15 +264,26 @@ class CaseResult:
 
   @property
   def passed(self) -> bool:
-    return (self.worst <= 1.0 and self.count_ok and not self.error and not self.wrong_dtypes
-            and (self.unchecked == 0 or bool(self.limit)))
+    return (
+      self.worst <= 1.0
+      and self.count_ok
+      and not self.error
+      and not self.wrong_dtypes
+      and (self.unchecked == 0 or bool(self.limit))
+    )
 
 
-OUTPUT_NAMES = {"momentum": ("X_new", "V_new"), "adagrad": ("X_new", "H_new"),
-                "adam": ("X_final", "V_new", "H_new"), "directml_adam": ("X_new", "M_new", "V_new")}
+OUTPUT_NAMES = {
+  "momentum": ("X_new", "V_new"),
+  "adagrad": ("X_new", "H_new"),
+  "adam": ("X_final", "V_new", "H_new"),
+  "directml_adam": ("X_new", "M_new", "V_new"),
+}
 
 
-def check_outputs(case: Case, platform: str, got_x, got_state, got_count: int | None, inputs=None) -> CaseResult:
+def check_outputs(
+  case: Case, platform: str, got_x, got_state, got_count: int | None, inputs=None
+) -> CaseResult:
   """Checks given outputs of ``case`` (from any implementation) against the reference.
 
   Values (in units of the tolerance), the new count (``T + 1``, saturating
@@ -241,8 +296,9 @@ def check_outputs(case: Case, platform: str, got_x, got_state, got_count: int | 
   # Optax's schedules are evaluated at the int32 count and return float32,
   # under x64 too: the rule's scalars are then computed in float32.
   scalar_dtype = "float32" if case.schedule_steps is not None else None
-  tol = tolerances(case.rule, case.dtype, platform, R, case.T, X, G, state, case.hyper,
-                   case.state_dtype, scalar_dtype)
+  tol = tolerances(
+    case.rule, case.dtype, platform, R, case.T, X, G, state, case.hyper, case.state_dtype, scalar_dtype
+  )
   names = OUTPUT_NAMES[case.base_rule]
   worst, where, loose, unchecked = 0.0, "", 0, 0
   for leaf in range(len(X)):
@@ -252,17 +308,36 @@ def check_outputs(case: Case, platform: str, got_x, got_state, got_count: int | 
       loose, unchecked = loose + n, unchecked + m
       if ratio > worst or not where:
         flat_got = np.asarray(got[k]).astype(np.float64).ravel()
-        worst, where = ratio, (f"{name}[leaf {leaf}, element {index}]: got {float(flat_got[index])!r}, "
-                               f"expected {float(np.ravel(want[leaf][k])[index])!r}")
+        worst, where = (
+          ratio,
+          (
+            f"{name}[leaf {leaf}, element {index}]: got {float(flat_got[index])!r}, "
+            f"expected {float(np.ravel(want[leaf][k])[index])!r}"
+          ),
+        )
   count_ok = got_count is None or got_count == min(case.T + 1, INT32_MAX)
   wrong = []
   for label, arrays, dtype in [(names[0], got_x, case.dtype)] + [
-      (names[k + 1], s, case.state_dtype or case.dtype) for k, s in enumerate(got_state)]:
-    found = sorted({str(np.asarray(a).dtype) for a in arrays if hasattr(a, "dtype")} - {str(numpy_dtype(dtype))})
+    (names[k + 1], s, case.state_dtype or case.dtype) for k, s in enumerate(got_state)
+  ]:
+    found = sorted(
+      {str(np.asarray(a).dtype) for a in arrays if hasattr(a, "dtype")} - {str(numpy_dtype(dtype))}
+    )
     if found:
       wrong.append(f"{label} in {', '.join(found)}, expected {dtype}")
-  return CaseResult(case.rule, case.dtype, case.name, platform, worst, where, loose, count_ok,
-                    unchecked=unchecked, limit=case.unchecked_limit, wrong_dtypes="; ".join(wrong))
+  return CaseResult(
+    case.rule,
+    case.dtype,
+    case.name,
+    platform,
+    worst,
+    where,
+    loose,
+    count_ok,
+    unchecked=unchecked,
+    limit=case.unchecked_limit,
+    wrong_dtypes="; ".join(wrong),
+  )
 
 
 def run_case(case: Case, platform: str = "cpu") -> CaseResult:
@@ -270,9 +345,17 @@ def run_case(case: Case, platform: str = "cpu") -> CaseResult:
   inputs = case.inputs()
   R = case.R if case.schedule_steps is None else optax.linear_schedule(case.R, 0.0, case.schedule_steps)
   try:
-    got_x, got_state, count = run_transform(case.rule, case.dtype, platform, R, case.T, case.hyper, *inputs,
-                                            state_dtype=case.state_dtype, initial_count=case.initial_count)
+    got_x, got_state, count = run_transform(
+      case.rule,
+      case.dtype,
+      platform,
+      R,
+      case.T,
+      case.hyper,
+      *inputs,
+      state_dtype=case.state_dtype,
+      initial_count=case.initial_count,
+    )
   except Exception as e:  # noqa: BLE001 -- reported as a failure with its message.
     return CaseResult(case.rule, case.dtype, case.name, platform, float("inf"), "", error=repr(e))
   return check_outputs(case, platform, got_x, got_state, count, inputs)
-

@@ -47,14 +47,22 @@ from onnx_optax.conformance.check import CaseResult
 __all__ = ["BACKEND_CASES", "backend_cases", "evaluator_cases", "run_backend_case", "run_evaluator_case"]
 
 DOMAIN = "ai.onnx.preview.training"
-BACKEND_CASES = ("test_momentum", "test_nesterov_momentum", "test_momentum_multiple",
-                 "test_adagrad", "test_adagrad_multiple", "test_adam", "test_adam_multiple")
+BACKEND_CASES = (
+  "test_momentum",
+  "test_nesterov_momentum",
+  "test_momentum_multiple",
+  "test_adagrad",
+  "test_adagrad_multiple",
+  "test_adam",
+  "test_adam_multiple",
+)
 _STATE_BLOCKS = {"Momentum": 1, "Adagrad": 1, "Adam": 2}
 
 
 def backend_cases() -> dict[str, Any]:
   """ONNX's test cases for the three operators, by name (``onnx`` TestCase tuples)."""
   import onnx.backend.test.case.node as node_cases
+
   with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     # Importing a case module runs its exporters, which register the cases.
@@ -72,9 +80,13 @@ def attributes(node: Any) -> dict[str, Any]:
   """The node's attributes, with the schema's defaults for omitted ones."""
   import onnx
   from onnx import helper
+
   schema = onnx.defs.get_schema(node.op_type, 1, DOMAIN)
-  attrs = {name: helper.get_attribute_value(a.default_value)
-           for name, a in schema.attributes.items() if a.default_value.name}
+  attrs = {
+    name: helper.get_attribute_value(a.default_value)
+    for name, a in schema.attributes.items()
+    if a.default_value.name
+  }
   attrs.update({a.name: helper.get_attribute_value(a) for a in node.attribute})
   return {k: (v.decode() if isinstance(v, bytes) else v) for k, v in attrs.items()}
 
@@ -89,12 +101,24 @@ def _split(op_type: str, tensors: list[np.ndarray]) -> tuple[list, list, list[li
   """ONNX's variadic blocks ``X.., G.., S1.., S2..`` -> ``(X, G, state)``."""
   k = 2 + _STATE_BLOCKS[op_type]
   n = len(tensors) // k
-  blocks = [list(tensors[i * n:(i + 1) * n]) for i in range(k)]
+  blocks = [list(tensors[i * n : (i + 1) * n]) for i in range(k)]
   return blocks[0], blocks[1], blocks[2:]
 
 
-def _check(label: str, rule: str, dtype: str, platform: str, R: float, T: int, hyper: dict,
-           X, G, state, want: list[np.ndarray], other: tolerance.Context) -> CaseResult:
+def _check(
+  label: str,
+  rule: str,
+  dtype: str,
+  platform: str,
+  R: float,
+  T: int,
+  hyper: dict,
+  X,
+  G,
+  state,
+  want: list[np.ndarray],
+  other: tolerance.Context,
+) -> CaseResult:
   """Runs the transform and compares with ``want`` (ONNX's output order).
 
   The tolerance is the implementation's bound plus the bound of the other
@@ -111,8 +135,13 @@ def _check(label: str, rule: str, dtype: str, platform: str, R: float, T: int, h
   worst, where, loose, unchecked = 0.0, "", 0, 0
   for i in range(n):
     s = [block[i] for block in state]
-    tols = [a + b for a, b in zip(tolerance.bounds(base, impl, R, T, X[i], G[i], s, **hyper),
-                                  tolerance.bounds(base, other, R, T, X[i], G[i], s, **hyper))]
+    tols = [
+      a + b
+      for a, b in zip(
+        tolerance.bounds(base, impl, R, T, X[i], G[i], s, **hyper),
+        tolerance.bounds(base, other, R, T, X[i], G[i], s, **hyper),
+      )
+    ]
     for k, tol in enumerate(tols):
       ratio, index, m, inf = check.compare(got[k * n + i], want[k * n + i], tol)
       loose, unchecked = loose + m, unchecked + inf
@@ -134,8 +163,20 @@ def run_backend_case(name: str, platform: str = "cpu", cases: dict[str, Any] | N
   # ONNX computed its expectations with NumPy in float32 (scalars partly in
   # float64): bounded like the implementation on an IEEE CPU.
   other = tolerance.implementation_context(np.dtype(dtype), "cpu")
-  return _check(f"onnx:{name}", rule, dtype, platform, float(R), int(T), attrs, X, G, state,
-                [np.asarray(w) for w in want], other)
+  return _check(
+    f"onnx:{name}",
+    rule,
+    dtype,
+    platform,
+    float(R),
+    int(T),
+    attrs,
+    X,
+    G,
+    state,
+    [np.asarray(w) for w in want],
+    other,
+  )
 
 
 def evaluator_cases(seed: int = 0) -> list[tuple[str, Any, list[np.ndarray]]]:
@@ -146,22 +187,23 @@ def evaluator_cases(seed: int = 0) -> list[tuple[str, Any, list[np.ndarray]]]:
   (whose attributes are all required) in both modes.
   """
   from onnx import helper
+
   rng = np.random.default_rng(seed)
   shapes = [(3,), (2, 5), (7,)]
   out = []
   specs = [
-      ("Momentum", dict(alpha=0.9, beta=0.7, mode="standard", norm_coefficient=0.01)),
-      ("Momentum", dict(alpha=0.8, beta=0.5, mode="nesterov", norm_coefficient=0.02)),
-      ("Adagrad", {}),
-      ("Adagrad", dict(decay_factor=0.1, epsilon=1e-4, norm_coefficient=0.01)),
-      ("Adam", {}),
-      ("Adam", dict(alpha=0.8, beta=0.99, epsilon=1e-4, norm_coefficient=0.01, norm_coefficient_post=0.02)),
+    ("Momentum", dict(alpha=0.9, beta=0.7, mode="standard", norm_coefficient=0.01)),
+    ("Momentum", dict(alpha=0.8, beta=0.5, mode="nesterov", norm_coefficient=0.02)),
+    ("Adagrad", {}),
+    ("Adagrad", dict(decay_factor=0.1, epsilon=1e-4, norm_coefficient=0.01)),
+    ("Adam", {}),
+    ("Adam", dict(alpha=0.8, beta=0.99, epsilon=1e-4, norm_coefficient=0.01, norm_coefficient_post=0.02)),
   ]
   for op, attrs in specs:
     for n in (1, 3):
       k = 2 + _STATE_BLOCKS[op]
       names = [f"{block}{i}" for block in ["X", "G", "S", "Q"][:k] for i in range(n)]
-      outputs = [f"{name}_new" for name in names[:n] + names[2 * n:]]
+      outputs = [f"{name}_new" for name in names[:n] + names[2 * n :]]
       node = helper.make_node(op, ["R", "T"] + names, outputs, domain=DOMAIN, **attrs)
       R = np.array(rng.uniform(0.01, 0.1), np.float64)
       T = np.array(rng.integers(1, 1000), np.int64)
@@ -173,8 +215,10 @@ def evaluator_cases(seed: int = 0) -> list[tuple[str, Any, list[np.ndarray]]]:
           if not second_moment:
             x = x * rng.choice([-1.0, 1.0], size=shape)
           tensors.append(x)
-      label = f"evaluator:{op}{'(' + attrs['mode'] + ')' if 'mode' in attrs else ''}" \
-              f"{',defaults' if not attrs else ''},n={n}"
+      label = (
+        f"evaluator:{op}{'(' + attrs['mode'] + ')' if 'mode' in attrs else ''}"
+        f"{',defaults' if not attrs else ''},n={n}"
+      )
       out.append((label, node, [R, T] + tensors))
   return out
 
@@ -183,12 +227,19 @@ def evaluate(node: Any, inputs: list[np.ndarray]) -> list[np.ndarray]:
   """``onnx.reference.ReferenceEvaluator`` on one node."""
   from onnx import helper
   from onnx.reference import ReferenceEvaluator
+
   graph = helper.make_graph(
-      [node], "g",
-      [helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(x.dtype), x.shape)
-       for name, x in zip(node.input, inputs)],
-      [helper.make_tensor_value_info(name, 0, None) for name in node.output])
-  model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(DOMAIN, 1)])
+    [node],
+    "g",
+    [
+      helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(x.dtype), x.shape)
+      for name, x in zip(node.input, inputs)
+    ],
+    [helper.make_tensor_value_info(name, 0, None) for name in node.output],
+  )
+  model = helper.make_model(
+    graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(DOMAIN, 1)]
+  )
   return list(ReferenceEvaluator(model).run(None, dict(zip(node.input, inputs))))
 
 

@@ -64,10 +64,20 @@ def _row(platform: str, rule: str, dtype: str, results: list[CaseResult]) -> dic
   worst = max(results, key=lambda r: r.worst)
   failures = [f"{r.name}: {_why(r)} ({r.worst:.3g})" for r in results if not r.passed]
   limits = [f"{r.name}: {r.unchecked} unchecked, {r.limit}" for r in results if r.unchecked and r.limit]
-  return dict(platform=platform, rule=rule, dtype=dtype, cases=len(results), worst=worst.worst,
-              worst_case=worst.name, where=worst.where, loose=sum(r.loose for r in results),
-              unchecked=sum(r.unchecked for r in results), limits=limits,
-              passed=all(r.passed for r in results), failures=failures)
+  return dict(
+    platform=platform,
+    rule=rule,
+    dtype=dtype,
+    cases=len(results),
+    worst=worst.worst,
+    worst_case=worst.name,
+    where=worst.where,
+    loose=sum(r.loose for r in results),
+    unchecked=sum(r.unchecked for r in results),
+    limits=limits,
+    passed=all(r.passed for r in results),
+    failures=failures,
+  )
 
 
 def _why(r: CaseResult) -> str:
@@ -82,9 +92,15 @@ def _why(r: CaseResult) -> str:
   return f"{r.unchecked} elements unchecked (infinite tolerance) and no documented limit"
 
 
-def run(platforms: Sequence[str] | None = None, *, include_onnx: bool = True, large: bool = True,
-        rules: Sequence[str] = cases_lib.RULES, dtypes: Sequence[str] = cases_lib.DTYPES,
-        log: Callable[[str], None] | None = None) -> dict[str, Any]:
+def run(
+  platforms: Sequence[str] | None = None,
+  *,
+  include_onnx: bool = True,
+  large: bool = True,
+  rules: Sequence[str] = cases_lib.RULES,
+  dtypes: Sequence[str] = cases_lib.DTYPES,
+  log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
   """Runs every case on every platform; returns the report as a JSON-able dict.
 
   Args:
@@ -99,12 +115,20 @@ def run(platforms: Sequence[str] | None = None, *, include_onnx: bool = True, la
   platforms = list(platforms or check.platforms())
   onnx_version = _onnx_version()  # Reported even with include_onnx=False: "not installed" must be true.
   report: dict[str, Any] = dict(
-      date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-      jax=jax.__version__, jaxlib=_jaxlib_version(),
-      optax=optax.__version__, numpy=np.__version__, onnx=onnx_version,
-      onnx_optax=onnx_optax.__version__, python=sys.version.split()[0], host=host_platform.platform(),
-      devices={p: _device_name(p) for p in platforms},
-      rows=[], onnx_rows=[], skipped=[])
+    date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    jax=jax.__version__,
+    jaxlib=_jaxlib_version(),
+    optax=optax.__version__,
+    numpy=np.__version__,
+    onnx=onnx_version,
+    onnx_optax=onnx_optax.__version__,
+    python=sys.version.split()[0],
+    host=host_platform.platform(),
+    devices={p: _device_name(p) for p in platforms},
+    rows=[],
+    onnx_rows=[],
+    skipped=[],
+  )
   start = time.perf_counter()
   for platform in platforms:
     for rule in rules:
@@ -115,24 +139,45 @@ def run(platforms: Sequence[str] | None = None, *, include_onnx: bool = True, la
         results = [check.run_case(c, platform) for c in cases_lib.cases(rule, dtype, large=large)]
         row = _row(platform, rule, dtype, results)
         report["rows"].append(row)
-        log(f"{platform} {rule} {dtype}: {row['cases']} cases, worst {row['worst']:.3f} "
-            f"({'pass' if row['passed'] else 'FAIL'})")
+        log(
+          f"{platform} {rule} {dtype}: {row['cases']} cases, worst {row['worst']:.3f} "
+          f"({'pass' if row['passed'] else 'FAIL'})"
+        )
     if include_onnx and onnx_version is not None:
       from onnx_optax.conformance import onnx_references as refs
+
       backend = refs.backend_cases()
       for name in refs.BACKEND_CASES:
         r = refs.run_backend_case(name, platform, backend)
-        report["onnx_rows"].append(dict(platform=platform, source="onnx backend test case", name=name,
-                                         dtype=r.dtype, worst=r.worst, unchecked=r.unchecked,
-                                         passed=r.passed, error=r.error))
+        report["onnx_rows"].append(
+          dict(
+            platform=platform,
+            source="onnx backend test case",
+            name=name,
+            dtype=r.dtype,
+            worst=r.worst,
+            unchecked=r.unchecked,
+            passed=r.passed,
+            error=r.error,
+          )
+        )
       for label, node, inputs in refs.evaluator_cases():
         if not check.has_float64(platform):
           report["skipped"].append(dict(platform=platform, rule=label, dtype="float64", reason=NO_FLOAT64))
           continue
         r = refs.run_evaluator_case(label, node, inputs, platform)
-        report["onnx_rows"].append(dict(platform=platform, source="onnx ReferenceEvaluator", name=r.name,
-                                        dtype="float64", worst=r.worst, unchecked=r.unchecked,
-                                        passed=r.passed, error=r.error))
+        report["onnx_rows"].append(
+          dict(
+            platform=platform,
+            source="onnx ReferenceEvaluator",
+            name=r.name,
+            dtype="float64",
+            worst=r.worst,
+            unchecked=r.unchecked,
+            passed=r.passed,
+            error=r.error,
+          )
+        )
       log(f"{platform} onnx references: done")
   report["seconds"] = round(time.perf_counter() - start, 1)
   report["passed"] = all(r["passed"] for r in report["rows"] + report["onnx_rows"])
@@ -145,27 +190,36 @@ def _mark(passed: bool) -> str:
 
 def format_table(report: dict[str, Any]) -> str:
   """The report as a plain-text table."""
-  lines = [f"onnx_optax {report['onnx_optax']} conformance, {report['date']}; JAX {report['jax']}, "
-           f"optax {report['optax']}, numpy {report['numpy']}, onnx {report['onnx'] or 'not installed'}"]
+  lines = [
+    f"onnx_optax {report['onnx_optax']} conformance, {report['date']}; JAX {report['jax']}, "
+    f"optax {report['optax']}, numpy {report['numpy']}, onnx {report['onnx'] or 'not installed'}"
+  ]
   for p, kind in report["devices"].items():
     lines.append(f"  {p}: {kind}")
-  lines.append("worst = largest |got - expected| / tolerance over all cases and elements (pass: <= 1); "
-               "loose = elements whose tolerance reaches their magnitude; unchecked = elements with an "
-               "infinite tolerance (a failure unless a documented limit of the dtype)")
-  header = (f"{'device':<6} {'rule':<18} {'dtype':<9} {'cases':>5} {'worst':>8} {'loose':>7} "
-            f"{'unchecked':>9}  result")
+  lines.append(
+    "worst = largest |got - expected| / tolerance over all cases and elements (pass: <= 1); "
+    "loose = elements whose tolerance reaches their magnitude; unchecked = elements with an "
+    "infinite tolerance (a failure unless a documented limit of the dtype)"
+  )
+  header = (
+    f"{'device':<6} {'rule':<18} {'dtype':<9} {'cases':>5} {'worst':>8} {'loose':>7} {'unchecked':>9}  result"
+  )
   lines += [header, "-" * len(header)]
   for r in report["rows"]:
-    lines.append(f"{r['platform']:<6} {r['rule']:<18} {r['dtype']:<9} {r['cases']:>5} {r['worst']:>8.3f} "
-                 f"{r['loose']:>7} {r['unchecked']:>9}  {_mark(r['passed'])}")
+    lines.append(
+      f"{r['platform']:<6} {r['rule']:<18} {r['dtype']:<9} {r['cases']:>5} {r['worst']:>8.3f} "
+      f"{r['loose']:>7} {r['unchecked']:>9}  {_mark(r['passed'])}"
+    )
     for f in r["failures"] + r["limits"]:
       lines.append(f"         {f}")
   if report["onnx_rows"]:
     lines.append("")
     lines.append(f"ONNX's own references (onnx {report['onnx']}):")
     for r in report["onnx_rows"]:
-      lines.append(f"{r['platform']:<6} {r['source']:<24} {r['name']:<44} {r['worst']:>8.3f}  "
-                   f"{_mark(r['passed'])}{'  ' + r['error'] if r['error'] else ''}")
+      lines.append(
+        f"{r['platform']:<6} {r['source']:<24} {r['name']:<44} {r['worst']:>8.3f}  "
+        f"{_mark(r['passed'])}{'  ' + r['error'] if r['error'] else ''}"
+      )
   for s in report["skipped"]:
     lines.append(f"{s['platform']} {s['rule']} {s['dtype']}: {s['reason']}")
   lines.append(f"{'PASSED' if report['passed'] else 'FAILED'} in {report['seconds']} s")
@@ -174,43 +228,58 @@ def format_table(report: dict[str, Any]) -> str:
 
 def format_markdown(report: dict[str, Any], command: str = "python -m onnx_optax.conformance") -> str:
   """The report as a Markdown page."""
-  out = [f"# Conformance report: {', '.join(report['devices'].values())}", "",
-         f"- Date: {report['date']}",
-         f"- Devices: {'; '.join(f'{p}: {k}' for p, k in report['devices'].items())}",
-         f"- JAX {report['jax']}, optax {report['optax']}, NumPy {report['numpy']}, "
-         f"onnx {report['onnx'] or 'not installed'}, onnx_optax {report['onnx_optax']}, "
-         f"Python {report['python']}",
-         f"- Host: {report['host']}",
-         f"- Command: `{command}` ({report['seconds']} s)",
-         f"- Result: **{'PASSED' if report['passed'] else 'FAILED'}**", "",
-         "`worst` is the largest `|got - expected| / tolerance` over every case and element "
-         "(expected: the float64 NumPy reference; tolerance: the rounding-error bound of "
-         "[docs/conformance.md](../conformance.md)); a case passes at `<= 1`. `loose` counts "
-         "elements whose tolerance reaches their own magnitude (cancellation: the check holds "
-         "but guarantees no significant digit there). `unchecked` counts elements whose "
-         "tolerance is infinite, checked for finiteness only: a case with any fails unless it "
-         "documents that limit of its dtype (listed below the table).", "",
-         "| device | rule | dtype | cases | worst | loose | unchecked | result |",
-         "|---|---|---|---:|---:|---:|---:|---|"]
+  out = [
+    f"# Conformance report: {', '.join(report['devices'].values())}",
+    "",
+    f"- Date: {report['date']}",
+    f"- Devices: {'; '.join(f'{p}: {k}' for p, k in report['devices'].items())}",
+    f"- JAX {report['jax']}, optax {report['optax']}, NumPy {report['numpy']}, "
+    f"onnx {report['onnx'] or 'not installed'}, onnx_optax {report['onnx_optax']}, "
+    f"Python {report['python']}",
+    f"- Host: {report['host']}",
+    f"- Command: `{command}` ({report['seconds']} s)",
+    f"- Result: **{'PASSED' if report['passed'] else 'FAILED'}**",
+    "",
+    "`worst` is the largest `|got - expected| / tolerance` over every case and element "
+    "(expected: the float64 NumPy reference; tolerance: the rounding-error bound of "
+    "[docs/conformance.md](../conformance.md)); a case passes at `<= 1`. `loose` counts "
+    "elements whose tolerance reaches their own magnitude (cancellation: the check holds "
+    "but guarantees no significant digit there). `unchecked` counts elements whose "
+    "tolerance is infinite, checked for finiteness only: a case with any fails unless it "
+    "documents that limit of its dtype (listed below the table).",
+    "",
+    "| device | rule | dtype | cases | worst | loose | unchecked | result |",
+    "|---|---|---|---:|---:|---:|---:|---|",
+  ]
   for r in report["rows"]:
-    out.append(f"| {r['platform']} | {r['rule']} | {r['dtype']} | {r['cases']} | {r['worst']:.3f} | "
-               f"{r['loose']} | {r['unchecked']} | {_mark(r['passed'])} |")
+    out.append(
+      f"| {r['platform']} | {r['rule']} | {r['dtype']} | {r['cases']} | {r['worst']:.3f} | "
+      f"{r['loose']} | {r['unchecked']} | {_mark(r['passed'])} |"
+    )
   limits = [(r, f) for r in report["rows"] for f in r["limits"]]
   if limits:
-    out += ["", "Documented limits:", ""] + [f"- {r['platform']} {r['rule']} {r['dtype']}: {f}"
-                                              for r, f in limits]
+    out += ["", "Documented limits:", ""] + [
+      f"- {r['platform']} {r['rule']} {r['dtype']}: {f}" for r, f in limits
+    ]
   failures = [(r, f) for r in report["rows"] for f in r["failures"]]
   if failures:
     out += ["", "Failures:", ""] + [f"- {r['platform']} {r['rule']} {r['dtype']}: {f}" for r, f in failures]
   if report["onnx_rows"]:
-    out += ["", f"## ONNX's own references (onnx {report['onnx']})", "",
-            "| device | source | case | worst | result |", "|---|---|---|---:|---|"]
+    out += [
+      "",
+      f"## ONNX's own references (onnx {report['onnx']})",
+      "",
+      "| device | source | case | worst | result |",
+      "|---|---|---|---:|---|",
+    ]
     for r in report["onnx_rows"]:
-      out.append(f"| {r['platform']} | {r['source']} | {r['name']} | {r['worst']:.3f} | "
-                 f"{_mark(r['passed'])} |")
+      out.append(
+        f"| {r['platform']} | {r['source']} | {r['name']} | {r['worst']:.3f} | {_mark(r['passed'])} |"
+      )
   if report["skipped"]:
-    out += ["", "## Skipped", ""] + [f"- {s['platform']} {s['rule']} {s['dtype']}: {s['reason']}"
-                                      for s in report["skipped"]]
+    out += ["", "## Skipped", ""] + [
+      f"- {s['platform']} {s['rule']} {s['dtype']}: {s['reason']}" for s in report["skipped"]
+    ]
   return "\n".join(out) + "\n"
 
 

@@ -95,8 +95,16 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-__all__ = ["Bounded", "Context", "K_TRANSCENDENTAL", "bounds", "evaluator_context", "implementation_context",
-           "promote", "reference_context"]
+__all__ = [
+  "Bounded",
+  "Context",
+  "K_TRANSCENDENTAL",
+  "bounds",
+  "evaluator_context",
+  "implementation_context",
+  "promote",
+  "reference_context",
+]
 
 #: Unit roundoffs (in units of u) allowed for each of XLA's float32 / float64
 #: ``log`` and ``expm1``: two ulps each. IEEE does not specify them.
@@ -153,10 +161,10 @@ class Context:
   k_div: float = 1.0
   k_sqrt: float = 1.0
   hyper_dtype: Any = None
-  scalar: "Context | None" = None
+  scalar: Context | None = None
   one_minus_u: float | None = None
-  param: "Context | None" = None
-  state: "Context | None" = None
+  param: Context | None = None
+  state: Context | None = None
 
   # -- rounding ---------------------------------------------------------------
   def _rounded(self, v: np.ndarray, e: np.ndarray, k: float = 1.0) -> Bounded:
@@ -290,8 +298,9 @@ def _tiny(dtype: Any, platform: str) -> float:
   return float(info.smallest_normal)
 
 
-def implementation_context(dtype: Any, platform: str = "cpu", state_dtype: Any = None,
-                           hyper_dtype: Any = None) -> Context:
+def implementation_context(
+  dtype: Any, platform: str = "cpu", state_dtype: Any = None, hyper_dtype: Any = None
+) -> Context:
   """How the JAX rules round in ``dtype`` on ``platform`` (see the module docstring).
 
   With a ``state_dtype`` other than ``dtype`` (the transforms'
@@ -307,9 +316,10 @@ def implementation_context(dtype: Any, platform: str = "cpu", state_dtype: Any =
   if state != dtype:
     compute = promote(dtype, state)
     return dataclasses.replace(
-        implementation_context(compute, platform, hyper_dtype=hyper_dtype),
-        param=None if dtype == compute else implementation_context(dtype, platform),
-        state=None if state == compute else implementation_context(state, platform))
+      implementation_context(compute, platform, hyper_dtype=hyper_dtype),
+      param=None if dtype == compute else implementation_context(dtype, platform),
+      state=None if state == compute else implementation_context(state, platform),
+    )
   if hyper_dtype is not None:
     hyper = np.dtype(hyper_dtype)
   else:
@@ -345,6 +355,7 @@ def evaluator_context() -> Context:
 # returns the error bound of each output, in the spec's output order. These are
 # bounds, not the rules: a mistake here can loosen or tighten the suite, never
 # change the expected values.
+
 
 def _momentum(c: Context, R, T, X, G, V, *, alpha, beta, mode, norm_coefficient):
   s = c.scalar
@@ -411,8 +422,16 @@ def _directml_adam(c: Context, R, T, X, G, M, V, *, beta1, beta2, epsilon):
 _BOUNDS = {"momentum": _momentum, "adagrad": _adagrad, "adam": _adam, "directml_adam": _directml_adam}
 
 
-def bounds(rule: str, context: Context, R: float, T: int, X: np.ndarray, G: np.ndarray,
-           state: Sequence[np.ndarray], **hyper: Any) -> tuple[np.ndarray, ...]:
+def bounds(
+  rule: str,
+  context: Context,
+  R: float,
+  T: int,
+  X: np.ndarray,
+  G: np.ndarray,
+  state: Sequence[np.ndarray],
+  **hyper: Any,
+) -> tuple[np.ndarray, ...]:
   """Error bounds of the spec's outputs of ``rule`` evaluated as ``context`` rounds.
 
   Args:
@@ -437,5 +456,6 @@ def bounds(rule: str, context: Context, R: float, T: int, X: np.ndarray, G: np.n
     True
   """
   X64 = np.asarray(X, np.float64)
-  return _BOUNDS[rule](context, R, T, X64, np.asarray(G, np.float64),
-                       *(np.asarray(s, np.float64) for s in state), **hyper)
+  return _BOUNDS[rule](
+    context, R, T, X64, np.asarray(G, np.float64), *(np.asarray(s, np.float64) for s in state), **hyper
+  )

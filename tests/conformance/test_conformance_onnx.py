@@ -61,13 +61,13 @@ def test_evaluator_cases_are_multi_tensor_with_defaults():
   labels = [label for label, _, _ in _EVALUATOR]
   assert any("defaults,n=3" in label and "Adam" in label for label in labels)
   assert any("defaults,n=3" in label and "Adagrad" in label for label in labels)
-  for _, node, (R, T, *tensors) in _EVALUATOR:
+  for _, _, (_, T, *tensors) in _EVALUATOR:
     assert int(T) > 0 and all(x.dtype == np.float64 for x in tensors)
 
 
 def _adam_node(n):
   names = [f"{b}{i}" for b in "XGVH" for i in range(n)]
-  outputs = [f"{x}_new" for x in names[:n] + names[2 * n:]]
+  outputs = [f"{x}_new" for x in names[:n] + names[2 * n :]]
   return helper.make_node("Adam", ["R", "T"] + names, outputs, domain=refs.DOMAIN), names
 
 
@@ -110,8 +110,9 @@ def test_evaluator_adam_divides_before_multiplying():
 def test_evaluator_gets_float_attributes_as_float32():
   """With float64 tensors, the evaluator's 1 - norm_coefficient_post is a float32 number."""
   node, _ = _adam_node(1)
-  node = helper.make_node("Adam", list(node.input), list(node.output), domain=refs.DOMAIN,
-                          norm_coefficient_post=0.02)
+  node = helper.make_node(
+    "Adam", list(node.input), list(node.output), domain=refs.DOMAIN, norm_coefficient_post=0.02
+  )
   X = np.array([1.0])
   zero = np.array([0.0])
   out = refs.evaluate(node, [np.array(0.0), np.array(1, np.int64), X, zero, zero, np.array([1.0])])[0]

@@ -34,6 +34,7 @@ def test_report_fails_on_a_wrong_rule(monkeypatch, capsys):
   def wrong(s, X, G, H):
     U, H_new = original(s, X, G, H)
     return U * jnp.asarray(1.001, U.dtype), H_new
+
   original = rules.adagrad_elementwise
   monkeypatch.setattr(rules, "adagrad_elementwise", wrong)
   assert cli.main(SMALL) == 1
@@ -49,6 +50,7 @@ def test_missing_platform_exits_2(capsys):
 
 
 def test_module_runs_as_a_command():
-  out = subprocess.run([sys.executable, "-m", "onnx_optax.conformance", "--help"],
-                       capture_output=True, text=True, check=True).stdout
+  out = subprocess.run(
+    [sys.executable, "-m", "onnx_optax.conformance", "--help"], capture_output=True, text=True, check=True
+  ).stdout
   assert "--platform" in out and "--json" in out and "--markdown" in out

@@ -65,8 +65,11 @@ def test_every_platform_runs_the_same_cases(monkeypatch):
   skipped = {(s["platform"], s["rule"], s["dtype"]) for s in result["skipped"]}
   assert skipped == {("tpu", r, "float64") for r in grid.RULES}
   rows = {(r["platform"], r["rule"], r["dtype"]): r["cases"] for r in result["rows"]}
-  assert all(rows[("cpu", r, d)] == rows[("gpu", r, d)] == len(grid.cases(r, d, large=False))
-             for r in grid.RULES for d in grid.DTYPES)
+  assert all(
+    rows[("cpu", r, d)] == rows[("gpu", r, d)] == len(grid.cases(r, d, large=False))
+    for r in grid.RULES
+    for d in grid.DTYPES
+  )
 
 
 @pytest.mark.parametrize("platform", ["cpu", "gpu", "tpu"])
@@ -84,8 +87,18 @@ def test_no_case_checks_nothing(platform):
     for dtype in grid.DTYPES:
       for case in grid.cases(rule, dtype, large=False):
         X, G, state = case.inputs()
-        tols = check.tolerances(case.rule, case.dtype, platform, case.learning_rate, case.T, X, G, state,
-                                case.hyper, case.state_dtype)
+        tols = check.tolerances(
+          case.rule,
+          case.dtype,
+          platform,
+          case.learning_rate,
+          case.T,
+          X,
+          G,
+          state,
+          case.hyper,
+          case.state_dtype,
+        )
         if not all(np.isfinite(t).all() for leaf in tols for t in leaf):
           assert platform == "tpu" and case.unchecked_limit and "float16" in case.unchecked_limit, case.id
           limited.append(case.id)
@@ -105,8 +118,9 @@ def test_unchecked_elements_fail_a_case_unless_documented(monkeypatch):
   assert result.unchecked == 13 and result.worst <= 1 and not result.passed
   documented = check.run_case(grid.replace(case, unchecked_limit="a limit of float32, for this test"))
   assert documented.unchecked == 13 and documented.passed
-  table = report.format_table(report.run(["cpu"], include_onnx=False, large=False, rules=["adagrad"],
-                                         dtypes=["float32"]))
+  table = report.format_table(
+    report.run(["cpu"], include_onnx=False, large=False, rules=["adagrad"], dtypes=["float32"])
+  )
   assert "elements unchecked (infinite tolerance) and no documented limit" in table and "FAILED" in table
 
 
@@ -134,14 +148,30 @@ def test_public_names_exist(module):
 def test_grid_covers_the_edges():
   names = {(c.rule, c.name) for r in grid.RULES for c in grid.cases(r, "float32")}
   for rule in ("momentum_standard", "momentum_nesterov", "adagrad", "adam"):
-    for name in ("T=0", "T=1", "T=10^6", "T=int32max", "gradient=0", "gradient=huge", "pytree",
-                 "scalar", "10^6 elements"):
+    for name in (
+      "T=0",
+      "T=1",
+      "T=10^6",
+      "T=int32max",
+      "gradient=0",
+      "gradient=huge",
+      "pytree",
+      "scalar",
+      "10^6 elements",
+    ):
       assert (rule, name) in names, (rule, name)
   assert ("directml_adam", "T=1") in names and ("directml_adam", "T=int32max") in names
-  for rule, name in [("momentum_standard", "alpha=0"), ("momentum_standard", "beta=1"),
-                     ("adam", "alpha=0"), ("adam", "beta=1"), ("adam", "epsilon=0"),
-                     ("adagrad", "epsilon=0"), ("directml_adam", "epsilon=0"),
-                     ("adam", "gradient~epsilon"), ("adagrad", "gradient~epsilon")]:
+  for rule, name in [
+    ("momentum_standard", "alpha=0"),
+    ("momentum_standard", "beta=1"),
+    ("adam", "alpha=0"),
+    ("adam", "beta=1"),
+    ("adam", "epsilon=0"),
+    ("adagrad", "epsilon=0"),
+    ("directml_adam", "epsilon=0"),
+    ("adam", "gradient~epsilon"),
+    ("adagrad", "gradient~epsilon"),
+  ]:
     assert (rule, name) in names, (rule, name)
   # The transform layer: a schedule where T is not the number of updates applied, a state
   # narrower than the parameters, in every dtype.
@@ -149,11 +179,13 @@ def test_grid_covers_the_edges():
     by_rule = {r: {c.name: c for c in grid.cases(r, dtype)} for r in grid.RULES}
     for rule, named in by_rule.items():
       # At T (rather than at T - initial_count) the schedule would give another rate.
-      assert any(c.schedule_steps and c.learning_rate != c.R * (1 - c.T / c.schedule_steps)
-                 for c in named.values()), (rule, dtype)
+      assert any(
+        c.schedule_steps and c.learning_rate != c.R * (1 - c.T / c.schedule_steps) for c in named.values()
+      ), (rule, dtype)
       narrow = named[f"state_dtype={grid.NARROW_STATE[dtype]}"]
-      assert tolerance.promote(grid.numpy_dtype(dtype), grid.numpy_dtype(narrow.state_dtype)) != \
-          grid.numpy_dtype(narrow.state_dtype), (rule, dtype)
+      assert tolerance.promote(
+        grid.numpy_dtype(dtype), grid.numpy_dtype(narrow.state_dtype)
+      ) != grid.numpy_dtype(narrow.state_dtype), (rule, dtype)
 
 
 def test_inputs_are_rounded_to_the_dtype_and_states_are_nonzero():

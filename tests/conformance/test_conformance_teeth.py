@@ -36,7 +36,12 @@ from onnx_optax import rules, transforms
 from onnx_optax.conformance import cases as grid
 from onnx_optax.conformance import check
 
-_omp, _sqrt, _one_minus, _is_zero = rules._one_minus_power, rules._sqrt, rules._one_minus, rules._is_static_zero
+_omp, _sqrt, _one_minus, _is_zero = (
+  rules._one_minus_power,
+  rules._sqrt,
+  rules._one_minus,
+  rules._is_static_zero,
+)
 
 
 def _g_regularized(s, X, G, l2: str):
@@ -49,6 +54,7 @@ def _g_regularized(s, X, G, l2: str):
 
 
 # -- Momentum -------------------------------------------------------------------------
+
 
 def _momentum_scalars(R, T, *, alpha, beta, norm_coefficient, first_step_rule=True, t_shift=0):
   T = jnp.asarray(T) + t_shift
@@ -88,6 +94,7 @@ def momentum_l2_after_momentum(*a, **k):
 
 # -- Adagrad --------------------------------------------------------------------------
 
+
 def _adagrad_scalars(R, T, *, decay_factor, epsilon, norm_coefficient, t_shift=0):
   r = R / (1 + (jnp.asarray(T) + t_shift) * decay_factor)
   return rules.AdagradScalars(r, epsilon, norm_coefficient)
@@ -120,8 +127,10 @@ def adagrad_l2_after_accumulator(*a, **k):
 
 # -- ONNX Adam ------------------------------------------------------------------------
 
+
 class _OptaxAdamScalars(NamedTuple):
   """AdamScalars plus what Optax's epsilon placement needs: R and both bias corrections."""
+
   R_adjusted: Any
   alpha: Any
   beta: Any
@@ -135,23 +144,36 @@ class _OptaxAdamScalars(NamedTuple):
   bias_2: Any
 
 
-def _adam_scalars(R, T, *, alpha, beta, epsilon, norm_coefficient, norm_coefficient_post,
-                  t_shift=0, correct_at_0=False, optax_epsilon=False):
+def _adam_scalars(
+  R,
+  T,
+  *,
+  alpha,
+  beta,
+  epsilon,
+  norm_coefficient,
+  norm_coefficient_post,
+  t_shift=0,
+  correct_at_0=False,
+  optax_epsilon=False,
+):
   T = jnp.asarray(T) + t_shift
   T_used = jnp.maximum(T, 1)
   bias_1, bias_2 = _omp(alpha, T_used), _omp(beta, T_used)
   corrected = (T > 0) | correct_at_0
   R_adjusted = jnp.where(corrected, R * jnp.sqrt(bias_2) / bias_1, R)
   post = None if _is_zero(norm_coefficient_post) else _one_minus(norm_coefficient_post)
-  s = rules.AdamScalars(R_adjusted, alpha, beta, _one_minus(alpha), _one_minus(beta), epsilon,
-                        norm_coefficient, post)
+  s = rules.AdamScalars(
+    R_adjusted, alpha, beta, _one_minus(alpha), _one_minus(beta), epsilon, norm_coefficient, post
+  )
   if optax_epsilon:
     return _OptaxAdamScalars(*s, R, jnp.where(corrected, bias_1, 1), jnp.where(corrected, bias_2, 1))
   return s
 
 
-def _adam_elementwise(s, X, G, V, H, *, eps_in_sqrt=False, optax_epsilon=False, drop_post=False,
-                      l2="spec", rounded_decays=()):
+def _adam_elementwise(
+  s, X, G, V, H, *, eps_in_sqrt=False, optax_epsilon=False, drop_post=False, l2="spec", rounded_decays=()
+):
   G_regularized = _g_regularized(s, X, G, l2)
   # The mistake rules._one_minus prevents: 1 - decay after rounding the decay to X's dtype.
   one_minus_alpha = 1 - s.alpha if "alpha" in rounded_decays else s.one_minus_alpha
@@ -213,6 +235,7 @@ def adam_alpha_rounded_before_one_minus(*a, **k):
 
 # -- DirectML Adam --------------------------------------------------------------------
 
+
 class _OptaxDirectMLScalars(NamedTuple):
   step_size: Any
   beta1: Any
@@ -228,8 +251,9 @@ class _OptaxDirectMLScalars(NamedTuple):
 def _directml_scalars(learning_rate, T, *, beta1, beta2, epsilon, t_shift=0, optax_epsilon=False):
   T = jnp.asarray(T) + t_shift
   bias_1, bias_2 = _omp(beta1, T), _omp(beta2, T)
-  s = rules.DirectMLAdamScalars(learning_rate * (jnp.sqrt(bias_2) / bias_1), beta1, beta2,
-                                _one_minus(beta1), _one_minus(beta2), epsilon)
+  s = rules.DirectMLAdamScalars(
+    learning_rate * (jnp.sqrt(bias_2) / bias_1), beta1, beta2, _one_minus(beta1), _one_minus(beta2), epsilon
+  )
   if optax_epsilon:
     return _OptaxDirectMLScalars(*s, learning_rate, bias_1, bias_2)
   return s
@@ -275,43 +299,73 @@ def directml_beta1_rounded_before_one_minus(*a, **k):
 _M, _A, _D = "momentum", "adam", "directml_adam"
 _BOTH_MODES = ("momentum_standard", "momentum_nesterov")
 RULE_MUTANTS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
-    ("momentum_first_step_rule_dropped", _BOTH_MODES, {f"{_M}_scalars": momentum_first_step_rule_dropped}),
-    ("momentum_T_off_by_one", _BOTH_MODES, {f"{_M}_scalars": momentum_T_off_by_one}),
-    ("momentum_nesterov_old_V", ("momentum_nesterov",), {f"{_M}_elementwise": momentum_nesterov_old_V}),
-    ("momentum_l2_sign", _BOTH_MODES, {f"{_M}_elementwise": momentum_l2_sign}),
-    ("momentum_l2_after_momentum", _BOTH_MODES, {f"{_M}_elementwise": momentum_l2_after_momentum}),
-    ("adagrad_epsilon_in_sqrt", ("adagrad",), {"adagrad_elementwise": adagrad_epsilon_in_sqrt}),
-    ("adagrad_T_off_by_one", ("adagrad",), {"adagrad_scalars": adagrad_T_off_by_one}),
-    ("adagrad_l2_sign", ("adagrad",), {"adagrad_elementwise": adagrad_l2_sign}),
-    ("adagrad_l2_after_accumulator", ("adagrad",), {"adagrad_elementwise": adagrad_l2_after_accumulator}),
-    ("adam_epsilon_in_sqrt", ("adam",), {f"{_A}_elementwise": adam_epsilon_in_sqrt}),
-    ("adam_T_off_by_one", ("adam",), {f"{_A}_scalars": adam_T_off_by_one}),
-    ("adam_optax_epsilon", ("adam",), {f"{_A}_scalars": adam_optax_epsilon_scalars,
-                                       f"{_A}_elementwise": adam_optax_epsilon}),
-    ("adam_bias_correction_at_T0", ("adam",), {f"{_A}_scalars": adam_bias_correction_at_T0}),
-    ("adam_norm_coefficient_post_dropped", ("adam",), {f"{_A}_elementwise": adam_norm_coefficient_post_dropped}),
-    ("adam_l2_sign", ("adam",), {f"{_A}_elementwise": adam_l2_sign}),
-    ("adam_l2_after_moments", ("adam",), {f"{_A}_elementwise": adam_l2_after_moments}),
-    ("adam_beta_rounded_before_one_minus", ("adam",), {f"{_A}_elementwise": adam_beta_rounded_before_one_minus}),
-    ("adam_alpha_rounded_before_one_minus", ("adam",), {f"{_A}_elementwise": adam_alpha_rounded_before_one_minus}),
-    ("directml_epsilon_in_sqrt", ("directml_adam",), {f"{_D}_elementwise": directml_epsilon_in_sqrt}),
-    ("directml_T_off_by_one", ("directml_adam",), {f"{_D}_scalars": directml_T_off_by_one}),
-    ("directml_optax_epsilon", ("directml_adam",), {f"{_D}_scalars": directml_optax_epsilon_scalars,
-                                                    f"{_D}_elementwise": directml_optax_epsilon}),
-    ("directml_beta2_rounded_before_one_minus", ("directml_adam",),
-     {f"{_D}_elementwise": directml_beta2_rounded_before_one_minus}),
-    ("directml_beta1_rounded_before_one_minus", ("directml_adam",),
-     {f"{_D}_elementwise": directml_beta1_rounded_before_one_minus}),
+  ("momentum_first_step_rule_dropped", _BOTH_MODES, {f"{_M}_scalars": momentum_first_step_rule_dropped}),
+  ("momentum_T_off_by_one", _BOTH_MODES, {f"{_M}_scalars": momentum_T_off_by_one}),
+  ("momentum_nesterov_old_V", ("momentum_nesterov",), {f"{_M}_elementwise": momentum_nesterov_old_V}),
+  ("momentum_l2_sign", _BOTH_MODES, {f"{_M}_elementwise": momentum_l2_sign}),
+  ("momentum_l2_after_momentum", _BOTH_MODES, {f"{_M}_elementwise": momentum_l2_after_momentum}),
+  ("adagrad_epsilon_in_sqrt", ("adagrad",), {"adagrad_elementwise": adagrad_epsilon_in_sqrt}),
+  ("adagrad_T_off_by_one", ("adagrad",), {"adagrad_scalars": adagrad_T_off_by_one}),
+  ("adagrad_l2_sign", ("adagrad",), {"adagrad_elementwise": adagrad_l2_sign}),
+  ("adagrad_l2_after_accumulator", ("adagrad",), {"adagrad_elementwise": adagrad_l2_after_accumulator}),
+  ("adam_epsilon_in_sqrt", ("adam",), {f"{_A}_elementwise": adam_epsilon_in_sqrt}),
+  ("adam_T_off_by_one", ("adam",), {f"{_A}_scalars": adam_T_off_by_one}),
+  (
+    "adam_optax_epsilon",
+    ("adam",),
+    {f"{_A}_scalars": adam_optax_epsilon_scalars, f"{_A}_elementwise": adam_optax_epsilon},
+  ),
+  ("adam_bias_correction_at_T0", ("adam",), {f"{_A}_scalars": adam_bias_correction_at_T0}),
+  (
+    "adam_norm_coefficient_post_dropped",
+    ("adam",),
+    {f"{_A}_elementwise": adam_norm_coefficient_post_dropped},
+  ),
+  ("adam_l2_sign", ("adam",), {f"{_A}_elementwise": adam_l2_sign}),
+  ("adam_l2_after_moments", ("adam",), {f"{_A}_elementwise": adam_l2_after_moments}),
+  (
+    "adam_beta_rounded_before_one_minus",
+    ("adam",),
+    {f"{_A}_elementwise": adam_beta_rounded_before_one_minus},
+  ),
+  (
+    "adam_alpha_rounded_before_one_minus",
+    ("adam",),
+    {f"{_A}_elementwise": adam_alpha_rounded_before_one_minus},
+  ),
+  ("directml_epsilon_in_sqrt", ("directml_adam",), {f"{_D}_elementwise": directml_epsilon_in_sqrt}),
+  ("directml_T_off_by_one", ("directml_adam",), {f"{_D}_scalars": directml_T_off_by_one}),
+  (
+    "directml_optax_epsilon",
+    ("directml_adam",),
+    {f"{_D}_scalars": directml_optax_epsilon_scalars, f"{_D}_elementwise": directml_optax_epsilon},
+  ),
+  (
+    "directml_beta2_rounded_before_one_minus",
+    ("directml_adam",),
+    {f"{_D}_elementwise": directml_beta2_rounded_before_one_minus},
+  ),
+  (
+    "directml_beta1_rounded_before_one_minus",
+    ("directml_adam",),
+    {f"{_D}_elementwise": directml_beta1_rounded_before_one_minus},
+  ),
 ]
 
 #: Mutants that cannot be wrong in some dtypes, and why. Asserted bit-identical there.
 EQUIVALENT: dict[str, tuple[tuple[str, ...], str]] = {
-    name: (("float32", "float64"),
-           "rules._one_minus computes 1 - decay in float32 (float64 under x64), the dtype these "
-           "cases compute in, so rounding the decay to it first changes nothing; in float32, "
-           "1 - float32(decay) is even exact (Sterbenz' lemma) for decays in [0.5, 1]")
-    for name in ("adam_beta_rounded_before_one_minus", "adam_alpha_rounded_before_one_minus",
-                 "directml_beta2_rounded_before_one_minus", "directml_beta1_rounded_before_one_minus")
+  name: (
+    ("float32", "float64"),
+    "rules._one_minus computes 1 - decay in float32 (float64 under x64), the dtype these "
+    "cases compute in, so rounding the decay to it first changes nothing; in float32, "
+    "1 - float32(decay) is even exact (Sterbenz' lemma) for decays in [0.5, 1]",
+  )
+  for name in (
+    "adam_beta_rounded_before_one_minus",
+    "adam_alpha_rounded_before_one_minus",
+    "directml_beta2_rounded_before_one_minus",
+    "directml_beta1_rounded_before_one_minus",
+  )
 }
 
 
@@ -335,13 +389,17 @@ def _wrapped_transform(change_args=None, change_update=None):
     def update(updates, state, params=None, **extra):
       new_updates, new_state = opt.update(updates, state, params, **extra)
       return new_updates, change_update(updates, state, new_state)
+
     return optax.GradientTransformationExtraArgs(opt.init, update)
+
   return _transform
 
 
 def _optax_with(**overrides):
   """``optax`` as ``transforms`` sees it, with some functions replaced."""
-  proxy = types.SimpleNamespace(**{name: getattr(optax, name) for name in dir(optax) if not name.startswith("__")})
+  proxy = types.SimpleNamespace(
+    **{name: getattr(optax, name) for name in dir(optax) if not name.startswith("__")}
+  )
   for name, value in overrides.items():
     setattr(proxy, name, value)
   return proxy
@@ -353,6 +411,7 @@ def _shift_schedule(by_initial_count: bool, extra: int = 0):
     if callable(lr):
       shift = (int(initial_count) if by_initial_count else 0) + extra
       arguments["learning_rate"] = lambda n: lr(n + shift)
+
   return change
 
 
@@ -361,31 +420,50 @@ def _state_cast(to: str):
     def cast(g, s_old, s_new):
       dtype = g.dtype if to == "param" else jnp.promote_types(g.dtype, s_old.dtype)
       return s_new.astype(dtype)
+
     fields = [jax.tree.map(cast, grads, old, new) for old, new in zip(state[1:], new_state[1:])]
     return type(new_state)(new_state.count, *fields)
+
   return change
 
 
 #: (name, {attribute of `transforms`: replacement factory}, case names to try first).
 TRANSFORM_MUTANTS: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
-    ("count_not_advanced", {"optax": lambda: _optax_with(safe_increment=lambda count: count)}, ()),
-    ("count_wraps_at_int32_max", {"optax": lambda: _optax_with(safe_increment=lambda count: count + 1)},
-     ("T=int32max",)),
-    ("schedule_at_T", {"_transform": lambda: _wrapped_transform(change_args=_shift_schedule(True))},
-     ("schedule",)),
-    ("schedule_after_the_update", {"_transform": lambda: _wrapped_transform(change_args=_shift_schedule(False, 1))},
-     ("schedule",)),
-    ("state_in_parameter_dtype", {"_transform": lambda: _wrapped_transform(change_update=_state_cast("param"))},
-     ("state_dtype",)),
-    ("state_in_compute_dtype", {"_transform": lambda: _wrapped_transform(change_update=_state_cast("compute"))},
-     ("state_dtype",)),
+  ("count_not_advanced", {"optax": lambda: _optax_with(safe_increment=lambda count: count)}, ()),
+  (
+    "count_wraps_at_int32_max",
+    {"optax": lambda: _optax_with(safe_increment=lambda count: count + 1)},
+    ("T=int32max",),
+  ),
+  (
+    "schedule_at_T",
+    {"_transform": lambda: _wrapped_transform(change_args=_shift_schedule(True))},
+    ("schedule",),
+  ),
+  (
+    "schedule_after_the_update",
+    {"_transform": lambda: _wrapped_transform(change_args=_shift_schedule(False, 1))},
+    ("schedule",),
+  ),
+  (
+    "state_in_parameter_dtype",
+    {"_transform": lambda: _wrapped_transform(change_update=_state_cast("param"))},
+    ("state_dtype",),
+  ),
+  (
+    "state_in_compute_dtype",
+    {"_transform": lambda: _wrapped_transform(change_update=_state_cast("compute"))},
+    ("state_dtype",),
+  ),
 ]
 
 
 # -- running the suite on a mutant -------------------------------------------------------
 
-def _results(rule: str, dtype: str, first: tuple[str, ...] = (), stop: bool = True,
-             only: tuple[str, ...] | None = None) -> list[check.CaseResult]:
+
+def _results(
+  rule: str, dtype: str, first: tuple[str, ...] = (), stop: bool = True, only: tuple[str, ...] | None = None
+) -> list[check.CaseResult]:
   """The suite's results for one rule and dtype (no 10^6-element case), ``first`` cases first.
 
   With ``stop``, up to the first failing case; with ``only``, the cases
@@ -419,9 +497,12 @@ def _catch_message(r: check.CaseResult) -> str:
 
 # Every mutant in every dtype, except where EQUIVALENT says it cannot be wrong
 # (test_equivalent_mutants_are_bit_identical asserts that instead).
-_WRONG_SOMEWHERE = [pytest.param(name, suite_rules, parts, dtype, id=f"{name}-{dtype}")
-                    for name, suite_rules, parts in RULE_MUTANTS for dtype in grid.DTYPES
-                    if dtype not in EQUIVALENT.get(name, ((), ""))[0]]
+_WRONG_SOMEWHERE = [
+  pytest.param(name, suite_rules, parts, dtype, id=f"{name}-{dtype}")
+  for name, suite_rules, parts in RULE_MUTANTS
+  for dtype in grid.DTYPES
+  if dtype not in EQUIVALENT.get(name, ((), ""))[0]
+]
 
 
 @pytest.mark.parametrize("name,suite_rules,parts,dtype", _WRONG_SOMEWHERE)
@@ -448,7 +529,7 @@ def test_wrong_transform_is_caught(monkeypatch, name, patches, first, dtype):
 @pytest.mark.parametrize("name", sorted(EQUIVALENT))
 def test_equivalent_mutants_are_bit_identical(monkeypatch, name):
   """Where a mutant is declared equivalent, it gives the very bits of the rule, on every case."""
-  (_, suite_rules, parts), = [m for m in RULE_MUTANTS if m[0] == name]
+  ((_, suite_rules, parts),) = [m for m in RULE_MUTANTS if m[0] == name]
   dtypes, _ = EQUIVALENT[name]
   for rule in suite_rules:
     for dtype in dtypes:
@@ -466,10 +547,13 @@ def test_equivalent_mutants_are_bit_identical(monkeypatch, name):
 
 
 _UNMUTATED = {
-    "momentum_nesterov": {"momentum_scalars": _momentum_scalars, "momentum_elementwise": _momentum_elementwise},
-    "adagrad": {"adagrad_scalars": _adagrad_scalars, "adagrad_elementwise": _adagrad_elementwise},
-    "adam": {"adam_scalars": _adam_scalars, "adam_elementwise": _adam_elementwise},
-    "directml_adam": {"directml_adam_scalars": _directml_scalars, "directml_adam_elementwise": _directml_elementwise},
+  "momentum_nesterov": {"momentum_scalars": _momentum_scalars, "momentum_elementwise": _momentum_elementwise},
+  "adagrad": {"adagrad_scalars": _adagrad_scalars, "adagrad_elementwise": _adagrad_elementwise},
+  "adam": {"adam_scalars": _adam_scalars, "adam_elementwise": _adam_elementwise},
+  "directml_adam": {
+    "directml_adam_scalars": _directml_scalars,
+    "directml_adam_elementwise": _directml_elementwise,
+  },
 }
 
 
@@ -492,10 +576,14 @@ def _margins() -> None:
   """
   mp = pytest.MonkeyPatch()
   print("| mutant | float32 | float64 | float16 | bfloat16 |\n|---|---:|---:|---:|---:|")
-  rows = [(name, suite_rules, lambda parts=parts: [(rules, k, v) for k, v in parts.items()], None)
-          for name, suite_rules, parts in RULE_MUTANTS]
-  rows += [(name, grid.RULES, lambda patches=patches: [(transforms, k, f()) for k, f in patches.items()], first)
-           for name, patches, first in TRANSFORM_MUTANTS]
+  rows = [
+    (name, suite_rules, lambda parts=parts: [(rules, k, v) for k, v in parts.items()], None)
+    for name, suite_rules, parts in RULE_MUTANTS
+  ]
+  rows += [
+    (name, grid.RULES, lambda patches=patches: [(transforms, k, f()) for k, f in patches.items()], first)
+    for name, patches, first in TRANSFORM_MUTANTS
+  ]
   for name, suite_rules, patches, only in rows:
     cells = []
     for dtype in grid.DTYPES:

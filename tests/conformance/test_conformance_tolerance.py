@@ -39,15 +39,25 @@ def test_bound_holds_for_an_independent_ieee_evaluation(dtype):
   hyper = dict(alpha=0.9, beta=0.8, norm_coefficient=0.01)
   got = _momentum_in(dtype, 0.05, 3, X, G, V, **hyper)
   want = reference.momentum(0.05, 3, X, G, V, mode="standard", **hyper)
-  tols = [a + b for a, b in zip(tolerance.bounds("momentum", impl, 0.05, 3, X, G, [V], mode="standard", **hyper),
-                                tolerance.bounds("momentum", ref, 0.05, 3, X, G, [V], mode="standard", **hyper))]
+  tols = [
+    a + b
+    for a, b in zip(
+      tolerance.bounds("momentum", impl, 0.05, 3, X, G, [V], mode="standard", **hyper),
+      tolerance.bounds("momentum", ref, 0.05, 3, X, G, [V], mode="standard", **hyper),
+    )
+  ]
   for g, w, t in zip(got, want, tols):
     assert (np.abs(g.astype(np.float64) - w) <= t).all()
   hyper = dict(decay_factor=0.1, epsilon=1e-3, norm_coefficient=0.01)
   got = _adagrad_in(dtype, 0.05, 7, X, G, H, **hyper)
   want = reference.adagrad(0.05, 7, X, G, H, **hyper)
-  tols = [a + b for a, b in zip(tolerance.bounds("adagrad", impl, 0.05, 7, X, G, [H], **hyper),
-                                tolerance.bounds("adagrad", ref, 0.05, 7, X, G, [H], **hyper))]
+  tols = [
+    a + b
+    for a, b in zip(
+      tolerance.bounds("adagrad", impl, 0.05, 7, X, G, [H], **hyper),
+      tolerance.bounds("adagrad", ref, 0.05, 7, X, G, [H], **hyper),
+    )
+  ]
   for g, w, t in zip(got, want, tols):
     ratio = np.abs(g.astype(np.float64) - w) / t
     assert ratio.max() <= 1
@@ -57,8 +67,19 @@ def test_bound_holds_for_an_independent_ieee_evaluation(dtype):
 def test_cancellation_is_bounded_by_the_operands():
   """X - R*V_new with R*V_new close to X: the bound is u|X|, not u|X - step|."""
   X, G, V = np.array([1.0]), np.array([0.0]), np.array([1.0 + 2**-20])
-  e_x, _ = tolerance.bounds("momentum", tolerance.implementation_context(np.float32), 1.0, 0, X, G, [V],
-                            alpha=1.0, beta=1.0, mode="standard", norm_coefficient=0.0)
+  e_x, _ = tolerance.bounds(
+    "momentum",
+    tolerance.implementation_context(np.float32),
+    1.0,
+    0,
+    X,
+    G,
+    [V],
+    alpha=1.0,
+    beta=1.0,
+    mode="standard",
+    norm_coefficient=0.0,
+  )
   x_new = 1.0 - (1.0 + 2**-20)
   assert e_x[0] > 0.5 * U32 * 1.0 > 100 * U32 * abs(x_new)
 
@@ -66,8 +87,19 @@ def test_cancellation_is_bounded_by_the_operands():
 def test_bound_is_tight_for_exact_hyperparameters():
   """Exactly representable hyperparameters: a few roundings of the operands, no more."""
   X, G, V = np.array([1.5]), np.array([0.75]), np.array([-0.5])
-  e_x, e_v = tolerance.bounds("momentum", tolerance.implementation_context(np.float32), 0.5, 2, X, G, [V],
-                              alpha=0.5, beta=0.5, mode="standard", norm_coefficient=0.0)
+  e_x, e_v = tolerance.bounds(
+    "momentum",
+    tolerance.implementation_context(np.float32),
+    0.5,
+    2,
+    X,
+    G,
+    [V],
+    alpha=0.5,
+    beta=0.5,
+    mode="standard",
+    norm_coefficient=0.0,
+  )
   # Every operation's rounding counted once, at its operands' size (|G| = 0.75 the largest).
   assert e_v[0] <= 3 * U32 * 0.75
   assert e_x[0] <= 3 * U32 * 1.5
