@@ -25,24 +25,31 @@ from onnx_optax import reference, rules
 
 # name -> (transform, reference key, hyperparameters, state class)
 RULES = {
-    "momentum_standard": (onnx_optax.momentum, "momentum",
-                          dict(alpha=0.7, beta=0.6, mode="standard", norm_coefficient=0.3)),
-    "momentum_nesterov": (onnx_optax.momentum, "momentum",
-                          dict(alpha=0.7, beta=0.6, mode="nesterov", norm_coefficient=0.3)),
-    "adagrad": (onnx_optax.adagrad, "adagrad",
-                dict(decay_factor=0.4, epsilon=0.3, norm_coefficient=0.3)),
-    "adam": (onnx_optax.adam, "adam",
-             dict(alpha=0.7, beta=0.6, epsilon=0.3, norm_coefficient=0.3, norm_coefficient_post=0.2)),
-    "directml_adam": (onnx_optax.directml_adam, "directml_adam",
-                      dict(beta1=0.7, beta2=0.6, epsilon=0.3)),
+  "momentum_standard": (
+    onnx_optax.momentum,
+    "momentum",
+    dict(alpha=0.7, beta=0.6, mode="standard", norm_coefficient=0.3),
+  ),
+  "momentum_nesterov": (
+    onnx_optax.momentum,
+    "momentum",
+    dict(alpha=0.7, beta=0.6, mode="nesterov", norm_coefficient=0.3),
+  ),
+  "adagrad": (onnx_optax.adagrad, "adagrad", dict(decay_factor=0.4, epsilon=0.3, norm_coefficient=0.3)),
+  "adam": (
+    onnx_optax.adam,
+    "adam",
+    dict(alpha=0.7, beta=0.6, epsilon=0.3, norm_coefficient=0.3, norm_coefficient_post=0.2),
+  ),
+  "directml_adam": (onnx_optax.directml_adam, "directml_adam", dict(beta1=0.7, beta2=0.6, epsilon=0.3)),
 }
 # The same rules with the terms that read X switched off (the X=None path).
 NO_PARAMS = {
-    "momentum_standard": dict(norm_coefficient=0.0),
-    "momentum_nesterov": dict(norm_coefficient=0.0),
-    "adagrad": dict(norm_coefficient=0.0),
-    "adam": dict(norm_coefficient=0.0, norm_coefficient_post=0.0),
-    "directml_adam": {},
+  "momentum_standard": dict(norm_coefficient=0.0),
+  "momentum_nesterov": dict(norm_coefficient=0.0),
+  "adagrad": dict(norm_coefficient=0.0),
+  "adam": dict(norm_coefficient=0.0, norm_coefficient_post=0.0),
+  "directml_adam": {},
 }
 
 STEPS = 4
@@ -50,7 +57,7 @@ X0 = [np.array([0.5, -1.5, 2.0]), np.array(-0.75)]
 
 
 def _grads(k):
-  return [np.array([0.3, -0.2, 0.9]) * (k + 1) - 0.1 * k ** 2, np.array(0.4 - 0.3 * k)]
+  return [np.array([0.3, -0.2, 0.9]) * (k + 1) - 0.1 * k**2, np.array(0.4 - 0.3 * k)]
 
 
 def _start_state(n_state):
@@ -89,8 +96,8 @@ def test_transform_matches_reference_over_steps(name, read_params, jit):
   with jax.enable_x64(True):
     xs, state, start = _run(name, hyper, T0, schedule, jit, pass_params=read_params)
     ref_xs, ref_state, ref_T = reference.trajectory(
-        key, X0, [_grads(k) for k in range(STEPS)], start, T0,
-        [schedule(k) for k in range(STEPS)], **hyper)
+      key, X0, [_grads(k) for k in range(STEPS)], start, T0, [schedule(k) for k in range(STEPS)], **hyper
+    )
   for k in range(STEPS):
     for got, want in zip(xs[k], ref_xs[k]):
       assert got.dtype == np.float64
@@ -109,7 +116,8 @@ def test_first_update_at_the_default_count_matches_reference(name):
     xs, state, start = _run(name, hyper, 1 if name == "directml_adam" else 0, 0.2, jit=False)
     T0 = 1 if name == "directml_adam" else 0
     ref_xs, ref_state, _ = reference.trajectory(
-        key, X0, [_grads(k) for k in range(STEPS)], start, T0, [0.2] * STEPS, **hyper)
+      key, X0, [_grads(k) for k in range(STEPS)], start, T0, [0.2] * STEPS, **hyper
+    )
   for k in range(STEPS):
     for got, want in zip(xs[k], ref_xs[k]):
       np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14, err_msg=f"{name} step {k}")
@@ -136,7 +144,9 @@ def test_single_tensor_rule_matches_reference(name, T):
   X, G = X0[0], _grads(1)[0]
   S = [f[0] for f in _start_state(reference.RULES[key][1])]
   with jax.enable_x64(True):
-    U, *S_new = _single_tensor(name, T, jnp.asarray(X), jnp.asarray(G), [jnp.asarray(s) for s in S], 0.2, hyper)
+    U, *S_new = _single_tensor(
+      name, T, jnp.asarray(X), jnp.asarray(G), [jnp.asarray(s) for s in S], 0.2, hyper
+    )
     X_new = np.asarray(jnp.asarray(X) + U)
   want = reference.RULES[key][0](0.2, T, X, G, *S, **hyper)
   np.testing.assert_allclose(X_new, want[0], rtol=1e-12, atol=1e-14)
@@ -153,34 +163,49 @@ def test_hand_derived_first_updates():
     X, G = jnp.float64(1.0), jnp.float64(2.0)
     zero = jnp.float64(0.0)
     # Momentum, T = 1: V_new = 0.5 * 1 + 0.5 * (0.5 * 1 + 2) = 1.75; X_new = 1 - 0.1 * 1.75.
-    U, V = rules.momentum(0.1, 1, X, G, jnp.float64(1.0), alpha=0.5, beta=0.5, mode="standard",
-                          norm_coefficient=0.5)
+    U, V = rules.momentum(
+      0.1, 1, X, G, jnp.float64(1.0), alpha=0.5, beta=0.5, mode="standard", norm_coefficient=0.5
+    )
     assert float(V) == pytest.approx(1.75, rel=1e-15)
     assert float(X + U) == pytest.approx(0.825, rel=1e-15)
     # Nesterov: X_new = 1 - 0.1 * (2.5 + 0.5 * 1.75) = 0.6625.
-    U, _ = rules.momentum(0.1, 1, X, G, jnp.float64(1.0), alpha=0.5, beta=0.5, mode="nesterov",
-                          norm_coefficient=0.5)
+    U, _ = rules.momentum(
+      0.1, 1, X, G, jnp.float64(1.0), alpha=0.5, beta=0.5, mode="nesterov", norm_coefficient=0.5
+    )
     assert float(X + U) == pytest.approx(0.6625, rel=1e-15)
     # Adagrad, T = 3, decay 1/3: r = 0.1 / 2; H_new = 1 + 4 = 5; X_new = 1 - 0.05 * 2 / (sqrt 5 + 1).
-    U, H = rules.adagrad(0.1, 3, X, G, jnp.float64(1.0), decay_factor=1 / 3, epsilon=1.0,
-                         norm_coefficient=0.0)
+    U, H = rules.adagrad(
+      0.1, 3, X, G, jnp.float64(1.0), decay_factor=1 / 3, epsilon=1.0, norm_coefficient=0.0
+    )
     assert float(H) == 5.0
-    assert float(X + U) == pytest.approx(1 - 0.1 / (5 ** 0.5 + 1), rel=1e-14)
+    assert float(X + U) == pytest.approx(1 - 0.1 / (5**0.5 + 1), rel=1e-14)
     # ONNX Adam, T = 2, alpha = beta = 0.5: V = 1, H = 2; R_adjusted = 0.1 sqrt(0.75) / 0.75;
     # X_new = 1 - R_adjusted * 1 / (sqrt 2 + 0.5); X_final = 0.9 X_new.
-    U, V, H = rules.adam(0.1, 2, X, G, zero, zero, alpha=0.5, beta=0.5, epsilon=0.5,
-                         norm_coefficient=0.0, norm_coefficient_post=0.1)
+    U, V, H = rules.adam(
+      0.1,
+      2,
+      X,
+      G,
+      zero,
+      zero,
+      alpha=0.5,
+      beta=0.5,
+      epsilon=0.5,
+      norm_coefficient=0.0,
+      norm_coefficient_post=0.1,
+    )
     assert (float(V), float(H)) == (1.0, 2.0)
-    R_adjusted = 0.1 * 0.75 ** 0.5 / 0.75
-    assert float(X + U) == pytest.approx(0.9 * (1 - R_adjusted / (2 ** 0.5 + 0.5)), rel=1e-14)
+    R_adjusted = 0.1 * 0.75**0.5 / 0.75
+    assert float(X + U) == pytest.approx(0.9 * (1 - R_adjusted / (2**0.5 + 0.5)), rel=1e-14)
     # DirectML Adam, T = 1: M = 0.1 * 2, V = 0.001 * 4, Alpha = sqrt(0.001) / 0.1;
     # X_new = 1 - 0.1 * Alpha * 0.2 / (sqrt(0.004) + 1e-8).
-    U, M, V = rules.directml_adam(X, zero, zero, G, 1, learning_rate=0.1, beta1=0.9, beta2=0.999,
-                                  epsilon=1e-8)
+    U, M, V = rules.directml_adam(
+      X, zero, zero, G, 1, learning_rate=0.1, beta1=0.9, beta2=0.999, epsilon=1e-8
+    )
     assert float(M) == pytest.approx(0.2, rel=1e-15)
     assert float(V) == pytest.approx(0.004, rel=1e-13)
-    Alpha = 0.001 ** 0.5 / 0.1
-    assert float(X + U) == pytest.approx(1 - 0.1 * Alpha * 0.2 / (0.004 ** 0.5 + 1e-8), rel=1e-12)
+    Alpha = 0.001**0.5 / 0.1
+    assert float(X + U) == pytest.approx(1 - 0.1 * Alpha * 0.2 / (0.004**0.5 + 1e-8), rel=1e-12)
 
 
 def test_state_dtype_count_and_none_leaves():
@@ -208,11 +233,23 @@ def _central_difference(f, x, h=1e-6):
 def test_derivatives_match_central_differences(name):
   """The custom derivatives (``1 - beta^T`` and ``Sqrt``) against float64 central differences,
   with respect to a decay (through the bias correction) and to the state ``H`` (through Sqrt)."""
+
   def step(decay, H):
     X, G, V = (jnp.float64(v) for v in (0.5, -0.8, 0.3))
     if name == "adam":
-      return rules.adam(0.1, 3, X, G, V, H, alpha=0.7, beta=decay, epsilon=0.1, norm_coefficient=0.2,
-                        norm_coefficient_post=0.0)[0]
+      return rules.adam(
+        0.1,
+        3,
+        X,
+        G,
+        V,
+        H,
+        alpha=0.7,
+        beta=decay,
+        epsilon=0.1,
+        norm_coefficient=0.2,
+        norm_coefficient_post=0.0,
+      )[0]
     if name == "directml_adam":
       return rules.directml_adam(X, V, H, G, 3, learning_rate=0.1, beta1=0.7, beta2=decay, epsilon=0.1)[0]
     return rules.adagrad(0.1, 3, X, G, H, decay_factor=decay, epsilon=0.1, norm_coefficient=0.2)[0]
@@ -221,10 +258,12 @@ def test_derivatives_match_central_differences(name):
     for argnum, at in [(0, 0.6), (1, 0.6)]:
       args = [jnp.float64(0.6), jnp.float64(0.6)]
       got = float(jax.grad(lambda *a: step(*a), argnums=argnum)(*args))
-      def f(v):
+
+      def f(v, args=args, argnum=argnum):
         a = list(args)
         a[argnum] = jnp.float64(v)
         return float(step(*a))
+
       want = _central_difference(f, at)
       assert got == pytest.approx(want, rel=1e-6, abs=1e-9), (name, argnum)
 
@@ -235,17 +274,55 @@ def test_derivative_through_zero_second_moment_is_the_zero_subgradient():
   nor any other number."""
   with jax.enable_x64(True):
     zero = jnp.float64(0.0)
-    d = jax.grad(lambda H: rules.adam(0.1, 3, zero, zero, zero, H, alpha=0.7, beta=0.6, epsilon=0.1,
-                                      norm_coefficient=0.0, norm_coefficient_post=0.0)[2].sum()
-                 + rules.adam(0.1, 3, zero, jnp.float64(1.0), zero, H, alpha=0.7, beta=0.6, epsilon=0.1,
-                              norm_coefficient=0.0, norm_coefficient_post=0.0)[0])(zero)
+    d = jax.grad(
+      lambda H: (
+        rules.adam(
+          0.1,
+          3,
+          zero,
+          zero,
+          zero,
+          H,
+          alpha=0.7,
+          beta=0.6,
+          epsilon=0.1,
+          norm_coefficient=0.0,
+          norm_coefficient_post=0.0,
+        )[2].sum()
+        + rules.adam(
+          0.1,
+          3,
+          zero,
+          jnp.float64(1.0),
+          zero,
+          H,
+          alpha=0.7,
+          beta=0.6,
+          epsilon=0.1,
+          norm_coefficient=0.0,
+          norm_coefficient_post=0.0,
+        )[0]
+      )
+    )(zero)
     # H_new = 0.6 H; d H_new / d H = 0.6. The second term: V_new = 0.3, H_new = 0.4 + 0.6 H,
-    # U = -R_adjusted * 0.3 / (sqrt(H_new) + 0.1), dU/dH = R_adjusted * 0.3 * 0.6 / (2 sqrt(0.4) (sqrt(0.4) + 0.1)^2).
-    R_adjusted = 0.1 * (1 - 0.6 ** 3) ** 0.5 / (1 - 0.7 ** 3)
-    want = 0.6 + R_adjusted * 0.3 * 0.6 / (2 * 0.4 ** 0.5 * (0.4 ** 0.5 + 0.1) ** 2)
+    # U = -R_adjusted * 0.3 / (sqrt(H_new) + 0.1),
+    # dU/dH = R_adjusted * 0.3 * 0.6 / (2 sqrt(0.4) (sqrt(0.4) + 0.1)^2).
+    R_adjusted = 0.1 * (1 - 0.6**3) ** 0.5 / (1 - 0.7**3)
+    want = 0.6 + R_adjusted * 0.3 * 0.6 / (2 * 0.4**0.5 * (0.4**0.5 + 0.1) ** 2)
     assert float(d) == pytest.approx(want, rel=1e-12)
-    U = lambda H: rules.adam(0.1, 3, zero, zero, jnp.float64(1.0), H, alpha=0.7, beta=0.6,
-                             epsilon=0.1, norm_coefficient=0.0, norm_coefficient_post=0.0)[0]
+    U = lambda H: rules.adam(
+      0.1,
+      3,
+      zero,
+      zero,
+      jnp.float64(1.0),
+      H,
+      alpha=0.7,
+      beta=0.6,
+      epsilon=0.1,
+      norm_coefficient=0.0,
+      norm_coefficient_post=0.0,
+    )[0]
     # V_new = 0.7, H_new = 0.6 H = 0 at H = 0: d Sqrt is 0 there, so dU/dH = 0, in reverse
     # and in forward mode (a tangent that is not linear in H_dot differs only in forward mode).
     assert float(jax.grad(U)(zero)) == 0.0
@@ -256,15 +333,20 @@ def test_derivative_through_zero_second_moment_is_the_zero_subgradient():
 # The documented defaults (the ONNX schemas'; DirectML's "typical" values), with
 # gradients small enough that epsilon weighs in every update.
 DEFAULTS = {
-    "momentum_standard": (lambda lr: onnx_optax.momentum(lr, alpha=0.7, beta=0.6, mode="standard",
-                                                         norm_coefficient=0.3),
-                          "momentum", dict(alpha=0.7, beta=0.6, mode="standard", norm_coefficient=0.3), 0),
-    "adagrad": (onnx_optax.adagrad, "adagrad",
-                dict(decay_factor=0.0, epsilon=1e-6, norm_coefficient=0.0), 0),
-    "adam": (onnx_optax.adam, "adam",
-             dict(alpha=0.9, beta=0.999, epsilon=1e-6, norm_coefficient=0.0, norm_coefficient_post=0.0), 0),
-    "directml_adam": (onnx_optax.directml_adam, "directml_adam",
-                      dict(beta1=0.9, beta2=0.999, epsilon=1e-8), 1),
+  "momentum_standard": (
+    lambda lr: onnx_optax.momentum(lr, alpha=0.7, beta=0.6, mode="standard", norm_coefficient=0.3),
+    "momentum",
+    dict(alpha=0.7, beta=0.6, mode="standard", norm_coefficient=0.3),
+    0,
+  ),
+  "adagrad": (onnx_optax.adagrad, "adagrad", dict(decay_factor=0.0, epsilon=1e-6, norm_coefficient=0.0), 0),
+  "adam": (
+    onnx_optax.adam,
+    "adam",
+    dict(alpha=0.9, beta=0.999, epsilon=1e-6, norm_coefficient=0.0, norm_coefficient_post=0.0),
+    0,
+  ),
+  "directml_adam": (onnx_optax.directml_adam, "directml_adam", dict(beta1=0.9, beta2=0.999, epsilon=1e-8), 1),
 }
 
 
@@ -298,56 +380,68 @@ def test_first_update_derivatives_are_finite_and_right():
     X, G, V, H = (jnp.float64(v) for v in (0.5, -0.8, 0.3, 0.6))
 
     def U(alpha, beta, R):
-      return rules.adam(R, 0, X, G, V, H, alpha=alpha, beta=beta, epsilon=0.1, norm_coefficient=0.0,
-                        norm_coefficient_post=0.0)[0]
+      return rules.adam(
+        R, 0, X, G, V, H, alpha=alpha, beta=beta, epsilon=0.1, norm_coefficient=0.0, norm_coefficient_post=0.0
+      )[0]
 
-    d_alpha, d_beta, d_R = jax.grad(U, argnums=(0, 1, 2))(jnp.float64(0.7), jnp.float64(0.6),
-                                                          jnp.float64(0.1))
+    d_alpha, d_beta, d_R = jax.grad(U, argnums=(0, 1, 2))(
+      jnp.float64(0.7), jnp.float64(0.6), jnp.float64(0.1)
+    )
     H_new = 0.6 * 0.6 + 0.4 * 0.64
-    H_sqrt = H_new ** 0.5 + 0.1
+    H_sqrt = H_new**0.5 + 0.1
     V_new = 0.7 * 0.3 + 0.3 * -0.8
     assert float(d_alpha) == pytest.approx(-0.1 * (0.3 - -0.8) / H_sqrt, rel=1e-12)
     assert float(d_R) == pytest.approx(-V_new / H_sqrt, rel=1e-12)
     # dU/dbeta = R V_new / H_sqrt^2 * dSqrt(H_new)/dbeta, dH_new/dbeta = H - G^2.
-    assert float(d_beta) == pytest.approx(0.1 * V_new / H_sqrt ** 2 * (0.6 - 0.64) / (2 * H_new ** 0.5),
-                                          rel=1e-12)
+    assert float(d_beta) == pytest.approx(
+      0.1 * V_new / H_sqrt**2 * (0.6 - 0.64) / (2 * H_new**0.5), rel=1e-12
+    )
 
 
 def test_reference_dtype_argument():
   """The reference computes in float64 by default whatever the inputs' dtype, and in the dtype of
   X (the first tensor, not the gradient) with dtype=None."""
   X32, G64 = np.float32(1.0), np.float64(0.1)
-  X_new, H_new = reference.adagrad(0.1, 0, X32, np.float32(0.1), np.float32(0.0), decay_factor=0.0,
-                                   epsilon=0.0, norm_coefficient=0.0)
+  X_new, H_new = reference.adagrad(
+    0.1, 0, X32, np.float32(0.1), np.float32(0.0), decay_factor=0.0, epsilon=0.0, norm_coefficient=0.0
+  )
   assert X_new.dtype == np.float64 and H_new.dtype == np.float64
-  X_new, H_new = reference.adagrad(0.1, 0, X32, G64, np.float64(0.0), decay_factor=0.0, epsilon=0.0,
-                                   norm_coefficient=0.0, dtype=None)
+  X_new, H_new = reference.adagrad(
+    0.1, 0, X32, G64, np.float64(0.0), decay_factor=0.0, epsilon=0.0, norm_coefficient=0.0, dtype=None
+  )
   assert X_new.dtype == np.float32 and H_new.dtype == np.float32
   # R = 0.1, G = 0.1, H_new = 0.01 (in float32), X_new = 1 - 0.1 * 0.1 / 0.1 = 0.9.
   assert X_new == np.float32(0.9)
 
 
 KEYWORD_ONLY = {
-    # function: the names that must be keyword-only (hyperparameters, static arguments)
-    rules.momentum_scalars: ["alpha", "beta", "norm_coefficient"],
-    rules.momentum_elementwise: ["mode"],
-    rules.momentum: ["alpha", "beta", "mode", "norm_coefficient"],
-    rules.adagrad_scalars: ["decay_factor", "epsilon", "norm_coefficient"],
-    rules.adagrad: ["decay_factor", "epsilon", "norm_coefficient"],
-    rules.adam_scalars: ["alpha", "beta", "epsilon", "norm_coefficient", "norm_coefficient_post"],
-    rules.adam: ["alpha", "beta", "epsilon", "norm_coefficient", "norm_coefficient_post"],
-    rules.directml_adam_scalars: ["beta1", "beta2", "epsilon"],
-    rules.directml_adam: ["learning_rate", "beta1", "beta2", "epsilon"],
-    onnx_optax.transforms._transform: ["minimum_count", "read_params_for", "decays"],
-    onnx_optax.momentum: ["alpha", "beta", "mode", "norm_coefficient", "initial_count", "state_dtype"],
-    onnx_optax.adagrad: ["decay_factor", "epsilon", "norm_coefficient", "initial_count", "state_dtype"],
-    onnx_optax.adam: ["alpha", "beta", "epsilon", "norm_coefficient", "norm_coefficient_post",
-                      "initial_count", "state_dtype"],
-    onnx_optax.directml_adam: ["beta1", "beta2", "epsilon", "initial_count", "state_dtype"],
-    reference.momentum: ["alpha", "beta", "mode", "norm_coefficient", "dtype"],
-    reference.adagrad: ["decay_factor", "epsilon", "norm_coefficient", "dtype"],
-    reference.adam: ["alpha", "beta", "epsilon", "norm_coefficient", "norm_coefficient_post", "dtype"],
-    reference.directml_adam: ["learning_rate", "beta1", "beta2", "epsilon", "dtype"],
+  # function: the names that must be keyword-only (hyperparameters, static arguments)
+  rules.momentum_scalars: ["alpha", "beta", "norm_coefficient"],
+  rules.momentum_elementwise: ["mode"],
+  rules.momentum: ["alpha", "beta", "mode", "norm_coefficient"],
+  rules.adagrad_scalars: ["decay_factor", "epsilon", "norm_coefficient"],
+  rules.adagrad: ["decay_factor", "epsilon", "norm_coefficient"],
+  rules.adam_scalars: ["alpha", "beta", "epsilon", "norm_coefficient", "norm_coefficient_post"],
+  rules.adam: ["alpha", "beta", "epsilon", "norm_coefficient", "norm_coefficient_post"],
+  rules.directml_adam_scalars: ["beta1", "beta2", "epsilon"],
+  rules.directml_adam: ["learning_rate", "beta1", "beta2", "epsilon"],
+  onnx_optax.transforms._transform: ["minimum_count", "read_params_for", "decays"],
+  onnx_optax.momentum: ["alpha", "beta", "mode", "norm_coefficient", "initial_count", "state_dtype"],
+  onnx_optax.adagrad: ["decay_factor", "epsilon", "norm_coefficient", "initial_count", "state_dtype"],
+  onnx_optax.adam: [
+    "alpha",
+    "beta",
+    "epsilon",
+    "norm_coefficient",
+    "norm_coefficient_post",
+    "initial_count",
+    "state_dtype",
+  ],
+  onnx_optax.directml_adam: ["beta1", "beta2", "epsilon", "initial_count", "state_dtype"],
+  reference.momentum: ["alpha", "beta", "mode", "norm_coefficient", "dtype"],
+  reference.adagrad: ["decay_factor", "epsilon", "norm_coefficient", "dtype"],
+  reference.adam: ["alpha", "beta", "epsilon", "norm_coefficient", "norm_coefficient_post", "dtype"],
+  reference.directml_adam: ["learning_rate", "beta1", "beta2", "epsilon", "dtype"],
 }
 
 
@@ -356,6 +450,7 @@ def test_hyperparameters_are_keyword_only(function):
   """Hyperparameters are named at every call (as in the ONNX schema's attributes): a positional
   hyperparameter, which would silently bind ``0.9`` to the wrong name, is a TypeError."""
   import inspect
+
   parameters = inspect.signature(function).parameters
   kinds = {name: p.kind for name, p in parameters.items()}
   assert {kinds[n] for n in KEYWORD_ONLY[function]} == {inspect.Parameter.KEYWORD_ONLY}

@@ -5,6 +5,11 @@ Usage: python benchmarks/mutation/filter.py SESSION.sqlite [--shard K/N]
 With ``--shard K/N`` it instead skips every pending job but the K-th of each N
 (in job-id order), so that N copies of the tree judge disjoint parts.
 
+With ``--only-survivors-of OLD.sqlite...`` it skips every pending job but the
+mutants that survived in the OLD sessions (a run on an earlier commit): the
+same module, operator and changed source line, wherever the line has moved.
+``rejudge.sh`` uses it to judge a run's survivors again on a later commit.
+
 cosmic-ray generates every replacement of every operator (1934 mutants over
 rules.py, transforms.py and reference.py): an addition becomes each of ten
 other binary operators, most of which (the bit operators, ``//``, ``%``) only
@@ -40,29 +45,29 @@ from cosmic_ray.work_db import WorkDB, use_db
 from cosmic_ray.work_item import WorkerOutcome, WorkResult
 
 KEEP = {
-    "core/ReplaceBinaryOperator_Add_Sub",
-    "core/ReplaceBinaryOperator_Sub_Add",
-    "core/ReplaceBinaryOperator_Mul_Div",
-    "core/ReplaceBinaryOperator_Div_Mul",
-    "core/ReplaceBinaryOperator_Pow_Mul",
-    "core/ReplaceComparisonOperator_Gt_GtE",
-    "core/ReplaceComparisonOperator_Lt_LtE",
-    "core/ReplaceComparisonOperator_GtE_Gt",
-    "core/ReplaceComparisonOperator_LtE_Lt",
-    "core/ReplaceComparisonOperator_Eq_NotEq",
-    "core/ReplaceComparisonOperator_NotEq_Eq",
-    "core/ReplaceComparisonOperator_Is_IsNot",
-    "core/ReplaceComparisonOperator_IsNot_Is",
-    "core/ReplaceUnaryOperator_Delete_USub",
-    "core/ReplaceUnaryOperator_Delete_Not",
-    "core/AddNot",
-    "core/ReplaceTrueWithFalse",
-    "core/ReplaceFalseWithTrue",
-    "core/ReplaceAndWithOr",
-    "core/ReplaceOrWithAnd",
-    "core/RemoveDecorator",
-    "core/ZeroIterationForLoop",
-    "core/NumberReplacer",  # even occurrences only: the +1 offset
+  "core/ReplaceBinaryOperator_Add_Sub",
+  "core/ReplaceBinaryOperator_Sub_Add",
+  "core/ReplaceBinaryOperator_Mul_Div",
+  "core/ReplaceBinaryOperator_Div_Mul",
+  "core/ReplaceBinaryOperator_Pow_Mul",
+  "core/ReplaceComparisonOperator_Gt_GtE",
+  "core/ReplaceComparisonOperator_Lt_LtE",
+  "core/ReplaceComparisonOperator_GtE_Gt",
+  "core/ReplaceComparisonOperator_LtE_Lt",
+  "core/ReplaceComparisonOperator_Eq_NotEq",
+  "core/ReplaceComparisonOperator_NotEq_Eq",
+  "core/ReplaceComparisonOperator_Is_IsNot",
+  "core/ReplaceComparisonOperator_IsNot_Is",
+  "core/ReplaceUnaryOperator_Delete_USub",
+  "core/ReplaceUnaryOperator_Delete_Not",
+  "core/AddNot",
+  "core/ReplaceTrueWithFalse",
+  "core/ReplaceFalseWithTrue",
+  "core/ReplaceAndWithOr",
+  "core/ReplaceOrWithAnd",
+  "core/RemoveDecorator",
+  "core/ZeroIterationForLoop",
+  "core/NumberReplacer",  # even occurrences only: the +1 offset
 }
 TYPE_ALIASES = {"ScalarOrSchedule", "Scalars"}
 
@@ -86,7 +91,8 @@ def annotation_spans(path: Path) -> list[tuple[tuple[int, int], tuple[int, int]]
     elif isinstance(node, ast.AnnAssign):
       add(node.annotation)
     elif isinstance(node, ast.Assign) and any(
-        isinstance(t, ast.Name) and t.id in TYPE_ALIASES for t in node.targets):
+      isinstance(t, ast.Name) and t.id in TYPE_ALIASES for t in node.targets
+    ):
       add(node)
   return spans
 
@@ -108,8 +114,49 @@ def shard(session: str, k: int, n: int) -> None:
   with use_db(session, WorkDB.Mode.open) as db:
     jobs = sorted(item.job_id for item in db.pending_work_items)
     others = [j for i, j in enumerate(jobs) if i % n != k]
-    db.set_multiple_results(others, WorkResult(output=f"other shard (not {k}/{n})",
-                                               worker_outcome=WorkerOutcome.SKIPPED))
+    db.set_multiple_results(
+      others, WorkResult(output=f"other shard (not {k}/{n})", worker_outcome=WorkerOutcome.SKIPPED)
+    )
+
+
+def _changed(diff: str) -> tuple[str, ...]:
+  """The hunk of a unified diff without its line numbers: the changed lines and 3 around."""
+  return tuple(l.strip() for l in diff.split("\n") if l[:1] in " -+" and not l.startswith(("---", "+++")))
+
+
+def only_survivors_of(session: str, old_sessions: list[str]) -> None:
+  import difflib
+  import sqlite3
+
+  from cosmic_ray.mutating import mutate_code
+  from cosmic_ray.plugins import get_operator
+
+  wanted = set()
+  for old in old_sessions:
+    con = sqlite3.connect(old)
+    for module, op, diff in con.execute(
+      "SELECT m.module_path, m.operator_name, r.diff FROM mutation_specs m JOIN work_results r "
+      "ON r.job_id = m.job_id WHERE r.test_outcome = 'SURVIVED'"
+    ):
+      wanted.add((module, op, _changed(diff)))
+  sources: dict[str, str] = {}
+  with use_db(session, WorkDB.Mode.open) as db:
+    others, kept = [], 0
+    for item in db.pending_work_items:
+      (m,) = item.mutations
+      path = str(m.module_path)
+      code = sources.setdefault(path, Path(path).read_text())
+      mutated = mutate_code(code, get_operator(m.operator_name)(**(m.operator_args or {})), m.occurrence)
+      diff = "\n".join(difflib.unified_diff(code.split("\n"), (mutated or "").split("\n"), lineterm=""))
+      if (path, m.operator_name, _changed(diff)) in wanted:
+        kept += 1
+      else:
+        others.append(item.job_id)
+    db.set_multiple_results(
+      others,
+      WorkResult(output="other shard (not a survivor being re-judged)", worker_outcome=WorkerOutcome.SKIPPED),
+    )
+  print(f"re-judging {kept} of the {len(wanted)} survivors")
 
 
 def main(session: str) -> None:
@@ -127,13 +174,17 @@ def main(session: str) -> None:
         kept += 1
     for reason in sorted({r for _, r in skipped}):
       ids = [j for j, r in skipped if r == reason]
-      db.set_multiple_results(ids, WorkResult(output=f"skipped: {reason}", worker_outcome=WorkerOutcome.SKIPPED))
+      db.set_multiple_results(
+        ids, WorkResult(output=f"skipped: {reason}", worker_outcome=WorkerOutcome.SKIPPED)
+      )
       print(f"skipped {len(ids):5d}: {reason}")
     print(f"kept    {kept:5d}")
 
 
 if __name__ == "__main__":
-  if len(sys.argv) == 4 and sys.argv[2] == "--shard":
+  if len(sys.argv) >= 4 and sys.argv[2] == "--only-survivors-of":
+    only_survivors_of(sys.argv[1], sys.argv[3:])
+  elif len(sys.argv) == 4 and sys.argv[2] == "--shard":
     k, n = map(int, sys.argv[3].split("/"))
     shard(sys.argv[1], k, n)
   else:

@@ -24,16 +24,26 @@ def load(paths):
   for path in paths:
     con = sqlite3.connect(path)
     rows = con.execute(
-        "SELECT m.job_id, m.module_path, m.operator_name, m.occurrence, m.start_pos_row, m.start_pos_col, "
-        "r.worker_outcome, r.test_outcome, r.output, r.diff FROM mutation_specs m "
-        "LEFT JOIN work_results r ON r.job_id = m.job_id")
+      "SELECT m.job_id, m.module_path, m.operator_name, m.occurrence, m.start_pos_row, m.start_pos_col, "
+      "r.worker_outcome, r.test_outcome, r.output, r.diff FROM mutation_specs m "
+      "LEFT JOIN work_results r ON r.job_id = m.job_id"
+    )
     for job_id, module, op, occ, row, col, worker, test, output, diff in rows:
       if output and output.startswith(OTHER_SHARD):
         continue
       if job_id in jobs and jobs[job_id]["worker"] is not None and worker is None:
         continue
-      jobs[job_id] = dict(module=module, op=op.removeprefix("core/"), occ=occ, row=row, col=col,
-                          worker=worker and worker.lower(), test=test and test.lower(), output=output or "", diff=diff or "")
+      jobs[job_id] = dict(
+        module=module,
+        op=op.removeprefix("core/"),
+        occ=occ,
+        row=row,
+        col=col,
+        worker=worker and worker.lower(),
+        test=test and test.lower(),
+        output=output or "",
+        diff=diff or "",
+      )
   return jobs
 
 
@@ -71,34 +81,45 @@ def main():
     if status(j) == "killed":
       m = re.search(r"JUDGE: caught in stage (\d)", j["output"])
       stage["timeout" if j["worker"] == "timeout" else (m.group(1) if m else "?")] += 1
-  skip_reasons = collections.Counter(j["output"].removeprefix("skipped: ") for j in jobs.values()
-                                     if status(j) == "skipped")
+  skip_reasons = collections.Counter(
+    j["output"].removeprefix("skipped: ") for j in jobs.values() if status(j) == "skipped"
+  )
 
   p = print
   p("# Mutation run: results")
   p()
-  p(f"- commit: `{args.commit}`; cosmic-ray {importlib.metadata.version('cosmic-ray')}; "
-    f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
+  p(
+    f"- commit: `{args.commit}`; cosmic-ray {importlib.metadata.version('cosmic-ray')}; "
+    f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC"
+  )
   if args.wall is not None:
-    p(f"- wall time: {args.wall} s for the mutants ({args.shards} shard(s) in parallel)"
-      + (f", {args.baseline} s for the baseline judge" if args.baseline else ""))
-  p(f"- mutants generated: {len(jobs)}; skipped by filter.py: {counts['skipped']}; judged: {len(judged)}"
-    + (f"; NOT YET JUDGED: {counts['pending']}" if counts["pending"] else ""))
+    p(
+      f"- wall time: {args.wall} s for the mutants ({args.shards} shard(s) in parallel)"
+      + (f", {args.baseline} s for the baseline judge" if args.baseline else "")
+    )
+  p(
+    f"- mutants generated: {len(jobs)}; skipped by filter.py: {counts['skipped']}; judged: {len(judged)}"
+    + (f"; NOT YET JUDGED: {counts['pending']}" if counts["pending"] else "")
+  )
   for reason, n in sorted(skip_reasons.items()):
     p(f"  - skipped, {reason}: {n}")
-  p(f"- killed: {killed} (judge stage 1: {stage['1']}, stage 2: {stage['2']}, stage 3: {stage['3']}, "
+  p(
+    f"- killed: {killed} (judge stage 1: {stage['1']}, stage 2: {stage['2']}, stage 3: {stage['3']}, "
     f"timeout: {stage['timeout']}, unknown: {stage['?']}); survived: {len(survived)}; "
-    f"incompetent: {counts['incompetent']}")
+    f"incompetent: {counts['incompetent']}"
+  )
   if killed + len(survived):
-    p(f"- **mutation score: {killed}/{killed + len(survived)} = {100 * killed / (killed + len(survived)):.1f}%**"
-      " (killed / (killed + survived))")
+    total = killed + len(survived)
+    p(f"- **mutation score: {killed}/{total} = {100 * killed / total:.1f}%** (killed / (killed + survived))")
   p()
   p("| module | judged | killed | survived |")
   p("|---|---:|---:|---:|")
   for module in sorted({j["module"] for j in jobs.values()}):
     js = [j for j in judged if j["module"] == module]
-    p(f"| {module} | {len(js)} | {sum(status(j) == 'killed' for j in js)} | "
-      f"{sum(status(j) == 'survived' for j in js)} |")
+    p(
+      f"| {module} | {len(js)} | {sum(status(j) == 'killed' for j in js)} | "
+      f"{sum(status(j) == 'survived' for j in js)} |"
+    )
   p()
   p("## Surviving mutants")
   p()
