@@ -9,6 +9,7 @@ in units of the tolerance of :mod:`onnx_optax.conformance.tolerance`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -80,9 +81,12 @@ def make_transform(
     extra["initial_count"] = initial_count
   if rule.startswith("momentum"):
     return onnx_optax.momentum(R, **hyper, **extra)
-  return {"adagrad": onnx_optax.adagrad, "adam": onnx_optax.adam, "directml_adam": onnx_optax.directml_adam}[
-    rule
-  ](R, **hyper, **extra)
+  makers: dict[str, Callable[..., optax.GradientTransformationExtraArgs]] = {
+    "adagrad": onnx_optax.adagrad,
+    "adam": onnx_optax.adam,
+    "directml_adam": onnx_optax.directml_adam,
+  }
+  return makers[rule](R, **hyper, **extra)
 
 
 _STATE_CLS = {

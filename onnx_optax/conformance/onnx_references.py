@@ -190,8 +190,8 @@ def evaluator_cases(seed: int = 0) -> list[tuple[str, Any, list[np.ndarray]]]:
 
   rng = np.random.default_rng(seed)
   shapes = [(3,), (2, 5), (7,)]
-  out = []
-  specs = [
+  out: list[tuple[str, Any, list[np.ndarray]]] = []
+  specs: list[tuple[str, dict[str, Any]]] = [
     ("Momentum", dict(alpha=0.9, beta=0.7, mode="standard", norm_coefficient=0.01)),
     ("Momentum", dict(alpha=0.8, beta=0.5, mode="nesterov", norm_coefficient=0.02)),
     ("Adagrad", {}),
@@ -207,7 +207,7 @@ def evaluator_cases(seed: int = 0) -> list[tuple[str, Any, list[np.ndarray]]]:
       node = helper.make_node(op, ["R", "T"] + names, outputs, domain=DOMAIN, **attrs)
       R = np.array(rng.uniform(0.01, 0.1), np.float64)
       T = np.array(rng.integers(1, 1000), np.int64)
-      tensors = []
+      tensors: list[np.ndarray] = []
       for block in range(k):
         for shape in shapes[:n]:
           x = rng.uniform(0.1, 2.0, size=shape)
@@ -219,7 +219,7 @@ def evaluator_cases(seed: int = 0) -> list[tuple[str, Any, list[np.ndarray]]]:
         f"evaluator:{op}{'(' + attrs['mode'] + ')' if 'mode' in attrs else ''}"
         f"{',defaults' if not attrs else ''},n={n}"
       )
-      out.append((label, node, [R, T] + tensors))
+      out.append((label, node, [R, T, *tensors]))
   return out
 
 

@@ -88,7 +88,7 @@ errors do not all reach their bound at once); the teeth test in
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -167,7 +167,7 @@ class Context:
   state: Context | None = None
 
   # -- rounding ---------------------------------------------------------------
-  def _rounded(self, v: np.ndarray, e: np.ndarray, k: float = 1.0) -> Bounded:
+  def _rounded(self, v: np.ndarray | np.float64, e: np.ndarray | np.float64, k: float = 1.0) -> Bounded:
     return Bounded(v, e + k * self.u * (np.abs(v) + e) + self.tiny)
 
   def add(self, a: Bounded, b: Bounded) -> Bounded:
@@ -357,8 +357,15 @@ def evaluator_context() -> Context:
 # change the expected values.
 
 
+def _scalar(c: Context) -> Context:
+  """The context of ``c``'s scalar computations; every context built here has one."""
+  if c.scalar is None:
+    raise ValueError("the rules' bounds need a context with a scalar context (see implementation_context)")
+  return c.scalar
+
+
 def _momentum(c: Context, R, T, X, G, V, *, alpha, beta, mode, norm_coefficient):
-  s = c.scalar
+  s = _scalar(c)
   beta_adjusted = c.to_elementwise(s.const(beta if T > 0 else 1.0))
   R_, alpha_, nc = c.const(R), c.const(alpha), c.const(norm_coefficient)
   X, G, V = c.exact(X), c.exact(G), c.exact(V)
@@ -372,7 +379,7 @@ def _momentum(c: Context, R, T, X, G, V, *, alpha, beta, mode, norm_coefficient)
 
 
 def _adagrad(c: Context, R, T, X, G, H, *, decay_factor, epsilon, norm_coefficient):
-  s = c.scalar
+  s = _scalar(c)
   r = s.div(s.const(R), s.add(s.exact(1.0), s.mul(s.const(float(T)), s.const(decay_factor))))
   r, nc, eps = c.to_elementwise(r), c.const(norm_coefficient), c.const(epsilon)
   X, G, H = c.exact(X), c.exact(G), c.exact(H)
@@ -384,7 +391,7 @@ def _adagrad(c: Context, R, T, X, G, H, *, decay_factor, epsilon, norm_coefficie
 
 
 def _adam(c: Context, R, T, X, G, V, H, *, alpha, beta, epsilon, norm_coefficient, norm_coefficient_post):
-  s = c.scalar
+  s = _scalar(c)
   if T > 0:
     R_adjusted = s.div(s.mul(s.const(R), s.sqrt(s.one_minus_power(beta, T))), s.one_minus_power(alpha, T))
   else:
@@ -408,7 +415,7 @@ def _adam(c: Context, R, T, X, G, V, H, *, alpha, beta, epsilon, norm_coefficien
 
 
 def _directml_adam(c: Context, R, T, X, G, M, V, *, beta1, beta2, epsilon):
-  s = c.scalar
+  s = _scalar(c)
   Alpha = s.div(s.sqrt(s.one_minus_power(beta2, T)), s.one_minus_power(beta1, T))
   step_size = c.to_elementwise(s.mul(s.const(R), Alpha))
   b1, b2, eps = c.const(beta1), c.const(beta2), c.const(epsilon)
@@ -419,7 +426,12 @@ def _directml_adam(c: Context, R, T, X, G, M, V, *, beta1, beta2, epsilon):
   return X_new.e, c.store(M_new).e, c.store(V_new).e
 
 
-_BOUNDS = {"momentum": _momentum, "adagrad": _adagrad, "adam": _adam, "directml_adam": _directml_adam}
+_BOUNDS: dict[str, Callable[..., tuple[np.ndarray, ...]]] = {
+  "momentum": _momentum,
+  "adagrad": _adagrad,
+  "adam": _adam,
+  "directml_adam": _directml_adam,
+}
 
 
 def bounds(

@@ -22,8 +22,8 @@ and recorded in docs/conformance.md.
 from __future__ import annotations
 
 import inspect
-import sys
 import types
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -576,7 +576,9 @@ def _margins() -> None:
   """
   mp = pytest.MonkeyPatch()
   print("| mutant | float32 | float64 | float16 | bfloat16 |\n|---|---:|---:|---:|---:|")
-  rows = [
+  rows: list[
+    tuple[str, tuple[str, ...], Callable[..., list[tuple[Any, str, Any]]], tuple[str, ...] | None]
+  ] = [
     (name, suite_rules, lambda parts=parts: [(rules, k, v) for k, v in parts.items()], None)
     for name, suite_rules, parts in RULE_MUTANTS
   ]
@@ -606,4 +608,4 @@ def _margins() -> None:
 
 
 if __name__ == "__main__":
-  sys.exit(_margins())
+  _margins()
