@@ -75,16 +75,6 @@ nitpick_ignore_regex = [
   (r"py:.*", r"(collections\.abc|typing)\..*"),
   (r"py:.*", r"(Array|ArrayLike|NodeProto|Any|Callable|Sequence|Iterable|Mapping|NamedTuple)"),
 ]
-# Known broken references in onnx_optax/conformance, ignored one by one until
-# the docstrings are fixed (then delete the entry: the build must stay green
-# without it). check.py's module docstring cites check_case, which no longer
-# exists (check_outputs / run_case); onnx_references.py cites
-# evaluator_casts_to_float32, which is not in its __all__ and so not on the
-# site.
-nitpick_ignore = [
-  ("py:func", "check_case"),
-  ("py:func", "evaluator_casts_to_float32"),
-]
 
 # -- myst ---------------------------------------------------------------------
 # No syntax extensions: the pages are plain CommonMark plus tables, and read

@@ -3,7 +3,7 @@
 :func:`run_case` builds the transform and its state (``count = T`` and the
 case's state tensors), places everything on the chosen device, applies one
 jitted ``update`` + ``optax.apply_updates`` and returns the outputs.
-:func:`check_case` compares them with :mod:`onnx_optax.reference` in float64
+:func:`check_outputs` compares them with :mod:`onnx_optax.reference` in float64
 in units of the tolerance of :mod:`onnx_optax.conformance.tolerance`.
 """
 

@@ -44,7 +44,14 @@ import numpy as np
 from onnx_optax.conformance import check, tolerance
 from onnx_optax.conformance.check import CaseResult
 
-__all__ = ["BACKEND_CASES", "backend_cases", "evaluator_cases", "run_backend_case", "run_evaluator_case"]
+__all__ = [
+  "BACKEND_CASES",
+  "backend_cases",
+  "evaluator_cases",
+  "evaluator_casts_to_float32",
+  "run_backend_case",
+  "run_evaluator_case",
+]
 
 DOMAIN = "ai.onnx.preview.training"
 BACKEND_CASES = (
@@ -244,6 +251,7 @@ def evaluate(node: Any, inputs: list[np.ndarray]) -> list[np.ndarray]:
 
 
 def evaluator_casts_to_float32(outputs: list[np.ndarray]) -> bool:
+  """True when the evaluator returned a float32 output (its multi-tensor Adam does for any input)."""
   return any(np.asarray(o).dtype == np.float32 for o in outputs)
 
 
