@@ -119,44 +119,102 @@ def shard(session: str, k: int, n: int) -> None:
     )
 
 
-def _changed(diff: str) -> tuple[str, ...]:
-  """The hunk of a unified diff without its line numbers: the changed lines and 3 around."""
-  return tuple(l.strip() for l in diff.split("\n") if l[:1] in " -+" and not l.startswith(("---", "+++")))
+def _hunk(diff: str) -> tuple[list[str], tuple[str, str]]:
+  """A unified diff's context lines, and its removed and added lines, without line numbers."""
+  lines = [l for l in diff.split("\n") if l[:1] in " -+" and not l.startswith(("---", "+++"))]
+  context = [l.strip() for l in lines if l.startswith(" ")]
+  minus = " / ".join(l[1:].strip() for l in lines if l.startswith("-"))
+  plus = " / ".join(l[1:].strip() for l in lines if l.startswith("+"))
+  return context, (minus, plus)
+
+
+def _edit(change: tuple[str, str]) -> tuple[tuple[str, str], ...]:
+  """The replaced pieces of a changed line (``("*", "/")``), wherever the line was wrapped."""
+  import difflib
+
+  minus, plus = change
+  ops = difflib.SequenceMatcher(None, minus, plus).get_opcodes()
+  return tuple((minus[i1:i2], plus[j1:j2]) for tag, i1, i2, j1, j2 in ops if tag != "equal")
+
+
+def _around_edit(change: tuple[str, str], k: int = 8) -> tuple[str, str]:
+  """The ``k`` characters before and after a changed line's edit, blanks dropped."""
+  import difflib
+
+  minus, plus = ("".join(x.split()) for x in change)
+  edits = [op for op in difflib.SequenceMatcher(None, minus, plus).get_opcodes() if op[0] != "equal"]
+  i1, i2 = edits[0][1], edits[-1][2]
+  return minus[max(0, i1 - k) : i1], minus[i2 : i2 + k]
+
+
+def _rewrapped(old: tuple[str, str], new: tuple[str, str]) -> bool:
+  """Whether two changed lines read the same around their edit, as far as both go (a line
+  wrapped or joined since)."""
+  (b1, a1), (b2, a2) = _around_edit(old), _around_edit(new)
+  return (b1.endswith(b2) or b2.endswith(b1)) and (a1.startswith(a2) or a2.startswith(a1))
 
 
 def only_survivors_of(session: str, old_sessions: list[str]) -> None:
+  """Keeps, for each survivor of the old sessions, the pending mutant of the same module and
+  operator that changes the same line the same way; among several (``*,`` is on many lines),
+  the one whose surrounding lines match best. A survivor whose line was rewrapped since is
+  matched by its function and its edit (``*`` to ``/`` in ``adagrad_scalars``)."""
   import difflib
   import sqlite3
 
   from cosmic_ray.mutating import mutate_code
   from cosmic_ray.plugins import get_operator
 
-  wanted = set()
+  wanted = []
   for old in old_sessions:
     con = sqlite3.connect(old)
-    for module, op, diff in con.execute(
-      "SELECT m.module_path, m.operator_name, r.diff FROM mutation_specs m JOIN work_results r "
-      "ON r.job_id = m.job_id WHERE r.test_outcome = 'SURVIVED'"
+    for module, op, definition, diff in con.execute(
+      "SELECT m.module_path, m.operator_name, m.definition_name, r.diff FROM mutation_specs m "
+      "JOIN work_results r ON r.job_id = m.job_id WHERE r.test_outcome = 'SURVIVED'"
     ):
-      wanted.add((module, op, _changed(diff)))
+      context, change = _hunk(diff)
+      wanted.append((module, op, change, context, definition))
   sources: dict[str, str] = {}
+  candidates: dict[int, list[tuple[int, str]]] = {i: [] for i in range(len(wanted))}
+  loose: dict[int, list[str]] = {i: [] for i in range(len(wanted))}
+  # The pending work items do not carry definition_name; the table does.
+  definitions = dict(sqlite3.connect(session).execute("SELECT job_id, definition_name FROM mutation_specs"))
   with use_db(session, WorkDB.Mode.open) as db:
-    others, kept = [], 0
-    for item in db.pending_work_items:
+    pending = list(db.pending_work_items)
+    for item in pending:
       (m,) = item.mutations
       path = str(m.module_path)
       code = sources.setdefault(path, Path(path).read_text())
       mutated = mutate_code(code, get_operator(m.operator_name)(**(m.operator_args or {})), m.occurrence)
       diff = "\n".join(difflib.unified_diff(code.split("\n"), (mutated or "").split("\n"), lineterm=""))
-      if (path, m.operator_name, _changed(diff)) in wanted:
-        kept += 1
-      else:
-        others.append(item.job_id)
+      context, change = _hunk(diff)
+      for i, (w_module, w_op, w_change, w_context, w_definition) in enumerate(wanted):
+        if (w_module, w_op, w_change) == (path, m.operator_name, change):
+          shared = sum(1 for a, b in zip(context, w_context) if a == b)
+          candidates[i].append((shared, item.job_id))
+        elif (w_module, w_op, w_definition, _edit(w_change)) == (
+          path,
+          m.operator_name,
+          definitions[item.job_id],
+          _edit(change),
+        ) and _rewrapped(w_change, change):
+          loose[i].append(item.job_id)
+    keep: set[str] = set()
+    for i, found in candidates.items():
+      if not found and len(loose[i]) == 1:
+        keep.add(loose[i][0])
+        continue
+      if not found:
+        print(f"not found on this commit: {wanted[i][0]} {wanted[i][1]} {wanted[i][2]}")
+        continue
+      best = max(shared for shared, _ in found)
+      keep.update(job for shared, job in found if shared == best)
+    others = [item.job_id for item in pending if item.job_id not in keep]
     db.set_multiple_results(
       others,
       WorkResult(output="other shard (not a survivor being re-judged)", worker_outcome=WorkerOutcome.SKIPPED),
     )
-  print(f"re-judging {kept} of the {len(wanted)} survivors")
+  print(f"re-judging {len(keep)} mutants for the {len(wanted)} survivors")
 
 
 def main(session: str) -> None:
