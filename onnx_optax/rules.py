@@ -156,9 +156,14 @@ def _sqrt_jvp(primals, tangents):
   return root, jnp.where(zero, 0, H_dot / (2 * jnp.where(zero, 1, root)))
 
 
+def _is_static(value: Any, number: float) -> bool:
+  """True for a Python (not traced) number equal to ``number``."""
+  return isinstance(value, (int, float)) and not isinstance(value, bool) and value == number
+
+
 def _is_static_zero(value: Any) -> bool:
   """True for a Python (not traced) number that is zero."""
-  return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
+  return _is_static(value, 0)
 
 
 def _regularized(norm_coefficient: Array, X: Array | None, G: Array) -> Array:
@@ -170,7 +175,13 @@ def _regularized(norm_coefficient: Array, X: Array | None, G: Array) -> Array:
 
 
 class MomentumScalars(NamedTuple):
-  """The per-update scalars of ONNX ``Momentum``."""
+  """The per-update scalars of ONNX ``Momentum``.
+
+  ``beta_adjusted`` is None when ``beta`` is the Python number 1: it is 1 at
+  every ``T`` then, and ``1 * G_regularized`` is ``G_regularized`` to the bit
+  (``optax.sgd``'s momentum, PyTorch's ``dampening = 0``), so the factor is
+  not traced per leaf.
+  """
 
   R: Any
   alpha: Any
@@ -187,7 +198,7 @@ def momentum_scalars(
   norm_coefficient: ArrayLike,
 ) -> MomentumScalars:
   """``beta_adjusted = T > 0 ? beta : 1``, and the hyperparameters."""
-  beta_adjusted = jnp.where(jnp.asarray(T) > 0, beta, 1)
+  beta_adjusted = None if _is_static(beta, 1) else jnp.where(jnp.asarray(T) > 0, beta, 1)
   return MomentumScalars(R, alpha, beta_adjusted, norm_coefficient)
 
 
@@ -211,7 +222,7 @@ def momentum_elementwise(
   if mode not in MODES:
     raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
   G_regularized = _regularized(s.norm_coefficient, X, G)
-  V_new = s.alpha * V + s.beta_adjusted * G_regularized
+  V_new = s.alpha * V + (G_regularized if s.beta_adjusted is None else s.beta_adjusted * G_regularized)
   if mode == "standard":
     return -(s.R * V_new), V_new
   return -(s.R * (G_regularized + s.alpha * V_new)), V_new
