@@ -277,8 +277,12 @@ def adagrad_scalars(
   epsilon: ArrayLike,
   norm_coefficient: ArrayLike,
 ) -> AdagradScalars:
-  """``r = R / (1 + T * decay_factor)``, and the hyperparameters."""
-  r = R / (1 + jnp.asarray(T) * decay_factor)
+  """``r = R / (1 + T * decay_factor)``, and the hyperparameters.
+
+  With ``decay_factor`` the Python number 0, ``r`` is ``R``: ``R / 1`` to the
+  bit, and nothing that depends on ``T`` is traced.
+  """
+  r = R if _is_static_zero(decay_factor) else R / (1 + jnp.asarray(T) * decay_factor)
   return AdagradScalars(r, epsilon, norm_coefficient)
 
 
