@@ -131,10 +131,20 @@ def compile_once(library: str, rule: str, args, tokens, labels) -> tuple[dict, A
   c3, t3 = time.process_time(), time.perf_counter()
   k = kernels(compiled)
   ma = compiled.memory_analysis()
-  sample = {"trace_s": t1 - t0, "lower_s": t2 - t1, "compile_s": t3 - t2, "total_s": t3 - t0,
-            "trace_cpu_s": c1 - c0, "lower_cpu_s": c2 - c1, "compile_cpu_s": c3 - c2, "total_cpu_s": c3 - c0,
-            "jaxpr_eqns": len(traced.jaxpr.eqns), "kernels": sum(k.values()), "kernel_ops": k,
-            "temp_bytes": None if ma is None else ma.temp_size_in_bytes}
+  sample = {
+    "trace_s": t1 - t0,
+    "lower_s": t2 - t1,
+    "compile_s": t3 - t2,
+    "total_s": t3 - t0,
+    "trace_cpu_s": c1 - c0,
+    "lower_cpu_s": c2 - c1,
+    "compile_cpu_s": c3 - c2,
+    "total_cpu_s": c3 - c0,
+    "jaxpr_eqns": len(traced.jaxpr.eqns),
+    "kernels": sum(k.values()),
+    "kernel_ops": k,
+    "temp_bytes": None if ma is None else ma.temp_size_in_bytes,
+  }
   return sample, compiled, state
 
 
@@ -147,8 +157,7 @@ def measure(rule: str, args, tokens, labels) -> dict:
       samples[lib].append(sample)
   model = Encoder(args.vocab, args.length, args.width, args.heads, args.blocks, nnx.Rngs(0))
   leaves = len(jax.tree.leaves(nnx.state(model, nnx.Param)))
-  med = {lib: {k: statistics.median(s[k] for s in samples[lib])
-               for k in TIMES} for lib in LIBRARIES}
+  med = {lib: {k: statistics.median(s[k] for s in samples[lib]) for k in TIMES} for lib in LIBRARIES}
   for lib in LIBRARIES:
     med[lib].update({k: samples[lib][0][k] for k in ("jaxpr_eqns", "kernels", "temp_bytes")})
   row: dict[str, Any] = {"rule": rule, "param_leaves": leaves, "samples": samples, "median": med}
@@ -169,7 +178,7 @@ def measure(rule: str, args, tokens, labels) -> dict:
       t0 = time.perf_counter()
       run(lib, 1)
       inner[lib] = max(1, int(args.target_ms / 1e3 / max(time.perf_counter() - t0, 1e-6)))
-    times = {lib: [] for lib in LIBRARIES}
+    times: dict[str, list[float]] = {lib: [] for lib in LIBRARIES}
     for r in range(args.step_repeats):
       for lib in rotation(r):
         time.sleep(args.pause_ms / 1e3)
@@ -187,16 +196,24 @@ def measure(rule: str, args, tokens, labels) -> dict:
 def table(out: dict) -> str:
   env = out["env"]
   lines = [
-      (f"jax {env['jax']}, jaxlib {env['jaxlib']}, optax {env['optax']}, flax {env['flax']}; "
-       f"{env['device_kind']} ({env['device']}), {env['cpu_count']} CPU cores ({env['processor']})"),
-      (f"command: {env['command']}; XLA_FLAGS={env['xla_flags']!r}; started {env['started']}; "
-       f"onnx_optax commit {env['commit']}; {env.get('wall_s', '(partial run)')} s"),
-      (f"model: {env['model']}; medians of {env['repeats']} interleaved compiles (fresh function, "
-       f"jax.clear_caches()) and {env['step_repeats']} interleaved step samples; ratio = onnx_optax / optax "
-       "(below 1: onnx_optax faster)"),
-      "",
-      (f"{'rule':14} {'leaves':>6} {'trace s':>15} {'lower s':>15} {'compile s':>17} {'total s':>17} "
-       f"{'step ms':>17} {'kernels':>11}  CPU-time ratios: trace lower compile total"),
+    (
+      f"jax {env['jax']}, jaxlib {env['jaxlib']}, optax {env['optax']}, flax {env['flax']}; "
+      f"{env['device_kind']} ({env['device']}), {env['cpu_count']} CPU cores ({env['processor']})"
+    ),
+    (
+      f"command: {env['command']}; XLA_FLAGS={env['xla_flags']!r}; started {env['started']}; "
+      f"onnx_optax commit {env['commit']}; {env.get('wall_s', '(partial run)')} s"
+    ),
+    (
+      f"model: {env['model']}; medians of {env['repeats']} interleaved compiles (fresh function, "
+      f"jax.clear_caches()) and {env['step_repeats']} interleaved step samples; ratio = onnx_optax / optax "
+      "(below 1: onnx_optax faster)"
+    ),
+    "",
+    (
+      f"{'rule':14} {'leaves':>6} {'trace s':>15} {'lower s':>15} {'compile s':>17} {'total s':>17} "
+      f"{'step ms':>17} {'kernels':>11}  CPU-time ratios: trace lower compile total"
+    ),
   ]
   lines.append("-" * len(lines[-1]))
   lines += _rows(out, "onnx_optax", "optax", "ratio")
@@ -216,10 +233,11 @@ def _rows(out: dict, a: str, b: str, key: str) -> list[str]:
     def cell(k, w, o=o, t=t, x=x):
       return f"{o[k]:{w}.2f}/{t[k]:<{w}.2f}{x[k]:5.2f}" if k in x else " " * (2 * w + 6)
 
-    lines.append(f"{row['rule']:14} {row['param_leaves']:6d} {cell('trace_s', 4)} {cell('lower_s', 4)} "
-                 f"{cell('compile_s', 5)} {cell('total_s', 5)} {cell('step_ms', 5)} "
-                 f"{o['kernels']:5d}/{t['kernels']:<5d}  "
-                 + " ".join(f"{x[k]:5.2f}" for k in TIMES[4:] if k in x))
+    lines.append(
+      f"{row['rule']:14} {row['param_leaves']:6d} {cell('trace_s', 4)} {cell('lower_s', 4)} "
+      f"{cell('compile_s', 5)} {cell('total_s', 5)} {cell('step_ms', 5)} "
+      f"{o['kernels']:5d}/{t['kernels']:<5d}  " + " ".join(f"{x[k]:5.2f}" for k in TIMES[4:] if k in x)
+    )
   return lines
 
 
@@ -237,17 +255,20 @@ def main(argv=None) -> dict:
   ap.add_argument("--target-ms", type=float, default=100.0, help="minimum duration of one step sample")
   ap.add_argument("--pause-ms", type=float, default=50.0, help="idle time before each step sample")
   ap.add_argument("--device", default="cpu", help="JAX platform: cpu, gpu, tpu")
-  ap.add_argument("--baseline", default=None,
-                  help="another onnx_optax to measure in the same run: a folder or a git revision (HEAD~1)")
+  ap.add_argument(
+    "--baseline",
+    default=None,
+    help="another onnx_optax to measure in the same run: a folder or a git revision (HEAD~1)",
+  )
   ap.add_argument("--json", default=None)
   ap.add_argument("--text", default=None)
   ap.add_argument("--from-json", default=None, help="print the table of an earlier run's --json file")
   args = ap.parse_args(argv)
   if args.from_json:
     with open(args.from_json) as f:
-      out = json.load(f)
-    print(table(out), end="")
-    return out
+      saved = json.load(f)
+    print(table(saved), end="")
+    return saved
   args.no_step = args.step_repeats == 0
   rules = [r for r in args.rules.split(",") if r]
   for r in rules:
@@ -258,8 +279,10 @@ def main(argv=None) -> dict:
   if args.baseline:
     env["baseline"] = add_baseline(args.baseline)
   env["flax"] = flax.__version__
-  env["model"] = (f"{args.blocks} blocks, width {args.width}, {args.heads} heads, MLP {4 * args.width}, "
-                  f"vocab {args.vocab}, batch {args.batch} x {args.length} tokens, float32")
+  env["model"] = (
+    f"{args.blocks} blocks, width {args.width}, {args.heads} heads, MLP {4 * args.width}, "
+    f"vocab {args.vocab}, batch {args.batch} x {args.length} tokens, float32"
+  )
   print("# " + ", ".join(f"{k}={v}" for k, v in env.items()), flush=True)
   out: dict[str, Any] = {"env": env, "rows": []}
   t_start = time.perf_counter()
@@ -269,9 +292,12 @@ def main(argv=None) -> dict:
       row = measure(rule, args, tokens, labels)
       out["rows"].append(row)
       m = row["median"]
-      print(f"[{time.perf_counter() - t_start:6.0f}s] {rule}: {row['param_leaves']} leaves, total "
-            f"{m['onnx_optax']['total_s']:.2f}/{m['optax']['total_s']:.2f} s, "
-            + ", ".join(f"{k} x{v:.2f}" for k, v in row["ratio"].items()), flush=True)
+      print(
+        f"[{time.perf_counter() - t_start:6.0f}s] {rule}: {row['param_leaves']} leaves, total "
+        f"{m['onnx_optax']['total_s']:.2f}/{m['optax']['total_s']:.2f} s, "
+        + ", ".join(f"{k} x{v:.2f}" for k, v in row["ratio"].items()),
+        flush=True,
+      )
       save(args, out)
   env["wall_s"] = round(time.perf_counter() - t_start, 1)
   print()

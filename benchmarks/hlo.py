@@ -66,7 +66,7 @@ _NOT_A_PASS = {"parameter", "tuple", "get-tuple-element", "bitcast", "constant"}
 def analyse(compiled, n: int) -> dict:
   """Loops over ``n`` elements, bytes per element, reads of the parameters."""
   text = compiled.as_text()
-  entry = text[text.index("\nENTRY"):].splitlines()[1:]
+  entry = text[text.index("\nENTRY") :].splitlines()[1:]
   size = f"[{n}]"
   loops, param_reads, params_name = [], 0, None
   for line in entry:
@@ -84,8 +84,12 @@ def analyse(compiled, n: int) -> dict:
       param_reads += 1
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, list) else cost
-  return {"loops": len(loops), "bytes_per_elem": cost["bytes accessed"] / n,
-          "param_reads": param_reads, "text": text}
+  return {
+    "loops": len(loops),
+    "bytes_per_elem": cost["bytes accessed"] / n,
+    "param_reads": param_reads,
+    "text": text,
+  }
 
 
 def rows(n: int, device, dump: str | None) -> None:
@@ -95,8 +99,11 @@ def rows(n: int, device, dump: str | None) -> None:
     minimum = (3 + 2 * STATE_TENSORS[rule]) * 4
     for library, make in (("onnx_optax", onnx_optimizer), ("optax", optax_optimizer)):
       a = analyse(compiled_step(make(rule), n, device), n)
-      print(f"{rule:14} {library:10} {flags:13} {a['loops']:5d} {a['bytes_per_elem']:7.1f} "
-            f"{minimum:7d} {a['param_reads']:7d}", flush=True)
+      print(
+        f"{rule:14} {library:10} {flags:13} {a['loops']:5d} {a['bytes_per_elem']:7.1f} "
+        f"{minimum:7d} {a['param_reads']:7d}",
+        flush=True,
+      )
       if dump:
         os.makedirs(dump, exist_ok=True)
         with open(os.path.join(dump, f"{rule}.{library}.{flags}.hlo.txt"), "w") as f:
@@ -115,8 +122,10 @@ def main(argv=None) -> None:
   if args.rows_only:
     rows(n, device, args.dump)
     return
-  print(f"jax {jax.__version__}, optax {optax.__version__}, {device.device_kind}, one leaf of {n} float32; "
-        f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
+  print(
+    f"jax {jax.__version__}, optax {optax.__version__}, {device.device_kind}, one leaf of {n} float32; "
+    f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}"
+  )
   print()
   header = f"{'rule':14} {'library':10} {'flags':13} {'loops':>5} {'B/elem':>7} {'minimum':>7} {'X reads':>7}"
   print(header)
@@ -126,9 +135,12 @@ def main(argv=None) -> None:
     # XLA reads XLA_FLAGS once per process (the option cannot be passed to
     # compile()): the multi-output variant runs in a child process.
     env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + MULTI_OUTPUT_FLAG).strip())
-    subprocess.run([sys.executable, os.path.abspath(__file__), "--rows-only", "--size", args.size,
-                    "--device", args.device] + (["--dump", args.dump] if args.dump else []),
-                   env=env, check=True)
+    subprocess.run(
+      [sys.executable, os.path.abspath(__file__), "--rows-only", "--size", args.size, "--device", args.device]
+      + (["--dump", args.dump] if args.dump else []),
+      env=env,
+      check=True,
+    )
   # norm_coefficient: a Python 0 must not read X beyond the final X + U; a
   # non-zero coefficient reads it in the state update too.
   print()
@@ -136,8 +148,10 @@ def main(argv=None) -> None:
     opt = onnx_optax.momentum(1e-3, alpha=0.9, beta=1.0, mode="standard", norm_coefficient=coefficient)
     a = analyse(compiled_step(opt, n, device), n)
     zeros = len(re.findall(r"f32\[\] constant\(0\)", a["text"]))
-    print(f"momentum norm_coefficient={coefficient}: {a['loops']} loops, {a['bytes_per_elem']:.1f} B/elem, "
-          f"X read by {a['param_reads']} instruction(s), f32 zero constants in the program: {zeros}")
+    print(
+      f"momentum norm_coefficient={coefficient}: {a['loops']} loops, {a['bytes_per_elem']:.1f} B/elem, "
+      f"X read by {a['param_reads']} instruction(s), f32 zero constants in the program: {zeros}"
+    )
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import gc
 import json
 import os
@@ -93,12 +94,12 @@ def tree_shapes(size: str) -> list[tuple[int, ...]]:
   if size == "500x64x64":
     return [(64, 64)] * 500
   if size == "mix1000":
-    block = (
-        [(128, 128)] * 4 + [(128,)] * 4 +                 # attention q, k, v, o
-        [(128,)] * 4 +                                    # two norms (scale, bias)
-        [(128, 512), (512,), (512, 128), (128,)] +        # MLP
-        [(3, 3, 16, 16), (16,), (3, 3, 16, 16), (16,)] +  # a small convolution
-        [(64, 32), (32,), (5, 5, 3, 8), (8,), ()])        # odd shapes, a scalar
+    attention = [(128, 128)] * 4 + [(128,)] * 4  # q, k, v, o and their biases
+    norms = [(128,)] * 4  # two norms (scale, bias)
+    mlp = [(128, 512), (512,), (512, 128), (128,)]
+    conv = [(3, 3, 16, 16), (16,), (3, 3, 16, 16), (16,)]  # a small convolution
+    odd = [(64, 32), (32,), (5, 5, 3, 8), (8,), ()]  # odd shapes, a scalar
+    block = attention + norms + mlp + conv + odd
     assert len(block) == 25
     return block * 40
   raise ValueError(f"unknown size {size!r}; known: {SIZES} or <n>M")
@@ -160,12 +161,15 @@ def torch_optimizer(torch, rule: str, params: list, flavor: str):
 @dataclasses.dataclass
 class Contender:
   """Something timed: ``run(n)`` does ``n`` steps and waits for them."""
+
   name: str
   run: Callable[[int], None]
   compile_s: float | None = None
   memory: Any = None
   inner: int = 1
   times: list[float] = dataclasses.field(default_factory=list)
+  nbytes: int = 0  # The bytes a copy reference moves per step.
+  state_bytes: int = 0  # The optimizer state's floating bytes.
 
   def sample(self, pause_s: float = 0.0) -> None:
     # PyTorch's OpenMP threads and XLA's thread pool spin for a while after
@@ -203,14 +207,14 @@ def jax_contender(name, opt, params, grads) -> Contender:
     jax.block_until_ready(p)
     box[:] = [p, s]
 
-  c = Contender(name, run, compile_s, compiled.memory_analysis())
-  c.state_bytes = tree_bytes(state, floating_only=True)
-  return c
+  return Contender(
+    name, run, compile_s, compiled.memory_analysis(), state_bytes=tree_bytes(state, floating_only=True)
+  )
 
 
 def torch_contender(torch, tdev, rule, flavor, params, grads) -> Contender | None:
   """``opt.step()`` of PyTorch's optimizer, or None if ``flavor`` is unsupported."""
-  tparams, tgrads = [], []
+  tparams: list[Any] = []
   for name in sorted(params):
     p = torch.from_numpy(np.array(params[name])).to(tdev)
     p.requires_grad_(True)
@@ -258,9 +262,7 @@ def copy_contenders(params_shapes, device, torch, tdev) -> list[Contender]:
       jax.block_until_ready(y)
       box[0] = y
 
-    c = Contender(name, run)
-    c.nbytes = nbytes
-    out.append(c)
+    out.append(Contender(name, run, nbytes=nbytes))
   if torch is not None:
     src = torch.ones(n, device=tdev)
     dst = torch.zeros(n, device=tdev)
@@ -276,11 +278,13 @@ def copy_contenders(params_shapes, device, torch, tdev) -> list[Contender]:
         dst.add_(src, alpha=0.5)
       sync()
 
-    for name, fn, nbytes in (("torch_copy", trun, 8 * n), ("torch_axpy", taxpy, 12 * n)):
-      c = Contender(name, fn)
-      c.nbytes = nbytes
-      out.append(c)
+    for name, torch_run, nbytes in (("torch_copy", trun, 8 * n), ("torch_axpy", taxpy, 12 * n)):
+      out.append(Contender(name, torch_run, nbytes=nbytes))
   return out
+
+
+def _ratio_cell(ratio: dict[str, float], k: str) -> str:
+  return f"{ratio[k]:.2f}" if k in ratio else "n/a"
 
 
 def calibrate(contenders: list[Contender], target_s: float) -> None:
@@ -312,8 +316,11 @@ def nbytes_min(shapes, rule: str) -> int:
 
 def tree_bytes(tree, floating_only: bool = False) -> int:
   """Bytes of a tree's arrays (only the floating ones: not the count)."""
-  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)
-             if not floating_only or jnp.issubdtype(x.dtype, jnp.floating))
+  return sum(
+    x.size * x.dtype.itemsize
+    for x in jax.tree.leaves(tree)
+    if not floating_only or jnp.issubdtype(x.dtype, jnp.floating)
+  )
 
 
 def main(argv=None) -> dict:
@@ -322,8 +329,12 @@ def main(argv=None) -> dict:
   ap.add_argument("--sizes", default=",".join(SIZES), help=f"comma-separated, from {SIZES} or <n>M")
   ap.add_argument("--repeats", type=int, default=7, help="interleaved samples per contender (median)")
   ap.add_argument("--target-ms", type=float, default=20.0, help="minimum duration of one sample")
-  ap.add_argument("--pause-ms", type=float, default=50.0,
-                  help="idle time before each sample, for spinning thread pools to park")
+  ap.add_argument(
+    "--pause-ms",
+    type=float,
+    default=50.0,
+    help="idle time before each sample, for spinning thread pools to park",
+  )
   ap.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
   ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch columns")
   ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: all cores)")
@@ -342,28 +353,39 @@ def main(argv=None) -> dict:
       ap.error(f"--sizes: {e}")
 
   device = jax.devices(args.device)[0]
-  torch = tdev = None
+  torch: Any = None
+  tdev: Any = None
   if not args.no_torch:
     import torch  # noqa: PLC0415 (optional dependency)
+
     torch.set_num_threads(args.threads or os.cpu_count())
     tdev = torch.device("cuda" if args.device == "gpu" else "cpu")
     if tdev.type == "cuda" and not torch.cuda.is_available():
       ap.error("--device gpu: this torch has no CUDA (use --no-torch)")
   env = {
-      "python": platform.python_version(), "jax": jax.__version__,
-      "jaxlib": __import__("jaxlib").__version__,
-      "optax": optax.__version__, "numpy": np.__version__,
-      "torch": None if torch is None else torch.__version__,
-      "device": str(device), "device_kind": device.device_kind, "cpu_count": os.cpu_count(),
-      "machine": platform.platform(), "processor": _cpu_name(),
-      "torch_threads": None if torch is None else torch.get_num_threads(),
-      "command": " ".join(["python"] + sys.argv), "repeats": args.repeats, "pause_ms": args.pause_ms,
-      "xla_flags": os.environ.get("XLA_FLAGS", ""),
-      "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+    "python": platform.python_version(),
+    "jax": jax.__version__,
+    "jaxlib": __import__("jaxlib").__version__,
+    "optax": optax.__version__,
+    "numpy": np.__version__,
+    "torch": None if torch is None else torch.__version__,
+    "device": str(device),
+    "device_kind": device.device_kind,
+    "cpu_count": os.cpu_count(),
+    "machine": platform.platform(),
+    "processor": _cpu_name(),
+    "torch_threads": None if torch is None else torch.get_num_threads(),
+    "command": " ".join(["python"] + sys.argv),
+    "repeats": args.repeats,
+    "pause_ms": args.pause_ms,
+    "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
   }
   print("# " + ", ".join(f"{k}={v}" for k, v in env.items()), flush=True)
   t_start = time.perf_counter()
-  results, copies, memory = [], {}, []
+  results: list[dict[str, Any]] = []
+  copies: dict[str, Any] = {}
+  memory: list[Any] = []
   for size in sizes:
     shapes = tree_shapes(size)
     params, grads = make_trees(shapes, device)
@@ -371,8 +393,10 @@ def main(argv=None) -> dict:
     calibrate(copy, args.target_ms / 1e3)
     copies[size] = {c.name: [] for c in copy}
     for rule in rules:
-      cs = [jax_contender("onnx_optax", onnx_optimizer(rule), params, grads),
-            jax_contender("optax", optax_optimizer(rule), params, grads)]
+      cs = [
+        jax_contender("onnx_optax", onnx_optimizer(rule), params, grads),
+        jax_contender("optax", optax_optimizer(rule), params, grads),
+      ]
       if torch is not None:
         for flavor in ("foreach", "fused"):
           c = torch_contender(torch, tdev, rule, flavor, params, grads)
@@ -391,27 +415,41 @@ def main(argv=None) -> dict:
       base = cs[0].median
       nbytes = nbytes_min(shapes, rule)
       row = {
-          "rule": rule, "size": size, "leaves": len(shapes),
-          "elements": sum(int(np.prod(s)) for s in shapes),
-          "onnx_optax_ms": 1e3 * base,
-          "ratio": {c.name: c.median / base for c in cs[1:]},
-          "ms": {c.name: 1e3 * c.median for c in cs},
-          "samples_ms": {c.name: [1e3 * t for t in c.times] for c in cs},
-          "min_bytes": nbytes, "copy_GBps": copy_bw, "copies_GBps": row_copy,
-          "GBps": {c.name: nbytes / c.median / 1e9 for c in cs},
-          "compile_s": {c.name: c.compile_s for c in cs if c.compile_s is not None},
+        "rule": rule,
+        "size": size,
+        "leaves": len(shapes),
+        "elements": sum(int(np.prod(s)) for s in shapes),
+        "onnx_optax_ms": 1e3 * base,
+        "ratio": {c.name: c.median / base for c in cs[1:]},
+        "ms": {c.name: 1e3 * c.median for c in cs},
+        "samples_ms": {c.name: [1e3 * t for t in c.times] for c in cs},
+        "min_bytes": nbytes,
+        "copy_GBps": copy_bw,
+        "copies_GBps": row_copy,
+        "GBps": {c.name: nbytes / c.median / 1e9 for c in cs},
+        "compile_s": {c.name: c.compile_s for c in cs if c.compile_s is not None},
       }
       results.append(row)
       ma, P, S = cs[0].memory, tree_bytes(params), cs[0].state_bytes
-      memory.append({
-          "rule": rule, "size": size, "param_bytes": P, "state_bytes": S, "k": S / P,
+      memory.append(
+        {
+          "rule": rule,
+          "size": size,
+          "param_bytes": P,
+          "state_bytes": S,
+          "k": S / P,
           "argument_bytes": ma.argument_size_in_bytes,
-          "temp_bytes": ma.temp_size_in_bytes, "alias_bytes": ma.alias_size_in_bytes,
+          "temp_bytes": ma.temp_size_in_bytes,
+          "alias_bytes": ma.alias_size_in_bytes,
           "output_bytes": ma.output_size_in_bytes,
-      })
-      print(f"[{time.perf_counter() - t_start:6.0f}s] {size} {rule}: onnx_optax {1e3 * base:.3f} ms, "
-            + ", ".join(f"{k} x{v:.2f}" for k, v in row["ratio"].items())
-            + f", {100 * row['GBps']['onnx_optax'] / copy_bw:.0f}% of copy ({copy_bw:.1f} GB/s)", flush=True)
+        }
+      )
+      print(
+        f"[{time.perf_counter() - t_start:6.0f}s] {size} {rule}: onnx_optax {1e3 * base:.3f} ms, "
+        + ", ".join(f"{k} x{v:.2f}" for k, v in row["ratio"].items())
+        + f", {100 * row['GBps']['onnx_optax'] / copy_bw:.0f}% of copy ({copy_bw:.1f} GB/s)",
+        flush=True,
+      )
       del cs
       gc.collect()
       # Written after every row, so that a run cut short by a time limit
@@ -440,6 +478,7 @@ def save(args, out: dict) -> str:
 
 def _cpu_name() -> str:
   from onnx_optax.conformance.report import processor_name  # The one CPU-model probe.
+
   return processor_name()
 
 
@@ -447,52 +486,69 @@ def markdown(out: dict) -> str:
   """The tables: step times, memory, compile times."""
   env, rows = out["env"], out["results"]
   lines = [
-      f"Device: {env['device_kind']} ({env['device']}), {env['cpu_count']} CPU cores ({env['processor']}); "
-      f"jax {env['jax']}, optax {env['optax']}, torch {env['torch']}; median of {env['repeats']} "
-      f"interleaved samples; {env.get('wall_s', '(partial run)')} s.",
-      f"Command: `{env['command']}`" + (f" with `XLA_FLAGS={env['xla_flags']}`" if env["xla_flags"] else ""),
-      "",
-      "Step time of onnx_optax, and the other contenders' as a ratio to it (above 1: onnx_optax is faster). "
-      "GB/s: minimum traffic of a step ((3 + 2k) x 4 bytes per element) over its time; "
-      "% copy: that over the fastest plain pass (copy or axpy) over as many elements, interleaved with the "
-      "optimizers in the same repeats.",
-      "",
-      "| rule | size | onnx_optax ms | optax | torch foreach | torch fused | onnx_optax GB/s | % copy "
-      "| torch fused % copy |",
-      "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    f"Device: {env['device_kind']} ({env['device']}), {env['cpu_count']} CPU cores ({env['processor']}); "
+    f"jax {env['jax']}, optax {env['optax']}, torch {env['torch']}; median of {env['repeats']} "
+    f"interleaved samples; {env.get('wall_s', '(partial run)')} s.",
+    f"Command: `{env['command']}`" + (f" with `XLA_FLAGS={env['xla_flags']}`" if env["xla_flags"] else ""),
+    "",
+    "Step time of onnx_optax, and the other contenders' as a ratio to it (above 1: onnx_optax is faster). "
+    "GB/s: minimum traffic of a step ((3 + 2k) x 4 bytes per element) over its time; "
+    "% copy: that over the fastest plain pass (copy or axpy) over as many elements, interleaved with the "
+    "optimizers in the same repeats.",
+    "",
+    "| rule | size | onnx_optax ms | optax | torch foreach | torch fused | onnx_optax GB/s | % copy "
+    "| torch fused % copy |",
+    "|---|---|---:|---:|---:|---:|---:|---:|---:|",
   ]
   for r in rows:
     ratio, gbps = r["ratio"], r["GBps"]
-    fmt = lambda k: f"{ratio[k]:.2f}" if k in ratio else "n/a"  # noqa: E731
+    fmt = functools.partial(_ratio_cell, ratio)
     fused = f"{100 * gbps['torch_fused'] / r['copy_GBps']:.0f}%" if "torch_fused" in gbps else "n/a"
     lines.append(
-        f"| {r['rule']} | {r['size']} | {r['onnx_optax_ms']:.3f} | {fmt('optax')} | {fmt('torch_foreach')} "
-        f"| {fmt('torch_fused')} | {gbps['onnx_optax']:.1f} | {100 * gbps['onnx_optax'] / r['copy_GBps']:.0f}% "
-        f"| {fused} |")
+      f"| {r['rule']} | {r['size']} | {r['onnx_optax_ms']:.3f} | {fmt('optax')} | {fmt('torch_foreach')} "
+      f"| {fmt('torch_fused')} | {gbps['onnx_optax']:.1f} | {100 * gbps['onnx_optax'] / r['copy_GBps']:.0f}% "
+      f"| {fused} |"
+    )
   names = list(next(iter(out["copy_GBps"].values())))
-  lines += ["", "Copy bandwidth (GB/s, bytes read + written over time; median over the rules' blocks, "
-            "in which the copies are interleaved with the optimizers):", "",
-            "| size | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+  lines += [
+    "",
+    "Copy bandwidth (GB/s, bytes read + written over time; median over the rules' blocks, "
+    "in which the copies are interleaved with the optimizers):",
+    "",
+    "| size | " + " | ".join(names) + " |",
+    "|---|" + "---:|" * len(names),
+  ]
   for size, bw in out["copy_GBps"].items():
     if all(bw[k] for k in names):
       lines.append(f"| {size} | " + " | ".join(f"{statistics.median(bw[k]):.1f}" for k in names) + " |")
-  lines += ["", "Memory of the donated onnx_optax step (`compile().memory_analysis()`): state = k x params, "
-            "temporary buffer, and the bytes of output aliased to (written in place of) the inputs.", "",
-            "| rule | size | params MiB | state / params (k) | temp bytes | aliased / (params + state) |",
-            "|---|---|---:|---:|---:|---:|"]
+  lines += [
+    "",
+    "Memory of the donated onnx_optax step (`compile().memory_analysis()`): state = k x params, "
+    "temporary buffer, and the bytes of output aliased to (written in place of) the inputs.",
+    "",
+    "| rule | size | params MiB | state / params (k) | temp bytes | aliased / (params + state) |",
+    "|---|---|---:|---:|---:|---:|",
+  ]
   for m in out["memory"]:
     lines.append(
-        f"| {m['rule']} | {m['size']} | {m['param_bytes'] / 2**20:.1f} | {m['k']:.3f} | {m['temp_bytes']} "
-        f"| {m['alias_bytes'] / (m['param_bytes'] + m['state_bytes']):.3f} |")
+      f"| {m['rule']} | {m['size']} | {m['param_bytes'] / 2**20:.1f} | {m['k']:.3f} | {m['temp_bytes']} "
+      f"| {m['alias_bytes'] / (m['param_bytes'] + m['state_bytes']):.3f} |"
+    )
   comp = [r for r in rows if r["compile_s"]]
   if comp:
-    lines += ["", "Compile time (lower + compile, seconds) of the jitted step:", "",
-              "| rule | size | leaves | onnx_optax s | optax s |", "|---|---|---:|---:|---:|"]
+    lines += [
+      "",
+      "Compile time (lower + compile, seconds) of the jitted step:",
+      "",
+      "| rule | size | leaves | onnx_optax s | optax s |",
+      "|---|---|---:|---:|---:|",
+    ]
     for r in comp:
       if r["leaves"] >= 500:
         cs = r["compile_s"]
-        lines.append(f"| {r['rule']} | {r['size']} | {r['leaves']} | {cs['onnx_optax']:.2f} "
-                     f"| {cs['optax']:.2f} |")
+        lines.append(
+          f"| {r['rule']} | {r['size']} | {r['leaves']} | {cs['onnx_optax']:.2f} | {cs['optax']:.2f} |"
+        )
   return "\n".join(lines) + "\n"
 
 

@@ -73,12 +73,22 @@ TREES = ("16M", "mix100", "mix1000", "mix10k")
 #: The contenders; ``--baseline`` appends "baseline" (another onnx_optax).
 LIBRARIES: list[str] = ["onnx_optax", "optax"]
 MAKERS: dict[str, Callable[[str], optax.GradientTransformation]] = {
-    "onnx_optax": onnx_optimizer, "optax": optax_optimizer}
+  "onnx_optax": onnx_optimizer,
+  "optax": optax_optimizer,
+}
 
 
 #: What a compile sample times: wall-clock and process CPU seconds.
-TIMES = ("trace_s", "lower_s", "compile_s", "total_s", "trace_cpu_s", "lower_cpu_s", "compile_cpu_s",
-         "total_cpu_s")
+TIMES = (
+  "trace_s",
+  "lower_s",
+  "compile_s",
+  "total_s",
+  "trace_cpu_s",
+  "lower_cpu_s",
+  "compile_cpu_s",
+  "total_cpu_s",
+)
 
 
 def rotation(r: int) -> list[str]:
@@ -102,11 +112,15 @@ def add_baseline(where: str) -> str:
   import tempfile
 
   import run as run_module
+
   name = "onnx_optax_baseline"
   tmp = tempfile.mkdtemp(prefix="scale_baseline_")
   if os.path.isdir(where):
-    src = where if os.path.basename(os.path.normpath(where)) == "onnx_optax" else os.path.join(
-        where, "onnx_optax")
+    src = (
+      where
+      if os.path.basename(os.path.normpath(where)) == "onnx_optax"
+      else os.path.join(where, "onnx_optax")
+    )
     shutil.copytree(src, os.path.join(tmp, name), ignore=shutil.ignore_patterns("__pycache__"))
     description = where
     commit_file = os.path.join(os.path.dirname(os.path.normpath(src)), "COMMIT")
@@ -115,12 +129,14 @@ def add_baseline(where: str) -> str:
         description = f.read().strip()[:60]
   else:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    archive = subprocess.run(["git", "-C", root, "archive", where, "onnx_optax"], capture_output=True,
-                             check=True)
+    archive = subprocess.run(
+      ["git", "-C", root, "archive", where, "onnx_optax"], capture_output=True, check=True
+    )
     subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
     os.rename(os.path.join(tmp, "onnx_optax"), os.path.join(tmp, name))
-    description = subprocess.run(["git", "-C", root, "log", "-1", "--format=%h %s", where],
-                                 capture_output=True, text=True, check=True).stdout.strip()[:60]
+    description = subprocess.run(
+      ["git", "-C", root, "log", "-1", "--format=%h %s", where], capture_output=True, text=True, check=True
+    ).stdout.strip()[:60]
   for folder, _, files in os.walk(os.path.join(tmp, name)):
     for file in files:
       if file.endswith(".py"):
@@ -154,11 +170,13 @@ def block(width: int) -> list[tuple[int, ...]]:
   """One model-like block of 25 leaves, ``width`` the model dimension."""
   w, h = width, 4 * width
   return (
-      [(w, w)] * 4 + [(w,)] * 4 +                       # attention q, k, v, o and their biases
-      [(w,)] * 4 +                                      # two norms (scale, bias)
-      [(w, h), (h,), (h, w), (w,)] +                    # MLP
-      [(3, 3, 16, 16), (16,), (3, 3, 16, 16), (16,)] +  # a small convolution
-      [(64, 32), (32,), (5, 5, 3, 8), (8,), ()])        # odd shapes, a scalar
+    [(w, w)] * 4
+    + [(w,)] * 4  # attention q, k, v, o and their biases
+    + [(w,)] * 4  # two norms (scale, bias)
+    + [(w, h), (h,), (h, w), (w,)]  # MLP
+    + [(3, 3, 16, 16), (16,), (3, 3, 16, 16), (16,)]  # a small convolution
+    + [(64, 32), (32,), (5, 5, 3, 8), (8,), ()]
+  )  # odd shapes, a scalar
 
 
 def tree_shapes(tree: str) -> list[tuple[int, ...]]:
@@ -176,16 +194,19 @@ def tree_shapes(tree: str) -> list[tuple[int, ...]]:
 
 def abstract_tree(shapes, sharding) -> dict:
   """Shapes only: tracing and compiling need no buffers."""
-  return {f"leaf{i:05d}": jax.ShapeDtypeStruct(s, jnp.float32, sharding=sharding)
-          for i, s in enumerate(shapes)}
+  return {
+    f"leaf{i:05d}": jax.ShapeDtypeStruct(s, jnp.float32, sharding=sharding) for i, s in enumerate(shapes)
+  }
 
 
 def real_tree(shapes, device, seed: int) -> dict:
   """Float32 buffers ~N(0, scale) on ``device`` (one key per leaf)."""
   scale = 1.0 if seed == 0 else 1e-3
   key = jax.random.key(seed)
-  return {f"leaf{i:05d}": jax.device_put(scale * jax.random.normal(jax.random.fold_in(key, i), s), device)
-          for i, s in enumerate(shapes)}
+  return {
+    f"leaf{i:05d}": jax.device_put(scale * jax.random.normal(jax.random.fold_in(key, i), s), device)
+    for i, s in enumerate(shapes)
+  }
 
 
 # --------------------------------------------------------------------------- one compile
@@ -204,7 +225,7 @@ def kernels(compiled) -> dict[str, int]:
   """
   text = compiled.as_text()
   counts: dict[str, int] = {}
-  for line in text[text.index("\nENTRY"):].splitlines()[1:]:
+  for line in text[text.index("\nENTRY") :].splitlines()[1:]:
     if line.startswith("}"):
       break
     m = _ENTRY_OP.match(line)
@@ -215,9 +236,11 @@ def kernels(compiled) -> dict[str, int]:
 
 def make_step(opt: optax.GradientTransformation):
   """A fresh step function (a new object: no jit cache can hold it)."""
+
   def step(params, state, grads):
     updates, state = opt.update(grads, state, params)
     return optax.apply_updates(params, updates), state
+
   return step
 
 
@@ -237,15 +260,22 @@ def compile_once(library: str, rule: str, params) -> tuple[dict, Any]:
   ma = compiled.memory_analysis()
   k = kernels(compiled)
   sample = {
-      "trace_s": t1 - t0, "lower_s": t2 - t1, "compile_s": t3 - t2, "total_s": t3 - t0,
-      # CPU time of this process (all its threads): what the work costs,
-      # nearly blind to the load of other processes on a shared machine.
-      "trace_cpu_s": c1 - c0, "lower_cpu_s": c2 - c1, "compile_cpu_s": c3 - c2, "total_cpu_s": c3 - c0,
-      "jaxpr_eqns": len(traced.jaxpr.eqns),
-      "stablehlo_lines": lowered.as_text().count("\n"),
-      "kernels": sum(k.values()), "kernel_ops": k,
-      "temp_bytes": None if ma is None else ma.temp_size_in_bytes,
-      "alias_bytes": None if ma is None else ma.alias_size_in_bytes,
+    "trace_s": t1 - t0,
+    "lower_s": t2 - t1,
+    "compile_s": t3 - t2,
+    "total_s": t3 - t0,
+    # CPU time of this process (all its threads): what the work costs,
+    # nearly blind to the load of other processes on a shared machine.
+    "trace_cpu_s": c1 - c0,
+    "lower_cpu_s": c2 - c1,
+    "compile_cpu_s": c3 - c2,
+    "total_cpu_s": c3 - c0,
+    "jaxpr_eqns": len(traced.jaxpr.eqns),
+    "stablehlo_lines": lowered.as_text().count("\n"),
+    "kernels": sum(k.values()),
+    "kernel_ops": k,
+    "temp_bytes": None if ma is None else ma.temp_size_in_bytes,
+    "alias_bytes": None if ma is None else ma.alias_size_in_bytes,
   }
   return sample, compiled
 
@@ -253,18 +283,25 @@ def compile_once(library: str, rule: str, params) -> tuple[dict, Any]:
 # --------------------------------------------------------------------------- step time
 
 
-def time_steps(compiled: dict[str, Any], makers: dict[str, Callable[[], tuple]], repeats: int,
-               target_s: float, pause_s: float) -> dict[str, list[float]]:
+def time_steps(
+  compiled: dict[str, Any],
+  makers: dict[str, Callable[[], tuple]],
+  repeats: int,
+  target_s: float,
+  pause_s: float,
+) -> dict[str, list[float]]:
   """Interleaved step times (seconds per step) of each library's compiled step."""
   boxes, inner = {}, {}
   for name, make in makers.items():
     boxes[name] = list(make())
+
   def run(name: str, n: int) -> None:
     p, s, g = boxes[name]
     for _ in range(n):
       p, s = compiled[name](p, s, g)
     jax.block_until_ready(p)
     boxes[name][:2] = [p, s]
+
   for name in makers:
     run(name, 2)  # Warm-up.
     t0 = time.perf_counter()
@@ -293,24 +330,40 @@ def measure(tree: str, rule: str, repeats: int, step_repeats: int, device, args)
     for lib in rotation(r):
       sample, last[lib] = compile_once(lib, rule, params)
       samples[lib].append(sample)
-  row: dict[str, Any] = {"tree": tree, "rule": rule, "leaves": len(shapes),
-                         "elements": int(sum(np.prod(s) for s in shapes)), "samples": samples}
-  med = {lib: {k: statistics.median(s[k] for s in samples[lib])
-               for k in TIMES} for lib in LIBRARIES}
+  row: dict[str, Any] = {
+    "tree": tree,
+    "rule": rule,
+    "leaves": len(shapes),
+    "elements": int(sum(np.prod(s) for s in shapes)),
+    "samples": samples,
+  }
+  med = {lib: {k: statistics.median(s[k] for s in samples[lib]) for k in TIMES} for lib in LIBRARIES}
   for lib in LIBRARIES:
     first = samples[lib][0]
-    med[lib].update({k: first[k] for k in ("jaxpr_eqns", "stablehlo_lines", "kernels", "kernel_ops",
-                                           "temp_bytes", "alias_bytes")})
+    med[lib].update(
+      {
+        k: first[k]
+        for k in ("jaxpr_eqns", "stablehlo_lines", "kernels", "kernel_ops", "temp_bytes", "alias_bytes")
+      }
+    )
   row["median"] = med
   if step_repeats:
+
     def makers_for(lib):
       def make():
         p = real_tree(shapes, device, 0)
         g = real_tree(shapes, device, 1)
         return p, MAKERS[lib](rule).init(p), g
+
       return make
-    times = time_steps(last, {lib: makers_for(lib) for lib in LIBRARIES}, step_repeats,
-                       args.target_ms / 1e3, args.pause_ms / 1e3)
+
+    times = time_steps(
+      last,
+      {lib: makers_for(lib) for lib in LIBRARIES},
+      step_repeats,
+      args.target_ms / 1e3,
+      args.pause_ms / 1e3,
+    )
     row["step_samples_ms"] = {lib: [1e3 * t for t in ts] for lib, ts in times.items()}
     for lib in LIBRARIES:
       med[lib]["step_ms"] = 1e3 * statistics.median(times[lib])
@@ -333,18 +386,28 @@ def table(out: dict) -> str:
   """The text tables: times and ratios, then what the programs hold per leaf."""
   env = out["env"]
   lines = [
-      (f"jax {env['jax']}, jaxlib {env['jaxlib']}, optax {env['optax']}; {env['device_kind']} "
-      f"({env['device']}), {env['cpu_count']} CPU cores ({env['processor']}), {env['machine']}"),
-      (f"command: {env['command']}; XLA_FLAGS={env['xla_flags']!r}; started {env['started']}; "
-      f"onnx_optax commit {env['commit']}; {env.get('wall_s', '(partial run)')} s"),
-      (f"medians of {env['repeats']} interleaved compiles (fresh function, jax.clear_caches()) and "
+    (
+      f"jax {env['jax']}, jaxlib {env['jaxlib']}, optax {env['optax']}; {env['device_kind']} "
+      f"({env['device']}), {env['cpu_count']} CPU cores ({env['processor']}), {env['machine']}"
+    ),
+    (
+      f"command: {env['command']}; XLA_FLAGS={env['xla_flags']!r}; started {env['started']}; "
+      f"onnx_optax commit {env['commit']}; {env.get('wall_s', '(partial run)')} s"
+    ),
+    (
+      f"medians of {env['repeats']} interleaved compiles (fresh function, jax.clear_caches()) and "
       f"{env['step_repeats']} interleaved step samples; ratio = onnx_optax / optax "
-      "(below 1: onnx_optax faster)"),
-      "",
-      (f"{'tree':8} {'leaves':>6} {'rule':14} {'trace s':>15} {'lower s':>15} {'compile s':>15} "
-      f"{'total s':>17} {'step ms':>19}  CPU-time ratios: trace lower compile total"),
-      (f"{'':8} {'':>6} {'':14} {'ours/optax  x':>15} {'ours/optax  x':>15} {'ours/optax  x':>15} "
-      f"{'ours/optax   x':>17} {'ours/optax    x':>19}"),
+      "(below 1: onnx_optax faster)"
+    ),
+    "",
+    (
+      f"{'tree':8} {'leaves':>6} {'rule':14} {'trace s':>15} {'lower s':>15} {'compile s':>15} "
+      f"{'total s':>17} {'step ms':>19}  CPU-time ratios: trace lower compile total"
+    ),
+    (
+      f"{'':8} {'':>6} {'':14} {'ours/optax  x':>15} {'ours/optax  x':>15} {'ours/optax  x':>15} "
+      f"{'ours/optax   x':>17} {'ours/optax    x':>19}"
+    ),
   ]
   lines.append("-" * len(lines[-2]))
   lines += _time_rows(out, "onnx_optax", "optax", "ratio")
@@ -361,33 +424,49 @@ def _time_rows(out: dict, a: str, b: str, key: str) -> list[str]:
   lines = []
   for row in out["rows"]:
     o, t, x = row["median"][a], row["median"][b], row[key]
+
     def cell(k, w, p, o=o, t=t, x=x):
       return f"{o[k]:{w}.{p}f}/{t[k]:<{w}.{p}f}{x[k]:5.2f}" if k in x else " " * (2 * w + 6)
-    cpu = " ".join(f"{x[k]:5.2f}" for k in ("trace_cpu_s", "lower_cpu_s", "compile_cpu_s", "total_cpu_s")
-                   if k in x)
-    lines.append(f"{row['tree']:8} {row['leaves']:6d} {row['rule']:14} {cell('trace_s', 4, 2)} "
-                 f"{cell('lower_s', 4, 2)} {cell('compile_s', 4, 2)} {cell('total_s', 5, 2)} "
-                 f"{cell('step_ms', 6, 2)}  {cpu:>23}")
+
+    cpu = " ".join(
+      f"{x[k]:5.2f}" for k in ("trace_cpu_s", "lower_cpu_s", "compile_cpu_s", "total_cpu_s") if k in x
+    )
+    lines.append(
+      f"{row['tree']:8} {row['leaves']:6d} {row['rule']:14} {cell('trace_s', 4, 2)} "
+      f"{cell('lower_s', 4, 2)} {cell('compile_s', 4, 2)} {cell('total_s', 5, 2)} "
+      f"{cell('step_ms', 6, 2)}  {cpu:>23}"
+    )
   return lines
 
 
 def _leaf_rows(out: dict) -> list[str]:
-  lines = ["", ("per leaf (first compile): jaxpr equations, StableHLO lines, kernels of the compiled step "
-            "(fusions + unfused ops), temporary bytes of the donated step"), "",
-            (f"{'tree':8} {'leaves':>6} {'rule':14} {'eqns/leaf':>15} {'hlo lines/leaf':>15} "
-            f"{'kernels/leaf':>15} {'temp bytes':>19}"),
-            (f"{'':8} {'':>6} {'':14} {'ours  optax':>15} {'ours  optax':>15} {'ours  optax':>15} "
-            f"{'ours    optax':>19}")]
+  lines = [
+    "",
+    (
+      "per leaf (first compile): jaxpr equations, StableHLO lines, kernels of the compiled step "
+      "(fusions + unfused ops), temporary bytes of the donated step"
+    ),
+    "",
+    (
+      f"{'tree':8} {'leaves':>6} {'rule':14} {'eqns/leaf':>15} {'hlo lines/leaf':>15} "
+      f"{'kernels/leaf':>15} {'temp bytes':>19}"
+    ),
+    (
+      f"{'':8} {'':>6} {'':14} {'ours  optax':>15} {'ours  optax':>15} {'ours  optax':>15} "
+      f"{'ours    optax':>19}"
+    ),
+  ]
   lines.append("-" * len(lines[-2]))
   for row in out["rows"]:
     o, t, n = row["median"]["onnx_optax"], row["median"]["optax"], row["leaves"]
     rows = [("", o)] + ([("baseline", row["median"]["baseline"])] if "baseline" in row["median"] else [])
     for label, o in rows:
       lines.append(
-          f"{row['tree']:8} {n:6d} {(row['rule'] + ' ' + label).strip():14} "
-          f"{o['jaxpr_eqns'] / n:7.1f} {t['jaxpr_eqns'] / n:7.1f} "
-          f"{o['stablehlo_lines'] / n:7.1f} {t['stablehlo_lines'] / n:7.1f} "
-          f"{o['kernels'] / n:7.3f} {t['kernels'] / n:7.3f} {o['temp_bytes']!s:>9} {t['temp_bytes']!s:>9}")
+        f"{row['tree']:8} {n:6d} {(row['rule'] + ' ' + label).strip():14} "
+        f"{o['jaxpr_eqns'] / n:7.1f} {t['jaxpr_eqns'] / n:7.1f} "
+        f"{o['stablehlo_lines'] / n:7.1f} {t['stablehlo_lines'] / n:7.1f} "
+        f"{o['kernels'] / n:7.3f} {t['kernels'] / n:7.3f} {o['temp_bytes']!s:>9} {t['temp_bytes']!s:>9}"
+      )
   return lines
 
 
@@ -395,6 +474,7 @@ def environment(args, device) -> dict:
   import subprocess
 
   from run import _cpu_name
+
   # The onnx_optax that runs: a checkout, or an exported snapshot of one with
   # its commit in a COMMIT file (to measure a commit while the tree changes).
   root = os.path.dirname(os.path.dirname(os.path.abspath(onnx_optax.__file__)))
@@ -403,23 +483,36 @@ def environment(args, device) -> dict:
       commit = f.read().strip()[:60]
   except OSError:
     try:
-      commit = subprocess.run(["git", "-C", root, "log", "-1", "--format=%h %s"], capture_output=True,
-                              text=True, check=True).stdout.strip()[:60]
+      commit = subprocess.run(
+        ["git", "-C", root, "log", "-1", "--format=%h %s"], capture_output=True, text=True, check=True
+      ).stdout.strip()[:60]
     except (OSError, subprocess.CalledProcessError):
       commit = "unknown"
-    if subprocess.run(["git", "-C", root, "diff", "--quiet", "HEAD", "--", "onnx_optax"],
-                      check=False, capture_output=True).returncode == 1:
+    if (
+      subprocess.run(
+        ["git", "-C", root, "diff", "--quiet", "HEAD", "--", "onnx_optax"], check=False, capture_output=True
+      ).returncode
+      == 1
+    ):
       commit += " + uncommitted changes"
   return {
-      "python": platform.python_version(), "jax": jax.__version__,
-      "jaxlib": __import__("jaxlib").__version__, "optax": optax.__version__, "numpy": np.__version__,
-      "device": str(device), "device_kind": device.device_kind, "cpu_count": os.cpu_count(),
-      "machine": platform.platform(), "processor": _cpu_name(), "commit": commit,
-      "onnx_optax_path": os.path.dirname(onnx_optax.__file__),
-      "command": " ".join(["python"] + sys.argv), "repeats": args.repeats,
-      "step_repeats": 0 if args.no_step else args.step_repeats,
-      "xla_flags": os.environ.get("XLA_FLAGS", ""),
-      "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+    "python": platform.python_version(),
+    "jax": jax.__version__,
+    "jaxlib": __import__("jaxlib").__version__,
+    "optax": optax.__version__,
+    "numpy": np.__version__,
+    "device": str(device),
+    "device_kind": device.device_kind,
+    "cpu_count": os.cpu_count(),
+    "machine": platform.platform(),
+    "processor": _cpu_name(),
+    "commit": commit,
+    "onnx_optax_path": os.path.dirname(onnx_optax.__file__),
+    "command": " ".join(["python"] + sys.argv),
+    "repeats": args.repeats,
+    "step_repeats": 0 if args.no_step else args.step_repeats,
+    "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
   }
 
 
@@ -433,17 +526,20 @@ def main(argv=None) -> dict:
   ap.add_argument("--target-ms", type=float, default=50.0, help="minimum duration of one step sample")
   ap.add_argument("--pause-ms", type=float, default=50.0, help="idle time before each step sample")
   ap.add_argument("--device", default="cpu", help="JAX platform: cpu, gpu, tpu")
-  ap.add_argument("--baseline", default=None,
-                  help="another onnx_optax to measure in the same run: a folder or a git revision (HEAD~1)")
+  ap.add_argument(
+    "--baseline",
+    default=None,
+    help="another onnx_optax to measure in the same run: a folder or a git revision (HEAD~1)",
+  )
   ap.add_argument("--json", default=None, help="write every sample to this file")
   ap.add_argument("--text", default=None, help="write the tables to this file")
   ap.add_argument("--from-json", default=None, help="print the tables of an earlier run's --json file")
   args = ap.parse_args(argv)
   if args.from_json:
     with open(args.from_json) as f:
-      out = json.load(f)
-    print(table(out), end="")
-    return out
+      saved = json.load(f)
+    print(table(saved), end="")
+    return saved
   rules = [r for r in args.rules.split(",") if r]
   trees = [t for t in args.trees.split(",") if t]
   for r in rules:
@@ -466,11 +562,14 @@ def main(argv=None) -> dict:
       row = measure(tree, rule, args.repeats, 0 if args.no_step else args.step_repeats, device, args)
       out["rows"].append(row)
       m = row["median"]
-      print(f"[{time.perf_counter() - t_start:6.0f}s] {tree} {rule}: total "
-            f"{m['onnx_optax']['total_s']:.2f}/{m['optax']['total_s']:.2f} s "
-            + ", ".join(f"{k} x{v:.2f}" for k, v in row["ratio"].items())
-            + f"; kernels {m['onnx_optax']['kernels']}/{m['optax']['kernels']}, temp "
-            f"{m['onnx_optax']['temp_bytes']}/{m['optax']['temp_bytes']} B", flush=True)
+      print(
+        f"[{time.perf_counter() - t_start:6.0f}s] {tree} {rule}: total "
+        f"{m['onnx_optax']['total_s']:.2f}/{m['optax']['total_s']:.2f} s "
+        + ", ".join(f"{k} x{v:.2f}" for k, v in row["ratio"].items())
+        + f"; kernels {m['onnx_optax']['kernels']}/{m['optax']['kernels']}, temp "
+        f"{m['onnx_optax']['temp_bytes']}/{m['optax']['temp_bytes']} B",
+        flush=True,
+      )
       save(args, out)  # After every row: a run cut short keeps what it measured.
   env["wall_s"] = round(time.perf_counter() - t_start, 1)
   print()
