@@ -57,6 +57,7 @@ from scale import (
   kernels,
   ratios,
   rotation,
+  save,
 )
 
 
@@ -298,22 +299,11 @@ def main(argv=None) -> dict:
         + ", ".join(f"{k} x{v:.2f}" for k, v in row["ratio"].items()),
         flush=True,
       )
-      save(args, out)
+      save(args, out, table)
   env["wall_s"] = round(time.perf_counter() - t_start, 1)
   print()
-  print(save(args, out))
+  print(save(args, out, table))
   return out
-
-
-def save(args, out: dict) -> str:
-  text = table(out)
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(out, f, indent=1)
-  if args.text:
-    with open(args.text, "w") as f:
-      f.write(text)
-  return text
 
 
 if __name__ == "__main__":

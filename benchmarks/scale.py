@@ -577,8 +577,9 @@ def main(argv=None) -> dict:
   return out
 
 
-def save(args, out: dict) -> str:
-  text = table(out)
+def save(args, out: dict, render: Callable[[dict], str] | None = None) -> str:
+  """Writes ``--json`` and ``--text`` (if asked); returns the tables (``render``, default :func:`table`)."""
+  text = (render or table)(out)
   if args.json:
     with open(args.json, "w") as f:
       json.dump(out, f, indent=1)
