@@ -350,7 +350,7 @@ def evaluator_context() -> Context:
 
 
 # -- the rules' bounds ------------------------------------------------------------
-# Each function evaluates the spec's formula (SPEC.md) in Bounded arithmetic, in
+# Each function evaluates the spec's formula (docs/spec.md) in Bounded arithmetic, in
 # the evaluation order of onnx_optax.rules (which is also the reference's). It
 # returns the error bound of each output, in the spec's output order. These are
 # bounds, not the rules: a mistake here can loosen or tighten the suite, never
