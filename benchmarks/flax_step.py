@@ -53,6 +53,7 @@ from scale import (
   MAKERS,
   TIMES,
   add_baseline,
+  comparisons,
   environment,
   kernels,
   ratios,
@@ -217,12 +218,7 @@ def table(out: dict) -> str:
     ),
   ]
   lines.append("-" * len(lines[-1]))
-  lines += _rows(out, "onnx_optax", "optax", "ratio")
-  if "baseline" in env:
-    lines += ["", f"the same for the baseline, onnx_optax {env['baseline']}, against optax:", ""]
-    lines += _rows(out, "baseline", "optax", "baseline_ratio")
-    lines += ["", "onnx_optax / baseline (below 1: this onnx_optax is faster than the baseline):", ""]
-    lines += _rows(out, "onnx_optax", "baseline", "ratio_to_baseline")
+  lines += comparisons(out, _rows)
   return "\n".join(lines) + "\n"
 
 

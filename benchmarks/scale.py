@@ -410,14 +410,20 @@ def table(out: dict) -> str:
     ),
   ]
   lines.append("-" * len(lines[-2]))
-  lines += _time_rows(out, "onnx_optax", "optax", "ratio")
-  if "baseline" in env:
-    lines += ["", f"the same for the baseline, onnx_optax {env['baseline']}, against optax:", ""]
-    lines += _time_rows(out, "baseline", "optax", "baseline_ratio")
-    lines += ["", "onnx_optax / baseline (below 1: this onnx_optax is faster than the baseline):", ""]
-    lines += _time_rows(out, "onnx_optax", "baseline", "ratio_to_baseline")
+  lines += comparisons(out, _time_rows)
   lines += _leaf_rows(out)
   return "\n".join(lines) + "\n"
+
+
+def comparisons(out: dict, rows: Callable[[dict, str, str, str], list[str]]) -> list[str]:
+  """The ``rows`` of onnx_optax against Optax, and with ``--baseline`` those of the baseline."""
+  lines = rows(out, "onnx_optax", "optax", "ratio")
+  if "baseline" in out["env"]:
+    lines += ["", f"the same for the baseline, onnx_optax {out['env']['baseline']}, against optax:", ""]
+    lines += rows(out, "baseline", "optax", "baseline_ratio")
+    lines += ["", "onnx_optax / baseline (below 1: this onnx_optax is faster than the baseline):", ""]
+    lines += rows(out, "onnx_optax", "baseline", "ratio_to_baseline")
+  return lines
 
 
 def _time_rows(out: dict, a: str, b: str, key: str) -> list[str]:
