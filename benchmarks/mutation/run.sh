@@ -10,7 +10,9 @@
 # the working tree: it exports REV (git archive) into $WORK and mutates there.
 # Environment: SHARDS (default 1) copies judged in parallel, one mutant at a
 # time each; WORK (default a new /tmp directory); SKIP_BASELINE=1 skips the
-# judge on the unmutated tree; FAST_TESTS, CONFORMANCE_ARGS: see judge.sh.
+# judge on the unmutated tree; FAST_TESTS, CONFORMANCE_ARGS: see judge.sh;
+# SURVIVORS_OF: shard databases of an earlier run (one path per line) whose
+# survivors are the only mutants judged (rejudge.sh sets it).
 # Writes the report to benchmarks/mutation/results.md (RESULTS overrides).
 set -euo pipefail
 REPO=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
@@ -29,6 +31,10 @@ PYTHONPATH=$PWD python -c "import onnx_optax, os, sys; sys.exit(not onnx_optax._
 
 cosmic-ray init benchmarks/mutation/cosmic-ray.toml "$WORK/session.sqlite"
 python benchmarks/mutation/filter.py "$WORK/session.sqlite"
+if [[ -n ${SURVIVORS_OF:-} ]]; then
+  mapfile -t OLD <<< "$SURVIVORS_OF"
+  python benchmarks/mutation/filter.py "$WORK/session.sqlite" --only-survivors-of "${OLD[@]}"
+fi
 
 start=$(date +%s)
 pids=()
