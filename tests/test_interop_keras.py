@@ -30,11 +30,11 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 import pytest  # noqa: E402
+from interop_data import gradients, initial  # noqa: E402
 
 import onnx_optax  # noqa: E402
 from onnx_optax.interop import from_keras, to_keras  # noqa: E402
 
-SHAPES = [(3,), (2, 4), (), (5,)]
 HYPER = dict(learning_rate=0.02, beta_1=0.8, beta_2=0.99, epsilon=1e-5)  # none the default
 
 
@@ -42,16 +42,6 @@ def test_backend_is_jax():
   # Another module that imported Keras first with another backend would make
   # this file test that backend instead; say so rather than pass silently.
   assert keras.backend.backend() == "jax", "Keras was imported before KERAS_BACKEND=jax was set"
-
-
-def initial(dtype, seed=0):
-  rng = np.random.default_rng(seed)
-  return [rng.normal(size=shape).astype(dtype) for shape in SHAPES]
-
-
-def gradients(steps, dtype, seed=1):
-  rng = np.random.default_rng(seed)
-  return [[rng.normal(size=shape).astype(dtype) for shape in SHAPES] for _ in range(steps)]
 
 
 def keras_variables(values):

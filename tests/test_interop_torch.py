@@ -23,27 +23,17 @@ import numpy as np
 import optax
 import pytest
 import torch
+from interop_data import SHAPES, gradients, initial
 
 import onnx_optax
 from onnx_optax.interop import from_torch, to_torch, torch_params
 
-SHAPES = [(3,), (2, 4), (), (5,)]
 GROUPS = [[0, 1], [2, 3]]  # indices into SHAPES, one list per param group
 
 
 def like(dtype):
   """JAX structure of the parameters: a dict whose sorted keys follow the groups."""
   return {f"p{i}": jax.ShapeDtypeStruct(shape, dtype) for i, shape in enumerate(SHAPES)}
-
-
-def initial(dtype, seed=0):
-  rng = np.random.default_rng(seed)
-  return [rng.normal(size=shape).astype(dtype) for shape in SHAPES]
-
-
-def gradients(steps, dtype, seed=1):
-  rng = np.random.default_rng(seed)
-  return [[rng.normal(size=shape).astype(dtype) for shape in SHAPES] for _ in range(steps)]
 
 
 def torch_parameters(values):
