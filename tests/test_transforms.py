@@ -343,3 +343,48 @@ def test_wide_state_is_computed_wide():
     H = H + G * G
   # 50 float32 additions: relative error <= 50 * 2**-24.
   np.testing.assert_allclose(np.asarray(state.h["a"]), H, rtol=50 * 2.0**-24)
+
+
+@pytest.mark.parametrize(
+  "kwargs,error,argument",
+  [
+    (dict(adam_mode=2), ValueError, "adam_mode"),
+    (dict(adam_mode=True), TypeError, "adam_mode"),
+    (dict(adam_mode="0"), TypeError, "adam_mode"),
+    (dict(correct_bias=2), TypeError, "correct_bias"),
+    (dict(correct_bias="yes"), TypeError, "correct_bias"),
+    (dict(adam_mode=0, correct_bias=False), ValueError, "correct_bias"),
+    (dict(alpha=1.0), ValueError, "alpha"),
+    (dict(beta=1.5), ValueError, "beta"),
+    (dict(epsilon=-1e-8), ValueError, "epsilon"),
+    (dict(weight_decay=-0.1), ValueError, "weight_decay"),
+    (dict(initial_count=0), ValueError, "initial_count"),
+  ],
+)
+def test_ort_adamw_refuses_bad_hyperparameters(kwargs, error, argument):
+  with pytest.raises(error, match=argument):
+    onnx_optax.ort_adamw(0.1, **kwargs)
+
+
+def test_ort_adamw_accepts_onnx_attribute_ints_and_step_0_without_bias_correction():
+  """correct_bias as the ONNX attribute's 0 / 1; without correction step 0 divides by nothing."""
+  params = jnp.array([1.0, -2.0])
+  for cb, T in [(1, 1), (0, 0)]:
+    opt = onnx_optax.ort_adamw(0.1, adam_mode=1, correct_bias=cb, initial_count=T, weight_decay=0.0)
+    u, _ = opt.update(jnp.array([0.5, 0.5]), opt.init(params))
+    assert np.all(np.isfinite(np.asarray(u)))
+
+
+def test_ort_adamw_mode_under_inject_hyperparams_must_be_static():
+  """adam_mode selects the formula: traced (inject_hyperparams under jit) it raises, naming static_args."""
+  params = jnp.ones(3)
+  opt = optax.inject_hyperparams(onnx_optax.ort_adamw)(0.1, adam_mode=1)
+  state = opt.init(params)
+  with pytest.raises(TypeError, match=r"static_args=\('adam_mode',\)"):
+    jax.jit(opt.update)(jnp.ones(3), state, params)
+  static = optax.inject_hyperparams(onnx_optax.ort_adamw, static_args=("adam_mode",))(0.1, adam_mode=1)
+  u, _ = jax.jit(static.update)(jnp.ones(3), static.init(params), params)
+  plain, _ = onnx_optax.ort_adamw(0.1, adam_mode=1).update(
+    jnp.ones(3), static.init(params).inner_state, params
+  )
+  np.testing.assert_array_equal(np.asarray(u), np.asarray(plain))
