@@ -322,8 +322,8 @@ def _unless_skipped(
   """``update`` on each index's tensors where ``signal`` holds, else ``kept`` (the inputs, untouched).
 
   ``update_signal = False`` is a skipped step (mixed precision's overflow
-  check): the kernel touches nothing. A concrete False computes nothing; a
-  traced signal selects element-wise, the inputs' bits kept.
+  check): the kernel touches nothing. A concrete False computes no tensor;
+  a traced signal selects element-wise, the inputs' bits kept.
   """
   outputs: list[tuple[Array, ...]] = []
   for tensors in per_tensor:
@@ -385,7 +385,7 @@ def adamw_optimizer(
     alpha, beta: the moments' decays (PyTorch's ``betas``).
     epsilon: added to the root of the second moment.
     weight_decay: the decoupled weight decay.
-    correct_bias: 1 (bias corrections) or 0.
+    correct_bias: 1 (bias corrections) or 0 (with ``adam_mode = 1`` only, as ONNX Runtime).
     adam_mode: 0 or 1, see above.
 
   Returns:
@@ -425,9 +425,13 @@ def adamw_optimizer(
     dict(weights=weights, gradients=gradients, momentums_1=momentums_1, momentums_2=momentums_2)
   )
 
+  # Once per update, before any tensor: this also refuses the pair ONNX Runtime refuses
+  # (adam_mode=0 with correct_bias=0), skipped step or not.
+  scalars = rules.ort_adamw_scalars(lr, step, adam_mode=adam_mode, correct_bias=correct_bias, **hyper)
+
   def update(W, G, M1, M2):
-    U, M1_new, M2_new = rules.ort_adamw(
-      lr, step, W, G, M1, M2, adam_mode=adam_mode, correct_bias=bool(correct_bias), **hyper
+    U, M1_new, M2_new = rules.ort_adamw_elementwise(
+      rules.like(scalars, W.dtype), W, G, M1, M2, adam_mode=adam_mode
     )
     return W + U, M1_new, M2_new
 
