@@ -530,3 +530,241 @@ def test_from_model_steps_as_onnxruntime_training(kind):
       ]
       (w_ours, *_), (w_ort, *_) = tracks[k]
       _assert_within(params[k], expected[t][k], w_ours.e + w_ort.e + np.abs(w_ours.v - w_ort.v), what)
+
+
+# -- bad input ----------------------------------------------------------------------------
+
+
+def _good(n: int = 2) -> list[Any]:
+  W, G, M1, M2 = _sequences(n, "normal", np.random.default_rng(9))
+  return [np.float32(0.05), np.int64(3), W, G, M1, M2]
+
+
+def _replace(inputs: list, i: int, value: Any) -> list:
+  return [value if j == i else x for j, x in enumerate(inputs)]
+
+
+def _in(inputs: list, k: int, i: int, value: Any) -> list:
+  """``inputs`` with tensor ``i`` of sequence input ``k`` replaced."""
+  sequence = list(inputs[k])
+  sequence[i] = value
+  return _replace(inputs, k, sequence)
+
+
+GOOD = _good()
+W0 = GOOD[2][0]
+
+
+@pytest.mark.parametrize(
+  "inputs, kwargs, error, match",
+  [
+    # Sequences: lengths, types, shapes, dtypes.
+    (_replace(GOOD, 3, GOOD[3][:1]), {}, ValueError, "gradients holds 1 tensors but weights holds 2"),
+    (_replace(GOOD, 5, [*GOOD[5], W0]), {}, ValueError, "momentums_2 holds 3 tensors but weights holds 2"),
+    (_replace(GOOD, 2, W0), {}, TypeError, "weights must be a list of arrays"),
+    (_replace(GOOD, 2, []), {}, ValueError, "weights is empty"),
+    (_in(GOOD, 4, 1, GOOD[4][1].T), {}, ValueError, r"momentums_1\[1\] has shape \(3, 2\) but weights\[1\]"),
+    (_in(GOOD, 3, 0, GOOD[3][0].astype(np.float16)), {}, TypeError, r"gradients\[0\] has dtype float16"),
+    (_in(GOOD, 2, 0, W0.astype(np.int32)), {}, TypeError, r"weights\[0\] has dtype int32"),
+    (_in(GOOD, 5, 1, GOOD[5][1].tolist()), {}, TypeError, r"momentums_2\[1\] must be an array"),
+    # lr.
+    (_replace(GOOD, 0, 1), {}, TypeError, "lr must be a float scalar"),
+    (
+      _replace(GOOD, 0, np.array([0.1, 0.2], np.float32)),
+      {},
+      TypeError,
+      r"lr must be a float scalar .*\(2,\)",
+    ),
+    (_replace(GOOD, 0, float("nan")), {}, ValueError, "lr must be finite"),
+    # step.
+    (_replace(GOOD, 1, np.float32(3)), {}, TypeError, "step must be an integer scalar"),
+    (_replace(GOOD, 1, 3.0), {}, TypeError, "step must be an integer scalar"),
+    (_replace(GOOD, 1, True), {}, TypeError, "step must be an integer scalar"),
+    (_replace(GOOD, 1, np.int8(3)), {}, TypeError, "step must be an int64 scalar"),
+    (_replace(GOOD, 1, np.uint64(3)), {}, TypeError, "step must be an int64 scalar"),
+    (
+      _replace(GOOD, 1, np.array([3, 4], np.int64)),
+      {},
+      TypeError,
+      r"step must be an integer scalar .*\(2,\)",
+    ),
+    (_replace(GOOD, 1, np.int64(0)), {}, ValueError, "step must be >= 1.*correct_bias"),
+    (_replace(GOOD, 1, np.int64(-1)), dict(adam_mode=1, correct_bias=0), ValueError, "step must be >= 0"),
+    (_replace(GOOD, 1, np.int64(2**40)), {}, ValueError, "does not fit int32.*enable_x64"),
+    # update_signal.
+    ([*GOOD, np.float32(1)], {}, TypeError, "update_signal must be a bool scalar"),
+    ([*GOOD, np.array([True, False])], {}, TypeError, "update_signal must be a bool scalar"),
+    # Attributes.
+    (GOOD, dict(adam_mode=2), ValueError, r"adam_mode must be one of \(0, 1\)"),
+    (GOOD, dict(adam_mode="1"), ValueError, r"adam_mode must be one of \(0, 1\)"),
+    (GOOD, dict(correct_bias=2), ValueError, r"correct_bias must be one of \(0, 1\)"),
+    (GOOD, dict(adam_mode=0, correct_bias=0), ValueError, "correct_bias=False with adam_mode=0"),
+    (GOOD, dict(alpha="0.9"), TypeError, "alpha must be a real number"),
+    (GOOD, dict(epsilon=float("inf")), ValueError, "epsilon must be finite"),
+  ],
+)
+def test_bad_adamw_inputs(inputs, kwargs, error, match):
+  with pytest.raises(error, match=match):
+    ox.adamw_optimizer(*inputs, **kwargs)
+
+
+def test_bad_inputs_raise_with_a_skipped_step_too():
+  """The checks come before the update_signal: a skipped step does not hide a bad call."""
+  with pytest.raises(ValueError, match="gradients holds 1 tensors"):
+    ox.adamw_optimizer(*_replace(GOOD, 3, GOOD[3][:1]), np.array(False))
+  with pytest.raises(ValueError, match="correct_bias=False with adam_mode=0"):
+    ox.adamw_optimizer(*GOOD, False, adam_mode=0, correct_bias=0)
+
+
+def test_bad_sgd_inputs():
+  lr, _, W, G, _, _ = GOOD
+  with pytest.raises(ValueError, match="gradients holds 1 tensors but weights holds 2"):
+    ox.sgd_optimizer_v2(lr, W, G[:1])
+  with pytest.raises(TypeError, match=r"gradients\[1\] has dtype float64"):
+    ox.sgd_optimizer_v2(lr, W, [G[0], G[1].astype(np.float64)])
+  with pytest.raises(TypeError, match="lr must be a float scalar"):
+    ox.sgd_optimizer_v2(np.int64(1), W, G)
+  with pytest.raises(TypeError, match="gradients must be a list of arrays"):
+    ox.sgd_optimizer_v2(lr, W, G[0])
+
+
+def test_shape_one_scalars_as_generate_artifacts_declares_them():
+  """lr and step of shape (1,) (optimizer_model.onnx's inputs): accepted, the flag has step's shape."""
+  lr, step, *rest = GOOD
+  flag, W, _, _ = ox.adamw_optimizer(np.array([lr]), np.array([step]), *rest)
+  plain = ox.adamw_optimizer(lr, step, *rest)
+  assert flag.shape == (1,) and bool(flag[0])
+  jax.tree.map(np.testing.assert_array_equal, W, plain[1])
+  done, _ = ox.sgd_optimizer_v2(np.array([lr]), rest[0], rest[1])
+  assert done.shape == (1,)
+
+
+def _adamw_node(inputs=ADAMW_INPUTS, outputs=ADAMW_OUTPUTS, domain=MS, **attributes):
+  return helper.make_node("AdamWOptimizer", inputs, outputs, domain=domain, **attributes)
+
+
+@pytest.mark.parametrize(
+  "node, inputs, error, match",
+  [
+    (_adamw_node(domain=""), GOOD, ValueError, "node.domain must be"),
+    (_adamw_node(domain="ai.onnx.preview.training"), GOOD, ValueError, "node.op_type must be one of"),
+    (helper.make_node("AdamOptimizer", ADAMW_INPUTS, ["f"], domain=MS), GOOD, ValueError, "node.op_type"),
+    (_adamw_node(adam_mode=2), GOOD, ValueError, r"node.attribute 'adam_mode' must be one of \(0, 1\)"),
+    (_adamw_node(correct_bias=-1), GOOD, ValueError, r"node.attribute 'correct_bias' must be one of"),
+    (_adamw_node(adam_mode=1.0), GOOD, TypeError, "'adam_mode' must be of type INT"),
+    (_adamw_node(alpha=1), GOOD, TypeError, "'alpha' must be of type FLOAT"),
+    (_adamw_node(lambda_=0.1), GOOD, ValueError, "no attribute 'lambda_'"),
+    (_adamw_node(inputs=ADAMW_INPUTS[:5]), GOOD[:5], ValueError, "node.input: AdamWOptimizer has 6 to 7"),
+    (_adamw_node(inputs=[*ADAMW_INPUTS, "s", "x"]), [*GOOD, None, None], ValueError, "has 6 to 7 inputs"),
+    (
+      _adamw_node(inputs=["lr", "", *ADAMW_INPUTS[2:]]),
+      GOOD,
+      ValueError,
+      r"node.input\[1\] \(step\) is empty",
+    ),
+    (_adamw_node(), GOOD[:5], ValueError, "node.input lists 6 inputs but 5 were given"),
+    (_adamw_node(inputs=[*ADAMW_INPUTS, ""]), [*GOOD, np.array(True)], ValueError, "pass None for it"),
+    (_adamw_node(inputs=[*ADAMW_INPUTS, "s"]), [*GOOD, None], ValueError, "named 's' but None was given"),
+    (_adamw_node(outputs=[]), GOOD, ValueError, "node.output: AdamWOptimizer has 1 to 4 outputs"),
+    (_adamw_node(outputs=[*ADAMW_OUTPUTS, "x"]), GOOD, ValueError, "has 1 to 4 outputs"),
+    (_adamw_node(outputs=["", "w"]), GOOD, ValueError, r"node.output\[0\] \(updated_flag\) is empty"),
+  ],
+)
+def test_bad_nodes(node, inputs, error, match):
+  with pytest.raises(error, match=match):
+    ox.run_node(node, *inputs)
+
+
+def test_empty_optional_input_is_none():
+  node = _adamw_node(inputs=[*ADAMW_INPUTS, ""])
+  ours = ox.run_node(node, *GOOD, None)
+  jax.tree.map(np.testing.assert_array_equal, ours, ox.run_node(_adamw_node(), *GOOD))
+
+
+def test_opset():
+  assert len(ox.run_node(_adamw_node(), *GOOD, opset=1)) == 4
+  with pytest.raises(ValueError, match="opset 2: AdamWOptimizer of com.microsoft exists in version 1 only"):
+    ox.run_node(_adamw_node(), *GOOD, opset=2)
+
+
+def test_bad_nodes_for_from_node():
+  with pytest.raises(ValueError, match=r"node.attribute 'adam_mode' must be one of"):
+    ox.from_node(_adamw_node(adam_mode=3), 0.1)
+  with pytest.raises(ValueError, match="correct_bias=False with adam_mode=0"):
+    ox.from_node(_adamw_node(correct_bias=0), 0.1)
+  with pytest.raises(ValueError, match="node.input: AdamWOptimizer has 6 to 7 inputs"):
+    ox.from_node(_adamw_node(inputs=ADAMW_INPUTS[:4]), 0.1)
+  with pytest.raises(ValueError, match=r"node.input\[0\] \(lr\) is empty"):
+    ox.from_node(helper.make_node("SGDOptimizerV2", ["", "w", "g"], ["f"], domain=MS), 0.1)
+
+
+# -- from_model refusals ----------------------------------------------------------------------
+
+
+def _model(nodes: list, opset: int = 1) -> Any:
+  seq = functools.partial(helper.make_tensor_sequence_value_info, elem_type=TensorProto.FLOAT, shape=None)
+  names = sorted({name for node in nodes for name in node.input if name})
+  inputs = [
+    helper.make_tensor_value_info(n, TensorProto.FLOAT if n == "lr" else TensorProto.INT64, [1])
+    if n in ("lr", "step")
+    else seq(n)
+    for n in names
+  ]
+  outputs = [helper.make_tensor_value_info(nodes[-1].output[0], TensorProto.BOOL, [1])]
+  graph = helper.make_graph(nodes, "optimizer", inputs, outputs)
+  return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, opset)])
+
+
+def test_from_model_takes_a_model_proto_or_a_path(tmp_path):
+  node = _adamw_node(outputs=["updated_flag"], adam_mode=1, weight_decay=0.05)
+  model = _model([node])
+  path = tmp_path / "optimizer_model.onnx"
+  onnx.save(model, path)
+  params = {"w": jnp.asarray(W0)}
+  grads = {"w": jnp.asarray(GOOD[3][0])}
+  expected = ox.from_node(node, 0.01)
+  want, _ = expected.update(grads, expected.init(params), params)
+  for source in (model, path, str(path)):
+    opt = ox.from_model(source, learning_rate=0.01)
+    got, _ = opt.update(grads, opt.init(params), params)
+    jax.tree.map(np.testing.assert_array_equal, got, want)
+
+
+def test_from_model_refusals():
+  adamw = _adamw_node(outputs=["f1"])
+  sgd = helper.make_node("SGDOptimizerV2", SGD_INPUTS, ["f2"], domain=MS)
+  clip = helper.make_node("InplaceClipGradNorm", ["gradients"], ["clipped"], domain=MS, max_norm=1.0)
+  clipped = _adamw_node(inputs=[*ADAMW_INPUTS[:3], "clipped", *ADAMW_INPUTS[4:]], outputs=["f1"])
+  with pytest.raises(ValueError, match="model.graph holds no optimizer node.*its nodes: com.microsoft.Inpl"):
+    ox.from_model(_model([clip]), learning_rate=0.1)
+  with pytest.raises(ValueError, match="model.graph holds 2 optimizer nodes"):
+    ox.from_model(_model([adamw, sgd]), learning_rate=0.1)
+  with pytest.raises(ValueError, match="nodes besides the optimizer .*InplaceClipGradNorm"):
+    ox.from_model(_model([clip, clipped]), learning_rate=0.1)
+  with pytest.raises(ValueError, match="opset 2: AdamWOptimizer of com.microsoft exists in version 1 only"):
+    ox.from_model(_model([adamw], opset=2), learning_rate=0.1)
+  with pytest.raises(TypeError, match="model must be a path or an onnx.ModelProto"):
+    ox.from_model(_model([adamw]).SerializeToString(), learning_rate=0.1)
+  with pytest.raises(ValueError, match="node.attribute 'adam_mode' must be one of"):
+    ox.from_model(_model([_adamw_node(outputs=["f"], adam_mode=5)]), learning_rate=0.1)
+
+
+def test_from_model_takes_onnx_training_nodes_too():
+  node = helper.make_node(
+    "Adagrad", ["R", "T", "X", "G", "H"], ["X_new", "H_new"], domain="ai.onnx.preview.training"
+  )
+  graph = helper.make_graph(
+    [node],
+    "g",
+    [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in node.input],
+    [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in node.output],
+  )
+  model = helper.make_model(graph, opset_imports=[helper.make_opsetid("ai.onnx.preview.training", 1)])
+  params = {"w": jnp.asarray(W0)}
+  grads = {"w": jnp.asarray(GOOD[3][0])}
+  got, _ = ox.from_model(model, 0.1).update(grads, ox.from_model(model, 0.1).init(params), params)
+  want, _ = ox.from_node(node, 0.1).update(grads, ox.from_node(node, 0.1).init(params), params)
+  jax.tree.map(np.testing.assert_array_equal, got, want)
+  bad = helper.make_model(graph, opset_imports=[helper.make_opsetid("ai.onnx.preview.training", 2)])
+  with pytest.raises(ValueError, match="opset 2"):
+    ox.from_model(bad, 0.1)
