@@ -19,12 +19,23 @@ the equivalent Optax transform.
 * :func:`adam_optimizer`: DirectML's ``DML_ADAM_OPTIMIZER_OPERATOR_DESC``,
   re-exported from :mod:`onnx_optax.directml`.
 
+ONNX Runtime trains with its own operators, in the ``com.microsoft`` domain:
+
+* :func:`adamw_optimizer` (``AdamWOptimizer``) and :func:`sgd_optimizer_v2`
+  (``SGDOptimizerV2``): the operators' own calls, sequence inputs as Python
+  lists of arrays, outputs ``(updated_flag, updated sequences...)``;
+* :func:`run_node` and :func:`from_node` take their nodes too
+  (:func:`onnx_optax.ort_adamw`, :func:`onnx_optax.ort_sgd`);
+* :func:`from_model`: the Optax transform of a model file holding one
+  optimizer node, such as the ``optimizer_model.onnx`` that
+  ``onnxruntime.training.artifacts.generate_artifacts`` writes.
+
 None of these restates a formula: each tensor goes through the single-tensor
 rule of :mod:`onnx_optax.rules` and ``X_new = X + U``.
 
-Only :func:`run_node` and :func:`from_node` need the ``onnx`` package (the
-``onnx`` extra), imported when they are called; the operator calls need JAX
-alone.
+Only :func:`run_node`, :func:`from_node` and :func:`from_model` need the
+``onnx`` package (the ``onnx`` extra), imported when they are called; the
+operator calls need JAX alone.
 
 Types. ONNX allows ``R`` float or double, ``T`` int64 and float or double
 tensors. ``R`` must be a float scalar; ``T`` an integer scalar; the tensors
@@ -44,6 +55,16 @@ numbers, ``mode`` is ``"standard"`` or ``"nesterov"``. Values of traced
 arguments (under :func:`jax.jit`) cannot be read, so only their shape and
 dtype are checked. The attributes' ranges are ONNX's (none): a value that the
 Optax transform rejects (Adam's ``alpha = 1``) runs here as in ONNX.
+
+ONNX Runtime's operators, checked likewise before any computation: the
+sequences are lists or tuples (an array is not split into rows), non-empty,
+of one length, their tensors of index ``i`` of one shape and dtype; ``lr``
+a float scalar, ``step`` an int64 scalar (JAX's int32 in 32-bit mode; shape
+``()`` or ``(1,)`` for both, as ``generate_artifacts`` declares them),
+``>= 1`` when concrete with ``correct_bias = 1``; ``update_signal`` a bool
+scalar; ``adam_mode`` and ``correct_bias`` 0 or 1, not mode 0 without bias
+correction (ONNX Runtime refuses that pair). ONNX Runtime's CPU kernels are
+float32; these calls keep each tensor's dtype, as the other operators.
 
 Example:
   >>> import jax, jax.numpy as jnp
@@ -754,7 +775,7 @@ def from_node(
     >>> optax.apply_updates(params, updates)
     Array([0.9, 2.1], dtype=float32)
   """
-  count = {} if initial_count is None else {"initial_count": initial_count}
+  count: dict[str, Any] = {} if initial_count is None else {"initial_count": initial_count}
   if _node_domain(node) == MS_DOMAIN:
     op_type, attributes = _ort_node_attributes(node, None)
     schema = ORT_OPERATORS[op_type]
@@ -839,8 +860,8 @@ def from_model(
     >>> opt = from_model(model, learning_rate=0.1)
     >>> params = {"w": jnp.array([1.0, 2.0])}
     >>> updates, state = opt.update({"w": jnp.array([0.5, -0.5])}, opt.init(params), params)
-    >>> optax.apply_updates(params, updates)["w"]
-    Array([0.9, 2.1], dtype=float32)
+    >>> optax.apply_updates(params, updates)["w"]  # 0.1 per element at the first step, less epsilon's share
+    Array([0.9000063, 2.0999937], dtype=float32)
   """
   import onnx  # The optional extra.
 
