@@ -377,8 +377,9 @@ def adamw_optimizer(
 ) -> tuple[Array, list[Array], list[Array], list[Array]]:
   """ONNX Runtime's ``AdamWOptimizer`` (com.microsoft, v1), the operator's call.
 
-  Per tensor, :func:`onnx_optax.rules.ort_adamw` (in float32, the CPU
-  kernel's operation order), with ``alpha_correction = 1 - alpha^step`` and
+  Not DirectML's :func:`adam_optimizer`. Per tensor, the rule of
+  :func:`onnx_optax.rules.ort_adamw` (the CPU kernel's operation order, in
+  the tensor's dtype), with ``alpha_correction = 1 - alpha^step`` and
   ``beta_correction = 1 - beta^step`` when ``correct_bias = 1`` (else 1):
 
   * ``adam_mode = 0`` (PyTorch's ``AdamW``): ``W <- W - W * lr * weight_decay``;
