@@ -571,10 +571,15 @@ def directml_adam(
 class OrtAdamWScalars(NamedTuple):
   """The per-update scalars of ONNX Runtime's ``AdamWOptimizer``.
 
-  ``alpha_correction`` and ``beta_correction`` are 1 without bias correction
-  (``correct_bias = 0``). ``lr_corrected`` is used by ``adam_mode = 1`` only,
-  ``lr_weight_decay`` (``lr * weight_decay``, a scalar product in the kernel)
-  by ``adam_mode = 1`` only. ``weight_decay`` is None when it is the Python
+  ``alpha_correction`` and ``one_over_beta_correction`` (``adam_mode = 0``
+  only) are 1 without bias correction (``correct_bias = 0``).
+  ``lr_corrected`` and ``lr_weight_decay`` (``lr * weight_decay``, a scalar
+  product in the kernel) are used by ``adam_mode = 1`` only.
+
+  ``M2 / beta_correction`` is evaluated as ``M2 * (1 / beta_correction)``:
+  XLA rewrites a division by a broadcast scalar into that product anyway (on
+  the CPU, eager or jitted), so the rule says it, and the reciprocal is a
+  scalar of the update. It is one rounding more than the kernel's quotient. ``weight_decay`` is None when it is the Python
   number 0: the decay ``W - W * lr * 0`` is ``W`` to the bit for finite ``W``,
   so it is not traced and the update is a single subtraction.
   """
@@ -587,7 +592,7 @@ class OrtAdamWScalars(NamedTuple):
   epsilon: Any
   weight_decay: Any
   alpha_correction: Any
-  beta_correction: Any
+  one_over_beta_correction: Any
   lr_corrected: Any
   lr_weight_decay: Any
 
@@ -648,9 +653,10 @@ def ort_adamw_scalars(
     epsilon,
     decay,
     alpha_correction if adam_mode == 0 else None,
-    beta_correction if adam_mode == 0 else None,
+    1 / beta_correction if adam_mode == 0 else None,
     lr_corrected if adam_mode == 1 else None,
-    None if decay is None or adam_mode == 0 else R * decay,
+    # jnp: two Python floats would multiply in float64, an injected pair in float32.
+    None if decay is None or adam_mode == 0 else jnp.multiply(R, decay),
   )
 
 
@@ -676,6 +682,10 @@ def ort_adamw_elementwise(
         W     = W - lr_corrected * M1 / (Sqrt(M2) + epsilon)
         W_new = W - (lr * weight_decay) * W
 
+  ``M2 / beta_correction`` is ``M2 * (1 / beta_correction)`` (see
+  :class:`OrtAdamWScalars`); every other operation is the kernel's, in its
+  order.
+
   Returns ``(U, M1_new, M2_new)``. Without weight decay (``s.weight_decay``
   None) ``U`` is the negated step and ``X + U`` is ``W_new`` to the bit;
   otherwise ``U = W_new - X``, exact whenever ``W_new`` and ``X`` are within
@@ -689,7 +699,8 @@ def ort_adamw_elementwise(
   M1_new = s.alpha * M1 + s.one_minus_alpha * G
   M2_new = s.beta * M2 + s.one_minus_beta * G * G
   if adam_mode == 0:
-    step = (s.lr * M1_new) / (s.alpha_correction * (_sqrt(M2_new / s.beta_correction) + s.epsilon))
+    # M2 / beta_correction, as M2 * (1 / beta_correction): see OrtAdamWScalars.
+    step = (s.lr * M1_new) / (s.alpha_correction * (_sqrt(M2_new * s.one_over_beta_correction) + s.epsilon))
     if not decays:
       return -step, M1_new, M2_new
     W = X - X * s.lr * s.weight_decay

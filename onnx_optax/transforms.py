@@ -544,12 +544,32 @@ def directml_adam(
 
 
 def _flag(name: str, value: Any) -> bool:
-  """A bool attribute that ONNX stores as an int: True, False, 1 or 0."""
+  """A bool attribute that ONNX stores as an int: True, False, 1 or 0 (a concrete scalar array too)."""
   if isinstance(value, (bool, np.bool_)):
     return bool(value)
-  if isinstance(value, numbers.Integral) and int(value) in (0, 1):
-    return bool(value)
-  raise TypeError(f"{name} must be a bool (or the ONNX attribute's 0 / 1), got {value!r}")
+  number = _static_int(name, value, what="a bool (or the ONNX attribute's 0 / 1)")
+  if number not in (0, 1):
+    raise TypeError(f"{name} must be a bool (or the ONNX attribute's 0 / 1), got {value!r}")
+  return bool(number)
+
+
+def _static_int(name: str, value: Any, what: str = "the int 0 or 1") -> int:
+  """An int that selects a formula, so it must be known when the update is traced.
+
+  A concrete integer scalar array is read (``optax.inject_hyperparams`` hands
+  ints in as arrays); a traced one cannot be.
+  """
+  if _checks.is_traced(value):
+    raise TypeError(
+      f"{name} selects the formula and cannot be traced; under optax.inject_hyperparams "
+      f"pass static_args=('{name}',)"
+    )
+  if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
+    return int(value)
+  shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+  if shape is not None and tuple(shape) == () and dtype is not None and jnp.issubdtype(dtype, jnp.integer):
+    return int(value)
+  raise TypeError(f"{name} must be {what}, got {value!r}")
 
 
 def ort_adamw(
@@ -616,7 +636,9 @@ def ort_adamw(
     epsilon: added to the root, ``>= 0`` (PyTorch ``eps``).
     weight_decay: decoupled decay coefficient, ``>= 0``. Non-zero needs the
       parameters: ``update(grads, state, params)``.
-    adam_mode: 0 (PyTorch's AdamW) or 1 (Hugging Face's AdamW).
+    adam_mode: 0 (PyTorch's AdamW) or 1 (Hugging Face's AdamW). It selects
+      the formula, so it is static: under ``optax.inject_hyperparams`` pass
+      ``static_args=("adam_mode",)`` (a bool ``correct_bias`` is static there).
     correct_bias: apply the bias corrections (``True`` / 1); ``False`` / 0
       only with ``adam_mode=1``.
     initial_count: ``step`` at the first update, ``>= 1`` with bias
@@ -635,11 +657,9 @@ def ort_adamw(
     Array([0.9, 2.1], dtype=float32)
   """
   correct_bias = _flag("correct_bias", correct_bias)
-  if isinstance(adam_mode, (bool, np.bool_)) or not isinstance(adam_mode, numbers.Integral):
-    raise TypeError(f"adam_mode must be the int 0 or 1, got {adam_mode!r}")
-  if int(adam_mode) not in rules.ADAM_MODES:
+  adam_mode = _static_int("adam_mode", adam_mode)
+  if adam_mode not in rules.ADAM_MODES:
     raise ValueError(f"adam_mode must be 0 (PyTorch's AdamW) or 1 (Hugging Face's AdamW), got {adam_mode!r}")
-  adam_mode = int(adam_mode)
   if adam_mode == 0 and not correct_bias:
     raise ValueError(
       "correct_bias=False with adam_mode=0: ONNX Runtime's AdamWOptimizer refuses this pair "
