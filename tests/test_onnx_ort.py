@@ -11,7 +11,8 @@ running error analysis, one per side, each in its own evaluation order:
 
 * ours: the rules' order in float32 on this platform
   (``implementation_context``), bias corrections as ``-expm1(T log beta)``
-  in the hyperparameters' dtype (``Context.one_minus_power``), then
+  in the hyperparameters' dtype (``Context.one_minus_power``), mode 0's
+  ``M2 / beta_correction`` as ``M2 * (1 / beta_correction)``, then
   ``X + U`` where ``U = W_new - X`` (with weight decay);
 * ONNX Runtime's kernel (``adamw.cc``): float32 IEEE operations on float32
   attributes, ``1 - float32(pow(alpha, step))`` with ``pow`` in double, and
@@ -119,7 +120,11 @@ def _as_bounded(x: Any) -> tolerance.Bounded:
 
 
 def _scalars(c: tolerance.Context, ours: bool, lr: float, step: int, h: dict) -> tuple:
-  """``lr, alpha_correction, beta_correction, lr_corrected, lr * weight_decay`` as each side computes them."""
+  """``lr, alpha_correction, beta_correction, lr_corrected, lr * weight_decay`` as each side computes them.
+
+  Ours returns ``1 / beta_correction`` in the third place: the rule multiplies
+  by it (XLA turns a division by a broadcast scalar into that product anyway).
+  """
   if ours:  # rules.ort_adamw_scalars: in float32 (the hyperparameters' dtype), then rounded to X's.
     s = c.scalar
     assert s is not None
@@ -130,7 +135,7 @@ def _scalars(c: tolerance.Context, ours: bool, lr: float, step: int, h: dict) ->
       ac = bc = s.exact(1.0)
       lr_c = s.const(lr)
     lr_wd = s.mul(s.const(lr), s.const(h["weight_decay"]))
-    return c.const(lr), *(c.to_elementwise(x) for x in (ac, bc, lr_c, lr_wd))
+    return c.const(lr), *(c.to_elementwise(x) for x in (ac, s.div(s.exact(1.0), bc), lr_c, lr_wd))
 
   def correction(decay: float) -> tolerance.Bounded:
     # 1.f - static_cast<float>(std::pow(decay, step)): pow in double (1 ulp), rounded to float32.
@@ -160,7 +165,8 @@ def _adamw_bounded(ours: bool, lr: float, step: int, X: Any, G: Any, M1: Any, M2
   M2_new = c.add(c.mul(beta, M2), c.mul(c.mul(c.one_minus(h["beta"]), G), G))
   if h["adam_mode"] == 0:
     W = c.sub(X, c.mul(c.mul(X, lr_), wd))
-    W_new = c.sub(W, c.div(c.mul(lr_, M1_new), c.mul(ac, c.add(c.sqrt(c.div(M2_new, bc)), eps))))
+    M2_corrected = c.mul(M2_new, bc) if ours else c.div(M2_new, bc)  # Ours: bc is 1 / beta_correction.
+    W_new = c.sub(W, c.div(c.mul(lr_, M1_new), c.mul(ac, c.add(c.sqrt(M2_corrected), eps))))
   else:
     W = c.sub(X, c.div(c.mul(lr_c, M1_new), c.add(c.sqrt(M2_new), eps)))
     W_new = c.sub(W, c.mul(lr_wd, W))
