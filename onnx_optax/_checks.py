@@ -292,3 +292,66 @@ def block(names: Sequence[str], values: Sequence[Any]) -> list[Any]:
 def as_arrays(tensors: Sequence[Any]) -> list[Any]:
   """JAX arrays of checked tensors: called once every check has passed."""
   return [t if is_traced(t) else jnp.asarray(t) for t in tensors]
+
+
+# -- ONNX Runtime's com.microsoft optimizers (sequences, flags) --------------------
+
+
+def _one_element(value: Any) -> Any:
+  """``value`` of shape ``(1,)`` as a scalar (ONNX Runtime's models declare ``lr`` and ``step`` [1])."""
+  shape = getattr(value, "shape", None)
+  if shape is not None and tuple(shape) == (1,) and hasattr(value, "reshape"):
+    return value.reshape(())
+  return value
+
+
+def one_element_float(name: str, value: Any) -> Any:
+  """A float scalar of shape ``()`` or ``(1,)`` (ONNX Runtime's ``lr``), returned with shape ``()``."""
+  shape = getattr(value, "shape", None)
+  if shape is not None and tuple(shape) not in ((), (1,)):
+    raise TypeError(f"{name} must be a float scalar (shape () or (1,)), got {describe(value)}")
+  return float_scalar(name, _one_element(value))
+
+
+def int64_step(name: str, value: Any, *, minimum: int, why: str = "") -> Any:
+  """ONNX Runtime's ``step``: an int64 scalar of shape ``()`` or ``(1,)``, ``>= minimum`` when concrete.
+
+  A Python int, or an int64 array; an int32 array too, because JAX's default
+  32-bit mode holds every int64 as int32 (a concrete value beyond int32
+  raises in that mode, see :func:`integer_scalar`). Other integer dtypes
+  (int8, uint64...) are not ONNX Runtime's type and are refused.
+  """
+  dtype = getattr(value, "dtype", None)
+  if (
+    dtype is not None
+    and not isinstance(value, (bool, np.bool_))
+    and jnp.issubdtype(dtype, jnp.integer)
+    and np.dtype(dtype) not in (np.dtype(np.int64), np.dtype(np.int32))
+  ):
+    raise TypeError(f"{name} must be an int64 scalar (ONNX Runtime's step is int64), got {describe(value)}")
+  return integer_scalar(name, value, minimum=minimum, shape_ok=lambda shape: shape == (1,), why=why)
+
+
+def bool_scalar(name: str, value: Any) -> Any:
+  """A boolean scalar (ONNX ``tensor(bool)``, shape ``()`` or ``(1,)``); ``None`` is True.
+
+  Returns a Python bool when concrete, the traced scalar otherwise.
+  """
+  if value is None:
+    return True
+  if isinstance(value, (bool, np.bool_)):
+    return bool(value)
+  shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+  if shape is None or dtype is None or dtype != np.bool_ or tuple(shape) not in ((), (1,)):
+    raise TypeError(f"{name} must be a bool scalar (ONNX: tensor(bool)), got {describe(value)}")
+  value = _one_element(value)
+  return value if is_traced(value) else bool(value)
+
+
+def tensor_sequence(name: str, value: Any) -> list[Any]:
+  """ONNX Runtime's ``seq(tensor)``: a non-empty list or tuple (an array is not split into rows)."""
+  if not isinstance(value, (list, tuple)):
+    raise TypeError(f"{name} must be a list of arrays (ONNX Runtime's seq(tensor)), got {describe(value)}")
+  if not value:
+    raise ValueError(f"{name} is empty; ONNX Runtime's optimizers need at least one tensor")
+  return list(value)

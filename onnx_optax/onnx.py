@@ -19,12 +19,23 @@ the equivalent Optax transform.
 * :func:`adam_optimizer`: DirectML's ``DML_ADAM_OPTIMIZER_OPERATOR_DESC``,
   re-exported from :mod:`onnx_optax.directml`.
 
+ONNX Runtime trains with its own operators, in the ``com.microsoft`` domain:
+
+* :func:`adamw_optimizer` (``AdamWOptimizer``) and :func:`sgd_optimizer_v2`
+  (``SGDOptimizerV2``): the operators' own calls, sequence inputs as Python
+  lists of arrays, outputs ``(updated_flag, updated sequences...)``;
+* :func:`run_node` and :func:`from_node` take their nodes too
+  (:func:`onnx_optax.ort_adamw`, :func:`onnx_optax.ort_sgd`);
+* :func:`from_model`: the Optax transform of a model file holding one
+  optimizer node, such as the ``optimizer_model.onnx`` that
+  ``onnxruntime.training.artifacts.generate_artifacts`` writes.
+
 None of these restates a formula: each tensor goes through the single-tensor
 rule of :mod:`onnx_optax.rules` and ``X_new = X + U``.
 
-Only :func:`run_node` and :func:`from_node` need the ``onnx`` package (the
-``onnx`` extra), imported when they are called; the operator calls need JAX
-alone.
+Only :func:`run_node`, :func:`from_node` and :func:`from_model` need the
+``onnx`` package (the ``onnx`` extra), imported when they are called; the
+operator calls need JAX alone.
 
 Types. ONNX allows ``R`` float or double, ``T`` int64 and float or double
 tensors. ``R`` must be a float scalar; ``T`` an integer scalar; the tensors
@@ -45,6 +56,16 @@ arguments (under :func:`jax.jit`) cannot be read, so only their shape and
 dtype are checked. The attributes' ranges are ONNX's (none): a value that the
 Optax transform rejects (Adam's ``alpha = 1``) runs here as in ONNX.
 
+ONNX Runtime's operators, checked likewise before any computation: the
+sequences are lists or tuples (an array is not split into rows), non-empty,
+of one length, their tensors of index ``i`` of one shape and dtype; ``lr``
+a float scalar, ``step`` an int64 scalar (JAX's int32 in 32-bit mode; shape
+``()`` or ``(1,)`` for both, as ``generate_artifacts`` declares them),
+``>= 1`` when concrete with ``correct_bias = 1``; ``update_signal`` a bool
+scalar; ``adam_mode`` and ``correct_bias`` 0 or 1, not mode 0 without bias
+correction (ONNX Runtime refuses that pair). ONNX Runtime's CPU kernels are
+float32; these calls keep each tensor's dtype, as the other operators.
+
 Example:
   >>> import jax, jax.numpy as jnp
   >>> from onnx_optax import onnx as ox
@@ -59,9 +80,12 @@ Example:
 from __future__ import annotations
 
 import numbers
+import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
+import jax.numpy as jnp
+import numpy as np
 import optax
 from jax import Array
 
@@ -70,13 +94,19 @@ from onnx_optax.directml import adam_optimizer
 
 __all__ = [
   "DOMAIN",
+  "MS_DOMAIN",
   "OPERATORS",
+  "ORT_OPERATORS",
+  "OrtOperator",
   "adagrad",
   "adam",
   "adam_optimizer",
+  "adamw_optimizer",
+  "from_model",
   "from_node",
   "momentum",
   "run_node",
+  "sgd_optimizer_v2",
 ]
 
 #: The ONNX domain of the three operators.
@@ -224,7 +254,310 @@ def adam(
 _CALLS: dict[str, Callable[..., tuple[Array, ...]]] = {"Momentum": momentum, "Adagrad": adagrad, "Adam": adam}
 
 
+# -- ONNX Runtime's optimizers (com.microsoft) ----------------------------------------
+
+#: ONNX Runtime's domain, where its training operators live.
+MS_DOMAIN = "com.microsoft"
+#: The version of ONNX Runtime's optimizers (``SinceVersion(1)``, the only one).
+MS_VERSION = 1
+
+
+def _f32(x: float) -> float:
+  """The value a FLOAT attribute stores (float32)."""
+  return float(np.float32(x))
+
+
+class OrtOperator(NamedTuple):
+  """What ONNX Runtime's schema (``training_op_defs.cc``) says of one optimizer.
+
+  ``inputs`` and ``outputs`` are the schema's names in order; the last input
+  (``update_signal``) and every output but the first are optional.
+  ``attributes`` maps each attribute to its type and the schema's default,
+  as the float32 value a node stores.
+  """
+
+  inputs: tuple[str, ...]
+  outputs: tuple[str, ...]
+  attributes: dict[str, tuple[str, Any]]
+
+
+#: ONNX Runtime's optimizers that run here: op_type -> its schema.
+ORT_OPERATORS: dict[str, OrtOperator] = {
+  "AdamWOptimizer": OrtOperator(
+    inputs=("lr", "step", "weights", "gradients", "momentums_1", "momentums_2", "update_signal"),
+    outputs=("updated_flag", "updated_weights", "updated_momentums_1", "updated_momentums_2"),
+    attributes={
+      "alpha": ("FLOAT", _f32(0.9)),
+      "beta": ("FLOAT", _f32(0.999)),
+      "epsilon": ("FLOAT", _f32(1e-8)),
+      "weight_decay": ("FLOAT", _f32(1e-2)),
+      "correct_bias": ("INT", 1),
+      "adam_mode": ("INT", 0),
+    },
+  ),
+  "SGDOptimizerV2": OrtOperator(
+    inputs=("lr", "weights", "gradients", "update_signal"),
+    outputs=("update_completed", "updated_weights"),
+    attributes={},
+  ),
+}
+
+
+def _choice(name: str, value: Any, choices: tuple[int, ...]) -> int:
+  """An INT attribute with a closed set of values (ONNX Runtime takes others for 0, or throws)."""
+  if isinstance(value, bool):
+    value = int(value)
+  if not isinstance(value, numbers.Integral) or int(value) not in choices:
+    raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+  return int(value)
+
+
+def _sequences(blocks: dict[str, Any]) -> list[list[Any]]:
+  """The tensors of each index across ONNX Runtime's sequences, checked: same count, shape and dtype."""
+  sequences = {name: _checks.tensor_sequence(name, value) for name, value in blocks.items()}
+  (first, first_tensors), *rest = sequences.items()
+  for name, tensors in rest:
+    if len(tensors) != len(first_tensors):
+      raise ValueError(
+        f"{name} holds {len(tensors)} tensors but {first} holds {len(first_tensors)}; "
+        "the sequences pair their tensors by index"
+      )
+  checked = [
+    _checks.block([f"{name}[{i}]" for name in sequences], [tensors[i] for tensors in sequences.values()])
+    for i in range(len(first_tensors))
+  ]
+  return [_checks.as_arrays(tensors) for tensors in checked]
+
+
+def _flag(signal: Any, shape: tuple[int, ...]) -> Array:
+  """``updated_flag``: the signal as a bool tensor of ``step``'s (SGD: ``lr``'s) shape, as ONNX Runtime's."""
+  return jnp.broadcast_to(jnp.asarray(signal, dtype=bool), shape)
+
+
+def _unless_skipped(
+  signal: Any,
+  update: Callable[..., tuple[Array, ...]],
+  kept: Callable[..., tuple[Array, ...]],
+  per_tensor: list[list[Any]],
+) -> list[list[Array]]:
+  """``update`` on each index's tensors where ``signal`` holds, else ``kept`` (the inputs, untouched).
+
+  ``update_signal = False`` is a skipped step (mixed precision's overflow
+  check): the kernel touches nothing. A concrete False computes no tensor;
+  a traced signal selects element-wise, the inputs' bits kept.
+  """
+  outputs: list[tuple[Array, ...]] = []
+  for tensors in per_tensor:
+    old = kept(*tensors)
+    if signal is False:
+      outputs.append(old)
+      continue
+    new = update(*tensors)
+    if signal is not True:
+      new = tuple(jnp.where(signal, n, o) for n, o in zip(new, old))
+    outputs.append(new)
+  return [list(block) for block in zip(*outputs)]
+
+
+def adamw_optimizer(
+  lr: Any,
+  step: Any,
+  weights: Sequence[Any],
+  gradients: Sequence[Any],
+  momentums_1: Sequence[Any],
+  momentums_2: Sequence[Any],
+  update_signal: Any = None,
+  *,
+  alpha: float = 0.9,
+  beta: float = 0.999,
+  epsilon: float = 1e-8,
+  weight_decay: float = 1e-2,
+  correct_bias: int = 1,
+  adam_mode: int = 0,
+) -> tuple[Array, list[Array], list[Array], list[Array]]:
+  """ONNX Runtime's ``AdamWOptimizer`` (com.microsoft, v1), the operator's call.
+
+  Not DirectML's :func:`adam_optimizer`. Per tensor, the rule of
+  :func:`onnx_optax.rules.ort_adamw` (the CPU kernel's operation order, in
+  the tensor's dtype), with ``alpha_correction = 1 - alpha^step`` and
+  ``beta_correction = 1 - beta^step`` when ``correct_bias = 1`` (else 1):
+
+  * ``adam_mode = 0`` (PyTorch's ``AdamW``): ``W <- W - W * lr * weight_decay``;
+    ``M1 <- alpha * M1 + (1 - alpha) * G``; ``M2 <- beta * M2 + (1 - beta) * G^2``;
+    ``W <- W - lr * M1 / (alpha_correction * (Sqrt(M2 / beta_correction) + epsilon))``;
+  * ``adam_mode = 1`` (Hugging Face's ``AdamW``): the same moments;
+    ``W <- W - lr_corrected * M1 / (Sqrt(M2) + epsilon)`` with
+    ``lr_corrected = lr * Sqrt(beta_correction) / alpha_correction``;
+    then ``W <- W - lr * weight_decay * W``.
+
+  The sequences are Python lists (or tuples) of arrays, paired by index;
+  outputs keep each tensor's dtype. ONNX Runtime updates its inputs in
+  place; JAX returns new arrays.
+
+  Args:
+    lr: learning rate, a float scalar (shape ``()`` or ``(1,)``, as the
+      models of ``generate_artifacts`` declare it).
+    step: ONNX Runtime's update count, an int64 scalar (shape ``()`` or
+      ``(1,)``): 1 at the first update (its training loop feeds its step
+      count + 1). With ``correct_bias = 1`` a concrete step must be at least
+      1 (at 0 the corrections are 0, a denominator).
+    weights, gradients, momentums_1, momentums_2: the sequences.
+    update_signal: optional bool scalar; False skips the update: every
+      tensor is returned as it was and ``updated_flag`` is False.
+    alpha, beta: the moments' decays (PyTorch's ``betas``).
+    epsilon: added to the root of the second moment.
+    weight_decay: the decoupled weight decay.
+    correct_bias: 1 (bias corrections) or 0 (with ``adam_mode = 1`` only, as ONNX Runtime).
+    adam_mode: 0 or 1, see above.
+
+  Returns:
+    ``(updated_flag, updated_weights, updated_momentums_1, updated_momentums_2)``:
+    a bool array of ``step``'s shape, then three lists.
+
+  Example:
+    >>> import numpy as np
+    >>> from onnx_optax import onnx as ox
+    >>> flag, (W,), (M1,), (M2,) = ox.adamw_optimizer(
+    ...     np.float32(0.1), np.int64(1), [np.array([1.0, 2.0], np.float32)],
+    ...     [np.array([0.5, -0.5], np.float32)], [np.zeros(2, np.float32)],
+    ...     [np.zeros(2, np.float32)], weight_decay=0.0)
+    >>> flag, W
+    (Array(True, dtype=bool), Array([0.9, 2.1], dtype=float32))
+  """
+  hyper = dict(
+    alpha=_checks.hyperparameter("alpha", alpha),
+    beta=_checks.hyperparameter("beta", beta),
+    epsilon=_checks.hyperparameter("epsilon", epsilon),
+    weight_decay=_checks.hyperparameter("weight_decay", weight_decay),
+  )
+  correct_bias = _choice("correct_bias", correct_bias, (0, 1))
+  adam_mode = _choice("adam_mode", adam_mode, (0, 1))
+  lr = _checks.one_element_float("lr", lr)
+  flag_shape = tuple(getattr(step, "shape", ()))
+  step = _checks.int64_step(
+    "step",
+    step,
+    minimum=1 if correct_bias else 0,
+    why=" (with correct_bias=1, 1 - alpha**step divides: ONNX Runtime's first update has step 1)"
+    if correct_bias
+    else "",
+  )
+  signal = _checks.bool_scalar("update_signal", update_signal)
+  per_tensor = _sequences(
+    dict(weights=weights, gradients=gradients, momentums_1=momentums_1, momentums_2=momentums_2)
+  )
+
+  # Once per update, before any tensor: this also refuses the pair ONNX Runtime refuses
+  # (adam_mode=0 with correct_bias=0), skipped step or not.
+  scalars = rules.ort_adamw_scalars(lr, step, adam_mode=adam_mode, correct_bias=correct_bias, **hyper)
+
+  def update(W, G, M1, M2):
+    U, M1_new, M2_new = rules.ort_adamw_elementwise(
+      rules.like(scalars, W.dtype), W, G, M1, M2, adam_mode=adam_mode
+    )
+    return W + U, M1_new, M2_new
+
+  W, M1, M2 = _unless_skipped(signal, update, lambda W, G, M1, M2: (W, M1, M2), per_tensor)
+  return _flag(signal, flag_shape), W, M1, M2
+
+
+def sgd_optimizer_v2(
+  lr: Any, weights: Sequence[Any], gradients: Sequence[Any], update_signal: Any = None
+) -> tuple[Array, list[Array]]:
+  """ONNX Runtime's ``SGDOptimizerV2`` (com.microsoft, v1), the operator's call.
+
+  Per tensor ``W <- W + (-lr * G)`` (:func:`onnx_optax.rules.ort_sgd`), to
+  the bit of ONNX Runtime's CPU kernel. The operator has no ``step`` input.
+
+  Args:
+    lr: learning rate, a float scalar (shape ``()`` or ``(1,)``).
+    weights, gradients: the sequences, lists of arrays paired by index.
+    update_signal: optional bool scalar; False returns the weights as they
+      were and ``update_completed`` False.
+
+  Returns:
+    ``(update_completed, updated_weights)``: a bool array of ``lr``'s
+    shape, and a list.
+
+  Example:
+    >>> import numpy as np
+    >>> from onnx_optax import onnx as ox
+    >>> done, (W,) = ox.sgd_optimizer_v2(np.float32(0.1), [np.array([1.0, 2.0], np.float32)],
+    ...                                  [np.array([1.0, -1.0], np.float32)])
+    >>> done, W
+    (Array(True, dtype=bool), Array([0.9, 2.1], dtype=float32))
+  """
+  flag_shape = tuple(getattr(lr, "shape", ()))
+  lr = _checks.one_element_float("lr", lr)
+  signal = _checks.bool_scalar("update_signal", update_signal)
+  per_tensor = _sequences(dict(weights=weights, gradients=gradients))
+
+  def update(W, G):
+    # SGDOptimizerV2 has no step; the rule's T is not read.
+    (U,) = rules.ort_sgd(lr, 0, W, G)
+    return (W + U,)
+
+  (W,) = _unless_skipped(signal, update, lambda W, G: (W,), per_tensor)
+  return _flag(signal, flag_shape), W
+
+
+_ORT_CALLS: dict[str, Callable[..., tuple[Any, ...]]] = {
+  "AdamWOptimizer": adamw_optimizer,
+  "SGDOptimizerV2": sgd_optimizer_v2,
+}
+
+
 # -- ONNX nodes -----------------------------------------------------------------------
+
+
+def _node_domain(node: Any) -> str:
+  """The domain of an ``onnx.NodeProto`` that runs here: ONNX's training domain or ONNX Runtime's."""
+  import onnx  # The optional extra; the operator calls do not need it.
+
+  if not isinstance(node, onnx.NodeProto):
+    raise TypeError(f"node must be an onnx.NodeProto, got {type(node).__name__}")
+  if node.domain not in (DOMAIN, MS_DOMAIN):
+    raise ValueError(
+      f"node.domain must be {DOMAIN!r} (ONNX's training operators) or {MS_DOMAIN!r} (ONNX Runtime's "
+      f"optimizers), got {node.domain!r} (op_type {node.op_type!r})"
+    )
+  return node.domain
+
+
+def _ort_node_attributes(node: Any, opset: int | None) -> tuple[str, dict[str, Any]]:
+  """As :func:`_node_attributes` for ONNX Runtime's optimizers (schema: :data:`ORT_OPERATORS`).
+
+  ``correct_bias`` and ``adam_mode`` must be 0 or 1: ONNX Runtime's kernel
+  treats any ``correct_bias`` other than 1 as 0 and throws at run time on
+  another ``adam_mode``; both are refused here, before anything runs.
+  """
+  if _node_domain(node) != MS_DOMAIN:
+    raise ValueError(f"node.domain must be {MS_DOMAIN!r}, got {node.domain!r} (op_type {node.op_type!r})")
+  if node.op_type not in ORT_OPERATORS:
+    raise ValueError(
+      f"node.op_type must be one of {tuple(ORT_OPERATORS)} in {MS_DOMAIN}, got {node.op_type!r}"
+    )
+  if opset is not None and (isinstance(opset, bool) or opset != MS_VERSION):
+    raise ValueError(f"opset {opset!r}: {node.op_type} of {MS_DOMAIN} exists in version {MS_VERSION} only")
+  attributes = _read_attributes(node, ORT_OPERATORS[node.op_type].attributes)
+  for name in ("correct_bias", "adam_mode"):
+    if name in attributes:
+      attributes[name] = _choice(f"node.attribute {name!r}", attributes[name], (0, 1))
+  return node.op_type, attributes
+
+
+def _ort_node_io(
+  op_type: str, names: Sequence[str], what: str, schema: tuple[str, ...], required: int
+) -> None:
+  """``names`` (the node's inputs or outputs) against the schema: count, and no required one omitted."""
+  if not required <= len(names) <= len(schema):
+    raise ValueError(
+      f"{what}: {op_type} has {required} to {len(schema)} {what.split('.')[1]}s ({', '.join(schema)}), "
+      f"the node lists {len(names)}"
+    )
+  for i, name in enumerate(names[:required]):
+    if not name:
+      raise ValueError(f"{what}[{i}] ({schema[i]}) is empty, but {op_type} requires it")
 
 
 def _node_attributes(node: Any, opset: int | None) -> tuple[str, dict[str, Any]]:
@@ -238,9 +571,7 @@ def _node_attributes(node: Any, opset: int | None) -> tuple[str, dict[str, Any]]
   """
   import onnx  # The optional extra; the operator calls do not need it.
 
-  if not isinstance(node, onnx.NodeProto):
-    raise TypeError(f"node must be an onnx.NodeProto, got {type(node).__name__}")
-  if node.domain != DOMAIN:
+  if _node_domain(node) != DOMAIN:
     raise ValueError(f"node.domain must be {DOMAIN!r}, got {node.domain!r} (op_type {node.op_type!r})")
   if node.op_type not in OPERATORS:
     raise ValueError(f"node.op_type must be one of {tuple(OPERATORS)}, got {node.op_type!r}")
@@ -261,14 +592,31 @@ def _node_attributes(node: Any, opset: int | None) -> tuple[str, dict[str, Any]]
         f"opset {opset} selects {node.op_type} version {since}; only version {VERSION} is implemented"
       )
   schema = onnx.defs.get_schema(node.op_type, VERSION, DOMAIN)
+  get_value = onnx.helper.get_attribute_value
+  formals = {
+    name: (formal.type, _REQUIRED if formal.required else get_value(formal.default_value))
+    for name, formal in schema.attributes.items()
+  }
+  return node.op_type, _read_attributes(node, formals)
 
+
+_REQUIRED = object()
+
+
+def _read_attributes(node: Any, formals: dict[str, tuple[Any, Any]]) -> dict[str, Any]:
+  """The node's attributes checked against ``formals``, defaults filled in.
+
+  ``formals``: name -> (type, default or ``_REQUIRED``), the type an
+  ``onnx.AttributeProto.AttributeType`` value or its name.
+  """
+  import onnx
+
+  names = onnx.AttributeProto.AttributeType
   attributes: dict[str, Any] = {}
   for attribute in node.attribute:
     name = attribute.name
-    if name not in schema.attributes:
-      raise ValueError(
-        f"node.attribute: {node.op_type} has no attribute {name!r} (it has {sorted(schema.attributes)})"
-      )
+    if name not in formals:
+      raise ValueError(f"node.attribute: {node.op_type} has no attribute {name!r} (it has {sorted(formals)})")
     if name in attributes:
       raise ValueError(f"node.attribute: {name!r} is given twice")
     if attribute.ref_attr_name:
@@ -276,46 +624,64 @@ def _node_attributes(node: Any, opset: int | None) -> tuple[str, dict[str, Any]]
         f"node.attribute {name!r} refers to a function attribute ({attribute.ref_attr_name!r}); "
         "run the node after the function is inlined"
       )
-    expected = schema.attributes[name].type
+    expected = formals[name][0]
+    expected = names.Value(expected) if isinstance(expected, str) else expected
     if attribute.type != expected:
       raise TypeError(
-        f"node.attribute {name!r} must be of type {onnx.AttributeProto.AttributeType.Name(expected)}, "
-        f"got {onnx.AttributeProto.AttributeType.Name(attribute.type)}"
+        f"node.attribute {name!r} must be of type {names.Name(expected)}, got {names.Name(attribute.type)}"
       )
     attributes[name] = onnx.helper.get_attribute_value(attribute)
-  for name, formal in schema.attributes.items():
+  for name, (_, default) in formals.items():
     if name in attributes:
       continue
-    if formal.required:
+    if default is _REQUIRED:
       raise ValueError(f"node.attribute: {node.op_type} requires {name!r} (the schema has no default)")
-    attributes[name] = onnx.helper.get_attribute_value(formal.default_value)
+    attributes[name] = default
   # STRING attributes (Momentum's mode) come back as bytes.
-  return node.op_type, {k: (v.decode() if isinstance(v, bytes) else v) for k, v in attributes.items()}
+  return {k: (v.decode() if isinstance(v, bytes) else v) for k, v in attributes.items()}
 
 
-def run_node(node: Any, *inputs: Any, opset: int | None = None) -> tuple[Array, ...]:
-  """Executes an ONNX ``Momentum``, ``Adagrad`` or ``Adam`` node with JAX.
+def run_node(node: Any, *inputs: Any, opset: int | None = None) -> tuple[Any, ...]:
+  """Executes an ONNX training node, or an ONNX Runtime optimizer node, with JAX.
 
-  Attributes that the node omits take the defaults of the schema that the
-  ``onnx`` package ships (``onnx.defs.get_schema(op, 1, DOMAIN)``);
-  Momentum's are all required, and a node missing one is an error. The node
-  itself is checked in Python, once per trace; under :func:`jax.jit` close
-  over it (a ``NodeProto`` is not hashable, so it cannot be a static
-  argument).
+  Nodes of ``ai.onnx.preview.training`` (``Momentum``, ``Adagrad``,
+  ``Adam``): attributes that the node omits take the defaults of the schema
+  that the ``onnx`` package ships (``onnx.defs.get_schema(op, 1, DOMAIN)``);
+  Momentum's are all required, and a node missing one is an error. The
+  outputs are a tuple in ONNX's order.
+
+  Nodes of ``com.microsoft`` (ONNX Runtime's ``AdamWOptimizer`` and
+  ``SGDOptimizerV2``, see :func:`adamw_optimizer`, :func:`sgd_optimizer_v2`):
+  omitted attributes take ONNX Runtime's schema defaults
+  (:data:`ORT_OPERATORS`); the sequence inputs are lists of arrays; an input
+  the node leaves empty (``""``, the optional ``update_signal``) is passed
+  as ``None``. The outputs are those the node declares, in the schema's
+  order: ``updated_flag`` (``update_completed``) and each optional updated
+  sequence the node names, ``None`` where its name is ``""``. (ONNX
+  Runtime updates the input sequences in place, so the models of
+  ``generate_artifacts`` declare the flag alone; JAX cannot: declare the
+  outputs, or call the operator, which returns them all.)
+
+  The node itself is checked in Python, once per trace; under
+  :func:`jax.jit` close over it (a ``NodeProto`` is not hashable, so it
+  cannot be a static argument).
 
   Args:
-    node: an ``onnx.NodeProto`` of domain ``ai.onnx.preview.training``.
-    *inputs: ``R, T`` and the variadic tensors, in the node's input order.
-    opset: the model's ``opset_import`` version for the domain, if known
-      (a bare node does not carry it); checked to select version 1.
+    node: an ``onnx.NodeProto`` of domain ``ai.onnx.preview.training`` or
+      ``com.microsoft``.
+    *inputs: the node's inputs in its order: ``R, T`` and the variadic
+      tensors; or ``lr, step, weights, ...``.
+    opset: the model's ``opset_import`` version for the node's domain, if
+      known (a bare node does not carry it); checked to select version 1.
 
   Returns:
-    The node's outputs, a tuple in ONNX's order.
+    The node's outputs, a tuple.
 
   Raises:
-    TypeError, ValueError: the node is not one of the three operators, an
-      attribute is unknown, mistyped or missing, the inputs do not match the
-      node (count, shapes, dtypes), see the module docstring.
+    TypeError, ValueError: the node is not one of the five operators, an
+      attribute is unknown, mistyped, missing or out of its set, the inputs
+      do not match the node (count, sequence lengths, shapes, dtypes), see
+      the module docstring.
 
   Example:
     >>> import functools, jax, jax.numpy as jnp
@@ -330,6 +696,8 @@ def run_node(node: Any, *inputs: Any, opset: int | None = None) -> tuple[Array, 
     >>> X_new, H_new
     (Array([0.9, 2.1], dtype=float32), Array([ 4., 16.], dtype=float32))
   """
+  if _node_domain(node) == MS_DOMAIN:
+    return _run_ort_node(node, inputs, opset)
   op_type, attributes = _node_attributes(node, opset)
   if len(node.input) != len(inputs):
     raise ValueError(f"node.input lists {len(node.input)} inputs but {len(inputs)} were given")
@@ -342,26 +710,57 @@ def run_node(node: Any, *inputs: Any, opset: int | None = None) -> tuple[Array, 
   return _CALLS[op_type](*inputs, **attributes)
 
 
+def _run_ort_node(node: Any, inputs: Sequence[Any], opset: int | None) -> tuple[Any, ...]:
+  op_type, attributes = _ort_node_attributes(node, opset)
+  schema = ORT_OPERATORS[op_type]
+  _ort_node_io(op_type, node.input, "node.input", schema.inputs, len(schema.inputs) - 1)
+  _ort_node_io(op_type, node.output, "node.output", schema.outputs, 1)
+  if len(node.input) != len(inputs):
+    raise ValueError(f"node.input lists {len(node.input)} inputs but {len(inputs)} were given")
+  for i, (name, value) in enumerate(zip(node.input, inputs)):
+    if not name and value is not None:
+      raise ValueError(
+        f"node.input[{i}] ({schema.inputs[i]}) is empty: pass None for it, got {_checks.describe(value)}"
+      )
+    if name and value is None:
+      raise ValueError(f"node.input[{i}] ({schema.inputs[i]}) is named {name!r} but None was given")
+  outputs = _ORT_CALLS[op_type](*inputs, **attributes)
+  return tuple(output if name else None for output, name in zip(outputs, node.output))
+
+
 def from_node(
-  node: Any, learning_rate: transforms.ScalarOrSchedule, *, initial_count: int = 0, state_dtype: Any = None
+  node: Any,
+  learning_rate: transforms.ScalarOrSchedule,
+  *,
+  initial_count: int | None = None,
+  state_dtype: Any = None,
 ) -> optax.GradientTransformationExtraArgs:
-  """The Optax transform equivalent to an ONNX training node.
+  """The Optax transform equivalent to an ONNX training node or an ONNX Runtime optimizer node.
 
   ``Momentum`` gives :func:`onnx_optax.momentum`, ``Adagrad``
-  :func:`onnx_optax.adagrad`, ``Adam`` :func:`onnx_optax.adam`, with the
-  node's attributes (the schema's defaults for omitted ones). ``R`` is an
-  input of the node, not an attribute: pass it as ``learning_rate`` (a float
-  or an Optax schedule). The transform's state holds ONNX's ``T`` as
-  ``count``, starting at ``initial_count`` (0, as a node run from zero state
-  with ``T = 0``): one update from ``init`` equals one execution of the node
-  with ``T = 0`` and zero state tensors. The transform checks its
-  hyperparameters' ranges (for example Adam's ``alpha < 1``), which the
-  operator itself does not.
+  :func:`onnx_optax.adagrad`, ``Adam`` :func:`onnx_optax.adam`;
+  ``AdamWOptimizer`` (com.microsoft) gives :func:`onnx_optax.ort_adamw` and
+  ``SGDOptimizerV2`` :func:`onnx_optax.ort_sgd`; each with the node's
+  attributes (the schema's defaults for omitted ones). The learning rate is
+  an input of the node, not an attribute: pass it as ``learning_rate`` (a
+  float or an Optax schedule). The transform's state holds the update count
+  (ONNX's ``T``, ONNX Runtime's ``step``) as ``count``, starting at
+  ``initial_count``; ``None`` keeps the transform's default, which is the
+  count of a first update: ``T = 0`` for ONNX's operators, ``step = 1`` for
+  ``AdamWOptimizer`` (ONNX Runtime's training loop feeds its step count
+  + 1). One update from ``init`` equals one execution of the node on zero
+  state tensors with that count. The transform checks its hyperparameters'
+  ranges (for example Adam's ``alpha < 1``), which the operator itself does
+  not. An ``update_signal`` input has no counterpart in a transform, which
+  always updates (skipping a step is the caller's choice, as in
+  ``optax.apply_if_finite``).
 
   Args:
-    node: an ``onnx.NodeProto`` of domain ``ai.onnx.preview.training``.
-    learning_rate: ``R``.
-    initial_count: ``T`` of the first update.
+    node: an ``onnx.NodeProto`` of domain ``ai.onnx.preview.training`` or
+      ``com.microsoft``.
+    learning_rate: ``R`` (ONNX Runtime: ``lr``).
+    initial_count: the count of the first update; None: the transform's
+      default.
     state_dtype: see :func:`onnx_optax.momentum`.
 
   Example:
@@ -377,6 +776,16 @@ def from_node(
     >>> optax.apply_updates(params, updates)
     Array([0.9, 2.1], dtype=float32)
   """
+  count: dict[str, Any] = {} if initial_count is None else {"initial_count": initial_count}
+  if _node_domain(node) == MS_DOMAIN:
+    op_type, attributes = _ort_node_attributes(node, None)
+    schema = ORT_OPERATORS[op_type]
+    if len(node.input):
+      _ort_node_io(op_type, node.input, "node.input", schema.inputs, len(schema.inputs) - 1)
+    if op_type == "AdamWOptimizer":
+      attributes["correct_bias"] = bool(attributes["correct_bias"])
+      return transforms.ort_adamw(learning_rate, state_dtype=state_dtype, **count, **attributes)
+    return transforms.ort_sgd(learning_rate, state_dtype=state_dtype, **count, **attributes)
   op_type, attributes = _node_attributes(node, None)
   if len(node.input):
     _tensor_count(op_type, len(node.input), "node inputs")
@@ -386,4 +795,109 @@ def from_node(
     "Adam": transforms.adam,
   }
   make = makers[op_type]
-  return make(learning_rate, initial_count=initial_count, state_dtype=state_dtype, **attributes)
+  return make(learning_rate, state_dtype=state_dtype, **count, **attributes)
+
+
+def _describe_node(node: Any) -> str:
+  return f"{node.domain or 'ai.onnx'}.{node.op_type}" + (f" {node.name!r}" if node.name else "")
+
+
+def from_model(
+  model: Any,
+  learning_rate: transforms.ScalarOrSchedule,
+  *,
+  initial_count: int | None = None,
+  state_dtype: Any = None,
+) -> optax.GradientTransformationExtraArgs:
+  """The Optax transform of an optimizer model, such as ONNX Runtime's ``optimizer_model.onnx``.
+
+  ``onnxruntime.training.artifacts.generate_artifacts`` writes an
+  ``optimizer_model.onnx`` whose graph is one ``AdamWOptimizer`` node
+  (``OptimType.AdamW``: ``adam_mode=1``, Hugging Face's AdamW, with
+  ``epsilon=1e-6``, ``weight_decay=0``, ``correct_bias=1``) or one
+  ``SGDOptimizerV2`` node (``OptimType.SGD``). This finds the model's single
+  optimizer node and returns :func:`from_node` of it; any optimizer node of
+  :func:`from_node` is accepted (ONNX's ``Momentum``, ``Adagrad``,
+  ``Adam`` too).
+
+  Refused, before anything else: a model with no optimizer node, with
+  several (one transform cannot stand for them: call :func:`from_node` on
+  each and combine them, for example with ``optax.multi_transform``), or
+  with any other node (``generate_artifacts``' ``clip_grad`` adds
+  ``InplaceClipGradNorm``, whose clipping the transform would leave out:
+  chain the clipping yourself and call :func:`from_node`). The model's
+  ``opset_import`` for the node's domain, when present, must select version
+  1.
+
+  The learning rate is a graph input (``learning_rate``) fed at each step:
+  pass it as ``learning_rate``. The count, as in :func:`from_node`, starts
+  at the count of a first update (``step = 1`` for ``AdamWOptimizer``, as
+  ONNX Runtime's training loop feeds it); to continue a run, pass
+  ``initial_count``.
+
+  Args:
+    model: a path to an ONNX model (``str`` or ``os.PathLike``) or an
+      ``onnx.ModelProto``.
+    learning_rate: the learning rate, a float or an Optax schedule.
+    initial_count: see :func:`from_node`.
+    state_dtype: see :func:`onnx_optax.momentum`.
+
+  Example:
+    >>> import jax.numpy as jnp, optax
+    >>> from onnx import TensorProto, helper
+    >>> from onnx_optax.onnx import from_model
+    >>> seq = lambda name: helper.make_tensor_sequence_value_info(name, TensorProto.FLOAT, None)
+    >>> node = helper.make_node(
+    ...     "AdamWOptimizer",
+    ...     ["learning_rate", "step", "params", "gradients", "first_order_moments", "second_order_moments"],
+    ...     ["updated_flag"], domain="com.microsoft", adam_mode=1, epsilon=1e-6, weight_decay=0.0)
+    >>> graph = helper.make_graph(
+    ...     [node], "optimizer",
+    ...     [helper.make_tensor_value_info("learning_rate", TensorProto.FLOAT, [1]),
+    ...      helper.make_tensor_value_info("step", TensorProto.INT64, [1])]
+    ...     + [seq(n) for n in node.input[2:]],
+    ...     [helper.make_tensor_value_info("updated_flag", TensorProto.BOOL, [1])])
+    >>> model = helper.make_model(graph, opset_imports=[helper.make_opsetid("com.microsoft", 1)])
+    >>> opt = from_model(model, learning_rate=0.1)
+    >>> params = {"w": jnp.array([1.0, 2.0])}
+    >>> updates, state = opt.update({"w": jnp.array([0.5, -0.5])}, opt.init(params), params)
+    >>> optax.apply_updates(params, updates)["w"]  # 0.1 per element at the first step, less epsilon's share
+    Array([0.9000063, 2.0999937], dtype=float32)
+  """
+  import onnx  # The optional extra.
+
+  if isinstance(model, (str, os.PathLike)):
+    model = onnx.load(os.fspath(model))
+  elif not isinstance(model, onnx.ModelProto):
+    raise TypeError(f"model must be a path or an onnx.ModelProto, got {type(model).__name__}")
+  nodes = list(model.graph.node)
+  kinds = {(DOMAIN, op) for op in OPERATORS} | {(MS_DOMAIN, op) for op in ORT_OPERATORS}
+  found = [i for i, node in enumerate(nodes) if (node.domain, node.op_type) in kinds]
+  listed = ", ".join(_describe_node(node) for node in nodes) or "none"
+  if not found:
+    raise ValueError(
+      f"model.graph holds no optimizer node ({', '.join(f'{d}.{op}' for d, op in sorted(kinds))}); "
+      f"its nodes: {listed}"
+    )
+  if len(found) > 1:
+    raise ValueError(
+      f"model.graph holds {len(found)} optimizer nodes "
+      f"({', '.join(_describe_node(nodes[i]) for i in found)}); "
+      "from_model returns one transform: call from_node on each node (optax.multi_transform combines them)"
+    )
+  node = nodes[found[0]]
+  others = [_describe_node(other) for i, other in enumerate(nodes) if i != found[0]]
+  if others:
+    raise ValueError(
+      f"model.graph holds nodes besides the optimizer {_describe_node(node)}: {', '.join(others)}; the "
+      "transform would leave their work out (chain its Optax equivalent yourself and call from_node on "
+      "the optimizer node)"
+    )
+  versions = {opset.domain: opset.version for opset in model.opset_import}
+  if node.domain in versions:
+    opset = int(versions[node.domain])
+    if node.domain == MS_DOMAIN:
+      _ort_node_attributes(node, opset)
+    else:
+      _node_attributes(node, opset)
+  return from_node(node, learning_rate, initial_count=initial_count, state_dtype=state_dtype)
