@@ -530,3 +530,99 @@ def test_to_torch_refuses_before_writing():
   for p, (x, slot) in zip(ps, before):
     assert torch.equal(p.detach(), x)
     assert all(torch.equal(opt.state[p][k], v) for k, v in slot.items())
+
+
+# --- the rest of the family (docs/adam_family.md) ------------------------------
+
+
+def _torch_run(opt, ps, grads):
+  for step_grads in grads:
+    for p, g in zip(ps, step_grads):
+      p.grad = torch.from_numpy(np.array(g))
+    opt.step()
+
+
+@pytest.mark.parametrize(
+  "make_torch, make_optax",
+  [
+    (
+      lambda ps: torch.optim.Adam(ps, lr=0.02, betas=(0.8, 0.99), eps=1e-3),
+      lambda: optax.adam(0.02, b1=0.8, b2=0.99, eps=1e-3),
+    ),
+    (
+      lambda ps: torch.optim.Adam(ps, lr=0.02, betas=(0.8, 0.99), eps=1e-3, weight_decay=0.1),
+      lambda: optax.chain(optax.add_decayed_weights(0.1), optax.adam(0.02, b1=0.8, b2=0.99, eps=1e-3)),
+    ),
+    (
+      lambda ps: torch.optim.AdamW(ps, lr=0.02, betas=(0.8, 0.99), eps=1e-3, weight_decay=0.1),
+      lambda: optax.adamw(0.02, b1=0.8, b2=0.99, eps=1e-3, weight_decay=0.1),
+    ),
+  ],
+  ids=["adam", "adam_l2", "adamw"],
+)
+def test_optax_adam_and_adamw_are_torchs(make_torch, make_optax):
+  """``optax.adam`` / ``adamw`` are PyTorch's ``Adam`` / ``AdamW`` in exact arithmetic (another order).
+
+  PyTorch's state loads into Optax's as ``ScaleByAdamState(count=step,
+  mu=exp_avg, nu=exp_avg_sq)`` (Optax's ``count`` counts updates done, as
+  ``step`` does): 30 steps in PyTorch, 70 in Optax, against 100 in PyTorch, to
+  1e-12 in float64.
+  """
+  N, M = 30, 70
+  with jax.enable_x64(True):
+    x0, grads = initial(np.float64), gradients(N + M, np.float64)
+    ps_ref = torch_parameters(x0)
+    _torch_run(make_torch(ps_ref), ps_ref, grads)
+    ps = torch_parameters(x0)
+    opt = make_torch(ps)
+    _torch_run(opt, ps, grads[:N])
+    params = [jnp.asarray(p.detach().numpy()) for p in ps]
+    tx = make_optax()
+    state = optax.tree_utils.tree_set(
+      tx.init(params),
+      count=jnp.asarray(N, jnp.int32),
+      mu=[jnp.asarray(opt.state[p]["exp_avg"].numpy()) for p in ps],
+      nu=[jnp.asarray(opt.state[p]["exp_avg_sq"].numpy()) for p in ps],
+    )
+    params, _ = jax_steps(tx, state, params, grads[N:])
+    for i, (x, p) in enumerate(zip(params, ps_ref)):
+      expected = p.detach().numpy()
+      assert_close(np.asarray(x), expected, tol64(expected), f"parameter {i}")
+
+
+def test_ort_adamw_mode1_is_onnx_adam_with_post_decay():
+  """Hugging Face's AdamW (mode 1) is ONNX Adam from ``T = 1`` with ``norm_coefficient_post = lr wd``.
+
+  Both put epsilon after the bias correction ("epsilon hat") and shrink the
+  already updated weights; without decay mode 1 is DirectML Adam. Float64,
+  100 steps, to 1e-12: two rules written independently in rules.py, each
+  checked against its own reference elsewhere (ORT's kernel, ONNX's
+  reference evaluator, Keras).
+  """
+  lr, wd, hyper = 0.02, 0.1, dict(alpha=0.8, beta=0.99, epsilon=1e-3)
+  with jax.enable_x64(True):
+    x0, grads = initial(np.float64), gradients(100, np.float64)
+    params = [jnp.asarray(x) for x in x0]
+    pairs = [
+      (
+        onnx_optax.ort_adamw(lr, **hyper, weight_decay=wd, adam_mode=1),
+        onnx_optax.adam(lr, **hyper, norm_coefficient_post=lr * wd, initial_count=1),
+      ),
+      (
+        onnx_optax.ort_adamw(lr, **hyper, weight_decay=0.0, adam_mode=1),
+        onnx_optax.directml_adam(lr, beta1=0.8, beta2=0.99, epsilon=1e-3),
+      ),
+    ]
+    for ours, theirs in pairs:
+      a, _ = jax_steps(ours, ours.init(params), params, grads)
+      b, _ = jax_steps(theirs, theirs.init(params), params, grads)
+      for i, (x, y) in enumerate(zip(a, b)):
+        assert_close(np.asarray(x), np.asarray(y), tol64(np.asarray(y)), f"parameter {i}")
+      # and not mode 0: epsilon's place matters at eps = 1e-3
+      c, _ = jax_steps(
+        onnx_optax.ort_adamw(lr, **hyper, weight_decay=0.0),
+        onnx_optax.ort_adamw(lr, **hyper).init(params),
+        params,
+        grads,
+      )
+      assert max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(c, b)) > 1e-6
