@@ -626,3 +626,33 @@ def test_ort_adamw_mode1_is_onnx_adam_with_post_decay():
         grads,
       )
       assert max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(c, b)) > 1e-6
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_narrow_state_round_trips_bit_for_bit(dtype):
+  """bfloat16 / float16 moments and the float32 step go to JAX and back unchanged."""
+  ps = [torch.nn.Parameter(torch.randn(5, generator=torch.Generator().manual_seed(0)).to(dtype))]
+  # betas[1] = 0.99: 0.999 rounds to 1 in bfloat16, which the transform refuses (next test).
+  opt = torch.optim.AdamW(ps, lr=0.1, betas=(0.9, 0.99))
+  for seed in (1, 2):
+    ps[0].grad = torch.randn(5, generator=torch.Generator().manual_seed(seed)).to(dtype)
+    opt.step()
+  name = str(dtype).removeprefix("torch.")
+  params = torch_params(opt, [jax.ShapeDtypeStruct((5,), jnp.dtype(name))])
+  tx, state = from_torch(opt, params)
+  assert state.m1[0].dtype == state.m2[0].dtype == jnp.dtype(name) and int(state.count) == 3
+  ps2 = [torch.nn.Parameter(torch.zeros(5, dtype=dtype))]
+  opt2 = torch.optim.AdamW(ps2, lr=0.1, betas=(0.9, 0.99))
+  to_torch(state, opt2, params)
+  slot, slot2 = opt.state[ps[0]], opt2.state[ps2[0]]
+  for key in ("exp_avg", "exp_avg_sq", "step"):
+    assert slot2[key].dtype == slot[key].dtype and torch.equal(slot2[key], slot[key]), key
+  assert torch.equal(ps2[0], ps[0])
+
+
+def test_refuses_a_decay_that_rounds_to_one():
+  """bfloat16 rounds 0.999 to 1: ``exp_avg_sq.mul_(0.999)`` then never decays; the transform refuses."""
+  ps = [torch.nn.Parameter(torch.zeros(3, dtype=torch.bfloat16))]
+  opt = torch.optim.AdamW(ps, lr=0.1)
+  with pytest.raises(ValueError, match=r"beta=0.999 rounds to 1.0 in bfloat16.*state_dtype"):
+    from_torch(opt, [jnp.zeros(3, jnp.bfloat16)])

@@ -211,6 +211,15 @@ def from_torch(
     >>> w.grad = torch.tensor([2.0, 0.0]); opt.step()
     >>> bool(jnp.allclose(optax.apply_updates(params, updates)["w"], w.detach().numpy()))
     True
+
+    ``torch.optim.AdamW`` gives :func:`onnx_optax.ort_adamw`, whose count is
+    PyTorch's ``step`` plus one (ONNX Runtime's ``step`` of the next update):
+
+    >>> opt = torch.optim.AdamW([w], lr=0.1)
+    >>> opt.step()
+    >>> tx, state = from_torch(opt, params)
+    >>> type(state).__name__, int(state.count), float(opt.state[w]["step"])
+    ('OrtAdamWState', 2, 1.0)
   """
   torch = _torch()
   kind = _kind(torch, optimizer)
