@@ -6,8 +6,10 @@ For each rule and each tree size this script times one optimizer step
   ``donate_argnums=(0, 1)`` so that the parameters and the state are updated
   in place, the update applied with ``optax.apply_updates`` inside the jit;
 * of Optax's nearest built-in (``optax.sgd(momentum=..., nesterov=...)``,
-  ``optax.adagrad``, ``optax.adam``), jitted and donated the same way;
-* of PyTorch's matching optimizer (``torch.optim.SGD``, ``Adagrad``, ``Adam``)
+  ``optax.adagrad``, ``optax.adam``; ``optax.adamw`` and ``optax.sgd`` for
+  ONNX Runtime's AdamW and SGD), jitted and donated the same way;
+* of PyTorch's matching optimizer (``torch.optim.SGD``, ``Adagrad``, ``Adam``,
+  ``AdamW``)
   with ``foreach=True`` and, where PyTorch supports it for that optimizer on
   that device, ``fused=True``;
 
@@ -68,13 +70,22 @@ except ImportError:  # Run from a checkout without installing: use the checkout'
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   import onnx_optax  # noqa: E402
 
-RULES = ("momentum", "nesterov", "adagrad", "adam", "directml_adam")
+RULES = ("momentum", "nesterov", "adagrad", "adam", "directml_adam", "ort_adamw", "ort_sgd")
 SIZES = ("1M", "16M", "64M", "500x64x64", "mix1000")
 
 #: Number of state tensors per parameter (``k``).
-STATE_TENSORS = {"momentum": 1, "nesterov": 1, "adagrad": 1, "adam": 2, "directml_adam": 2}
+STATE_TENSORS = {
+  "momentum": 1,
+  "nesterov": 1,
+  "adagrad": 1,
+  "adam": 2,
+  "directml_adam": 2,
+  "ort_adamw": 2,
+  "ort_sgd": 0,
+}
 
 LR = 1e-3
+WD = 1e-4  # AdamW's weight decay (Optax's default), read from the parameters by every contender
 
 
 # --------------------------------------------------------------------------- trees
@@ -131,6 +142,10 @@ def onnx_optimizer(rule: str) -> optax.GradientTransformation:
     return onnx_optax.adam(LR, alpha=0.9, beta=0.999, epsilon=1e-8)
   if rule == "directml_adam":
     return onnx_optax.directml_adam(LR, beta1=0.9, beta2=0.999, epsilon=1e-8)
+  if rule == "ort_adamw":
+    return onnx_optax.ort_adamw(LR, alpha=0.9, beta=0.999, epsilon=1e-8, weight_decay=WD, adam_mode=0)
+  if rule == "ort_sgd":
+    return onnx_optax.ort_sgd(LR)
   raise ValueError(rule)
 
 
@@ -140,6 +155,10 @@ def optax_optimizer(rule: str) -> optax.GradientTransformation:
     return optax.sgd(LR, momentum=0.9, nesterov=rule == "nesterov")
   if rule == "adagrad":
     return optax.adagrad(LR, eps=1e-6)
+  if rule == "ort_adamw":
+    return optax.adamw(LR, b1=0.9, b2=0.999, eps=1e-8, weight_decay=WD)
+  if rule == "ort_sgd":
+    return optax.sgd(LR)
   return optax.adam(LR, b1=0.9, b2=0.999, eps=1e-8)
 
 
@@ -152,6 +171,10 @@ def torch_optimizer(torch, rule: str, params: list, flavor: str):
     return torch.optim.SGD(params, lr=LR, momentum=0.9, nesterov=rule == "nesterov", **kw)
   if rule == "adagrad":
     return torch.optim.Adagrad(params, lr=LR, eps=1e-6, **kw)
+  if rule == "ort_adamw":
+    return torch.optim.AdamW(params, lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=WD, **kw)
+  if rule == "ort_sgd":
+    return torch.optim.SGD(params, lr=LR, **kw)
   return torch.optim.Adam(params, lr=LR, betas=(0.9, 0.999), eps=1e-8, **kw)
 
 

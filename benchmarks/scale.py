@@ -4,7 +4,8 @@ For each rule and each tree this script builds the donated, jitted step
 ``params, state = step(params, state, grads)`` (``opt.update`` then
 ``optax.apply_updates``, ``jax.jit(step, donate_argnums=(0, 1))``) of
 onnx_optax and of Optax's nearest built-in (``optax.sgd(momentum=...,
-nesterov=...)``, ``optax.adagrad``, ``optax.adam``) and measures, in one
+nesterov=...)``, ``optax.adagrad``, ``optax.adam``; ``optax.adamw`` and
+``optax.sgd`` for ONNX Runtime's AdamW and SGD) and measures, in one
 process, interleaved (each repeat measures both libraries, in alternating
 order) and repeated (medians):
 

@@ -579,9 +579,11 @@ class OrtAdamWScalars(NamedTuple):
   ``M2 / beta_correction`` is evaluated as ``M2 * (1 / beta_correction)``:
   XLA rewrites a division by a broadcast scalar into that product anyway (on
   the CPU, eager or jitted), so the rule says it, and the reciprocal is a
-  scalar of the update. It is one rounding more than the kernel's quotient. ``weight_decay`` is None when it is the Python
-  number 0: the decay ``W - W * lr * 0`` is ``W`` to the bit for finite ``W``,
-  so it is not traced and the update is a single subtraction.
+  scalar of the update. It is one rounding more than the kernel's quotient.
+
+  ``weight_decay`` is None when it is the Python number 0: the decay
+  ``W - W * lr * 0`` is ``W`` to the bit for finite ``W``, so it is not
+  traced and the update is a single subtraction.
   """
 
   lr: Any
@@ -636,6 +638,9 @@ def ort_adamw_scalars(
   section 5, says what that changes).
   """
   _check_adam_mode(adam_mode, correct_bias)
+  alpha_correction: Any
+  beta_correction: Any
+  lr_corrected: Any
   if correct_bias:
     T = jnp.asarray(T)
     alpha_correction = _one_minus_power(alpha, T)

@@ -11,6 +11,10 @@ corrections) meet an independent implementation here, run for STEPS updates:
 * ONNX Adagrad = ``torch.optim.Adagrad(lr=R, lr_decay=decay_factor,
   eps=epsilon, weight_decay=norm_coefficient, initial_accumulator_value=0)``,
   with ONNX's ``T`` = torch's step - 1.
+* ONNX Runtime's AdamW, mode 0 = ``torch.optim.AdamW(lr, betas=(alpha, beta),
+  eps=epsilon, weight_decay)``, ``step`` from 1; with
+  ``optax.add_decayed_weights(wd)`` before it and no decay of its own, it is
+  ``torch.optim.Adam(weight_decay=wd)`` (L2 in the gradient).
 * DirectML Adam = Keras 3's ``keras.optimizers.Adam(learning_rate, beta_1,
   beta_2, epsilon)``: ``lr * sqrt(1 - beta_2^t) / (1 - beta_1^t)`` times
   ``m / (sqrt(v) + epsilon)``, epsilon outside the bias correction, ``t`` from
@@ -225,6 +229,68 @@ def test_onnx_adam_from_t0_is_not_keras_adam():
   assert np.abs(ours[0] - theirs[0]).max() > 0.3 * lr
 
 
+# ----------------------------------------------------------------------------
+# ONNX Runtime AdamW mode 0 = torch.optim.AdamW; + add_decayed_weights = torch.optim.Adam
+
+ADAMW = [
+  (2.0**-6, 0.875, 1 - 2.0**-7, 2.0**-10, 2.0**-4),  # epsilon small next to sqrt(v)
+  (2.0**-5, 0.5, 0.75, 0.25, 2.0**-3),  # epsilon comparable to sqrt(v)
+]
+
+
+@pytest.mark.parametrize("lr,beta1,beta2,eps,wd", ADAMW)
+def test_ort_adamw_mode0_is_torch_adamw(lr, beta1, beta2, eps, wd):
+  """PyTorch's AdamW: decay W by lr * wd first, then Adam with epsilon outside sqrt(v_hat).
+
+  ONNX Runtime's ``step`` is PyTorch's step after its increment (1 at the first
+  update): ``initial_count=1``, the default. float64 within 1e-12 of PyTorch's
+  float64 run over STEPS updates; float32 within the trajectory bound.
+  """
+  X0, grads = _inputs(5)
+  theirs = _torch(
+    lambda p: torch.optim.AdamW(p, lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=wd), X0, grads
+  )
+  hyper = dict(alpha=beta1, beta=beta2, epsilon=eps, weight_decay=wd, adam_mode=0)
+  _check("ort_adamw", hyper, lr, 1, X0, grads, lambda: onnx_optax.ort_adamw(lr, **hyper), theirs)
+  ours64 = _ours(onnx_optax.ort_adamw(lr, **hyper), X0, grads, np.float64)
+  assert np.abs(ours64 - theirs).max() <= 1e-12
+
+
+@pytest.mark.parametrize("lr,beta1,beta2,eps,wd", ADAMW)
+def test_ort_adamw_mode0_after_l2_is_torch_adam(lr, beta1, beta2, eps, wd):
+  """PyTorch's Adam with weight_decay (L2 added to the gradient) is
+  ``optax.chain(optax.add_decayed_weights(wd), ort_adamw(weight_decay=0))``:
+  float64 within 1e-12 over STEPS updates."""
+  X0, grads = _inputs(6)
+  theirs = _torch(
+    lambda p: torch.optim.Adam(p, lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=wd), X0, grads
+  )
+  ours = optax.chain(
+    optax.add_decayed_weights(wd),
+    onnx_optax.ort_adamw(lr, alpha=beta1, beta=beta2, epsilon=eps, weight_decay=0.0),
+  )
+  ours64 = _ours(ours, X0, grads, np.float64)
+  assert np.abs(ours64 - theirs).max() <= 1e-12
+  assert np.abs(theirs[-1] - X0).max() > 0.1  # the run moves
+  # Without the L2 term it is another run: the comparison sees the decay.
+  plain = _ours(
+    onnx_optax.ort_adamw(lr, alpha=beta1, beta=beta2, epsilon=eps, weight_decay=0.0), X0, grads, np.float64
+  )
+  assert np.abs(plain - theirs).max() > 1e3 * 1e-12
+
+
+def test_ort_adamw_mode1_is_not_torch_adamw():
+  """Mode 1 (Hugging Face's) differs: epsilon outside the bias correction, the decay after the step."""
+  lr, beta1, beta2, eps, wd = ADAMW[1]
+  X0, grads = _inputs(5)
+  theirs = _torch(
+    lambda p: torch.optim.AdamW(p, lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=wd), X0, grads
+  )
+  hyper = dict(alpha=beta1, beta=beta2, epsilon=eps, weight_decay=wd, adam_mode=1)
+  ours = _ours(onnx_optax.ort_adamw(lr, **hyper), X0, grads, np.float64)
+  assert np.abs(ours - theirs).max() > 1e-4
+
+
 if __name__ == "__main__":
   # The margins (docs/numerics.md): PYTHONPATH=tests python tests/test_independent_references.py
   VERBOSE = True
@@ -235,3 +301,5 @@ if __name__ == "__main__":
   for args in ADAM:
     test_directml_adam_is_keras_adam(*args)
     test_onnx_adam_from_t1_is_keras_adam(*args)
+  for args in ADAMW:
+    test_ort_adamw_mode0_is_torch_adamw(*args)

@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from rule_configs import RULE_CONFIGS
+from rule_configs import RULE_CONFIGS, static_args
 
 import onnx_optax
 
@@ -98,8 +98,10 @@ def _central_difference(meta, h0, name, step=None):
 
 
 def _split(hyper, lr):
-  static = {k: v for k, v in hyper.items() if isinstance(v, str)}
-  numeric = {k: float(v) for k, v in hyper.items() if not isinstance(v, str)}
+  # Modes, flags and formula selectors (ONNX Runtime's adam_mode) are static.
+  fixed = set(static_args(hyper))
+  static = {k: v for k, v in hyper.items() if isinstance(v, (str, bool)) or k in fixed}
+  numeric = {k: float(v) for k, v in hyper.items() if k not in static}
   return static, {"learning_rate": float(lr), **numeric}
 
 
