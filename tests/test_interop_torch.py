@@ -460,8 +460,6 @@ def _params32():
 @pytest.mark.parametrize(
   "cls, match",
   [
-    (torch.optim.Adam, r"torch.optim.Adam puts epsilon inside the bias correction.*optax.adam"),
-    (torch.optim.AdamW, r"AdamW puts epsilon inside.*optax.adamw"),
     (torch.optim.RMSprop, r"no onnx_optax rule is torch.optim.rmsprop.RMSprop.*torch.optim.SGD"),
   ],
 )

@@ -1,8 +1,10 @@
 """Bridges that carry a training run, optimizer state included, across frameworks.
 
 * :func:`from_torch` / :func:`to_torch`: ``torch.optim.SGD`` (ONNX
-  ``Momentum``) and ``torch.optim.Adagrad`` (ONNX ``Adagrad``);
-  :func:`torch_params` copies the weights.
+  ``Momentum``), ``torch.optim.Adagrad`` (ONNX ``Adagrad``) and
+  ``torch.optim.Adam`` / ``AdamW`` (ONNX Runtime ``AdamWOptimizer``,
+  ``adam_mode=0``: :func:`onnx_optax.ort_adamw`); :func:`torch_params`
+  copies the weights.
 * :func:`from_keras` / :func:`to_keras`: Keras 3's ``keras.optimizers.Adam``
   (DirectML Adam, on any Keras backend).
 

@@ -29,6 +29,7 @@ RULE_STATES = (
   transforms.AdagradState,
   transforms.AdamState,
   transforms.DirectMLAdamState,
+  transforms.OrtAdamWState,
 )
 
 

@@ -1,10 +1,11 @@
-"""``torch.optim.SGD`` and ``torch.optim.Adagrad`` state to and from the transforms.
+"""``torch.optim.SGD``, ``Adagrad``, ``Adam`` and ``AdamW`` state to and from the transforms.
 
-PyTorch's ``SGD`` is ONNX ``Momentum`` and its ``Adagrad`` is ONNX
-``Adagrad`` (docs/spec.md; notebook 02 shows the equalities over 500 float64
-steps). This module maps the hyperparameters of every param group and the
-per-parameter state onto :func:`onnx_optax.momentum` and
-:func:`onnx_optax.adagrad`, and back:
+PyTorch's ``SGD`` is ONNX ``Momentum``, its ``Adagrad`` is ONNX ``Adagrad``
+(docs/spec.md; notebook 02 shows the equalities over 500 float64 steps) and
+its ``AdamW`` is ONNX Runtime's ``AdamWOptimizer`` with ``adam_mode=0``
+(docs/adam_family.md). This module maps the hyperparameters of every param
+group and the per-parameter state onto :func:`onnx_optax.momentum`,
+:func:`onnx_optax.adagrad` and :func:`onnx_optax.ort_adamw`, and back:
 
 ==========================  =============================================
 ``torch.optim.SGD``         :func:`onnx_optax.momentum`
@@ -37,9 +38,29 @@ same update, so a parameter with a buffer gets ``count = 1``. ``momentum = 0``
 ``step``                        ``state.count`` (``T`` of the next update)
 ==============================  =========================================
 
+==============================  =========================================
+``torch.optim.AdamW``           :func:`onnx_optax.ort_adamw`, ``adam_mode=0``
+==============================  =========================================
+``lr``                          ``learning_rate``
+``betas``                       ``(alpha, beta)``
+``eps``                         ``epsilon``
+``weight_decay``                ``weight_decay`` (``W - W * lr * wd`` first)
+``maximize``                    the gradient negated first
+``exp_avg``, ``exp_avg_sq``     ``state.m1``, ``state.m2``
+``step`` (updates done)         ``state.count = step + 1`` (ORT's ``step``
+                                input of the next update); no state yet is
+                                ``count = 1`` with zero moments
+==============================  =========================================
+
+``torch.optim.Adam`` is the same with its ``weight_decay`` added to the
+gradient (L2, coupled): ``optax.chain(optax.add_decayed_weights(wd),
+ort_adamw(..., weight_decay=0))``; ``Adam(decoupled_weight_decay=True)`` is
+``AdamW``. ``amsgrad``, tensor ``lr`` or ``betas`` and complex parameters
+are refused (no rule is exact for them).
+
 Parameters that need different transforms (param groups with different
-hyperparameters, SGD parameters with and without a buffer, Adagrad parameters
-at different steps) get one transform per label under
+hyperparameters, SGD parameters with and without a buffer, Adagrad and Adam
+parameters at different steps) get one transform per label under
 ``optax.multi_transform``; when one transform covers every parameter, it is
 returned alone. Either way every transform's ``initial_count`` is the
 ``count`` it starts from, so a ``learning_rate`` schedule sees 0 at the first
@@ -50,6 +71,7 @@ Importing this module does not import PyTorch; the functions do.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -98,20 +120,30 @@ _ADAGRAD_KEYS = frozenset(
 # to 2**24, and PyTorch's own ``step += 1`` stops there.
 _FLOAT32_EXACT_COUNT = 2**24
 
-_REFUSED = {
-  "Adam": (
-    "torch.optim.Adam puts epsilon inside the bias correction "
-    "(lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps)); onnx_optax's Adam rules add it after the "
-    "bias correction. The same rule as Adam is optax.adam(lr, b1, b2, eps) (weight_decay: "
-    "optax.chain(optax.add_decayed_weights(wd), optax.adam(...))), with state "
-    "optax.ScaleByAdamState(count=step, mu=exp_avg, nu=exp_avg_sq)"
-  ),
-  "AdamW": (
-    "torch.optim.AdamW puts epsilon inside the bias correction and decays the weights "
-    "decoupled from the gradient; no onnx_optax rule does either. The same rule is "
-    "optax.adamw(lr, b1, b2, eps, weight_decay), with state "
-    "optax.ScaleByAdamState(count=step, mu=exp_avg, nu=exp_avg_sq)"
-  ),
+_ADAM_KEYS = frozenset(
+  {
+    "params",
+    "lr",
+    "betas",
+    "eps",
+    "weight_decay",
+    "amsgrad",
+    "maximize",
+    "foreach",
+    "capturable",
+    "differentiable",
+    "fused",
+    "decoupled_weight_decay",
+    "param_names",
+    "initial_lr",
+  }
+)
+_KEYS = {"SGD": _SGD_KEYS, "Adagrad": _ADAGRAD_KEYS, "Adam": _ADAM_KEYS, "AdamW": _ADAM_KEYS}
+_STATES = {
+  "SGD": transforms.MomentumState,
+  "Adagrad": transforms.AdagradState,
+  "Adam": transforms.OrtAdamWState,
+  "AdamW": transforms.OrtAdamWState,
 }
 
 
@@ -141,7 +173,7 @@ def from_torch(
   them with :func:`torch_params`.
 
   Args:
-    optimizer: a ``torch.optim.SGD`` or ``torch.optim.Adagrad``.
+    optimizer: a ``torch.optim.SGD``, ``Adagrad``, ``Adam`` or ``AdamW``.
     params: the JAX parameters (a pytree of arrays), whose ``jax.tree.leaves``
       are the optimizer's
       parameters in the order of ``optimizer.param_groups`` (group by group,
@@ -159,10 +191,10 @@ def from_torch(
     parameters) and its state, with the optimizer's state tensors copied.
 
   Raises:
-    TypeError: an optimizer other than SGD and Adagrad (torch ``Adam`` and
-      ``AdamW`` name ``optax.adam`` and ``optax.adamw``, which share their
-      rule), or a subclass, whose step may differ.
-    ValueError: an option the rules lack, a scheduler without
+    TypeError: an optimizer other than SGD, Adagrad, Adam and AdamW, or a
+      subclass, whose step may differ.
+    ValueError: an option the rules lack (Adam's ``amsgrad``, tensor
+      hyperparameters, complex parameters), a scheduler without
       ``learning_rate``, or params that do not match the optimizer's
       parameters (naming the pytree path).
 
@@ -179,6 +211,15 @@ def from_torch(
     >>> w.grad = torch.tensor([2.0, 0.0]); opt.step()
     >>> bool(jnp.allclose(optax.apply_updates(params, updates)["w"], w.detach().numpy()))
     True
+
+    ``torch.optim.AdamW`` gives :func:`onnx_optax.ort_adamw`, whose count is
+    PyTorch's ``step`` plus one (ONNX Runtime's ``step`` of the next update):
+
+    >>> opt = torch.optim.AdamW([w], lr=0.1)
+    >>> opt.step()
+    >>> tx, state = from_torch(opt, params)
+    >>> type(state).__name__, int(state.count), float(opt.state[w]["step"])
+    ('OrtAdamWState', 2, 1.0)
   """
   torch = _torch()
   kind = _kind(torch, optimizer)
@@ -189,7 +230,7 @@ def from_torch(
 
   transforms_by_label: dict[str, optax.GradientTransformation] = {}
   labels: list[str] = []
-  tensors: list[Any] = []  # the state tensor of each leaf, a NumPy array
+  tensors: list[tuple[Any, ...]] = []  # each leaf's state tensors (NumPy arrays; None: zeros)
   for g, (group, rate) in enumerate(zip(groups, rates)):
     _check_group(g, group, kind, rate)
     R = _common.real_number(f"param_groups[{g}]['lr']", group["lr"]) if rate is None else rate
@@ -203,11 +244,14 @@ def from_torch(
 
   tx = _common.partition(transforms_by_label, labels, treedef)
   state = tx.init(params)
-  values = [
-    tensor if tensor is not None else np.zeros(leaf.shape, _common.dtype_name(leaf.dtype))
-    for tensor, leaf in zip(tensors, leaves)
+  fields = [
+    [
+      _common.put_like(v if v is not None else np.zeros(leaf.shape, _common.dtype_name(leaf.dtype)), leaf)
+      for v, leaf in zip(column, leaves)
+    ]
+    for column in zip(*tensors)
   ]
-  state = _common.fill(state, treedef, [[_common.put_like(v, leaf) for v, leaf in zip(values, leaves)]])
+  state = _common.fill(state, treedef, fields)
   return tx, state
 
 
@@ -230,7 +274,7 @@ def to_torch(state: Any, optimizer: Any, params: Any = None) -> None:
 
   Args:
     state: the transform's state.
-    optimizer: the ``torch.optim.SGD`` or ``torch.optim.Adagrad`` to load.
+    optimizer: the ``torch.optim.SGD``, ``Adagrad``, ``Adam`` or ``AdamW`` to load.
     params: optional JAX parameters to copy into the optimizer's parameters.
 
   Example:
@@ -251,8 +295,7 @@ def to_torch(state: Any, optimizer: Any, params: Any = None) -> None:
   kind = _kind(torch, optimizer)
   groups = optimizer.param_groups
   torch_params_ = [p for group in groups for p in group["params"]]
-  state_kind = transforms.MomentumState if kind == "SGD" else transforms.AdagradState
-  owners = _common.positions(state, len(torch_params_), (state_kind,))
+  owners = _common.positions(state, len(torch_params_), (_STATES[kind],))
   described = _described(groups)
   new_params = None
   if params is not None:
@@ -260,30 +303,42 @@ def to_torch(state: Any, optimizer: Any, params: Any = None) -> None:
     _common.check_leaves(leaves, paths, described, "PyTorch")
     new_params = [_to_tensor(torch, np.asarray(leaf), p) for leaf, p in zip(leaves, torch_params_)]
 
-  writes = []  # (param, count, tensor or None), all checked before any write
+  writes = []  # (param, group, count, tensors), all checked before any write
   i = 0
   for g, group in enumerate(groups):
     _check_group(g, group, kind, learning_rate=0.0)  # lr is not read here
     for p in group["params"]:
       owner = owners[i]
-      (value,) = owner.values
       shape, dtype, where = described[i]
-      if tuple(value.shape) != shape or _common.dtype_name(value.dtype) != dtype:
-        raise ValueError(
-          f"the state of {where} has shape {tuple(value.shape)} and dtype "
-          f"{_common.dtype_name(value.dtype)}; PyTorch keeps it with the parameter's shape "
-          f"{shape} and dtype {dtype}"
-        )
+      for value in owner.values:
+        if tuple(value.shape) != shape or _common.dtype_name(value.dtype) != dtype:
+          raise ValueError(
+            f"the state of {where} has shape {tuple(value.shape)} and dtype "
+            f"{_common.dtype_name(value.dtype)}; PyTorch keeps it with the parameter's shape "
+            f"{shape} and dtype {dtype}"
+          )
       count = int(owner.rule_state.count)
-      if kind == "Adagrad" and count > _FLOAT32_EXACT_COUNT:
+      # Adam's torch step counts the updates done: the next update's count minus one.
+      steps = count - 1 if kind in ("Adam", "AdamW") else count
+      if kind != "SGD" and steps > _FLOAT32_EXACT_COUNT:
         raise ValueError(
           f"the state of {where} has count {count}, beyond 2**24, where torch's float32 step stops counting"
         )
-      writes.append((p, group, count, _to_tensor(torch, np.asarray(value), p)))
+      if steps < 0:
+        raise ValueError(
+          f"the state of {where} has count {count}: torch.optim.{kind}'s next update is its step 1 or "
+          f"later (count >= 1, ort_adamw's initial_count)"
+        )
+      tensors = tuple(_to_tensor(torch, np.asarray(value), p) for value in owner.values)
+      writes.append((p, group, count, tensors))
       i += 1
 
-  for p, group, count, tensor in writes:
+  for p, group, count, tensors in writes:
     slot = optimizer.state[p]
+    if kind in ("Adam", "AdamW"):
+      _write_adam_state(torch, slot, group, p, count - 1, tensors)
+      continue
+    (tensor,) = tensors
     if kind == "SGD":
       if group["momentum"] == 0 or count == 0:
         # No buffer: PyTorch's next step is a first step (T = 0), or keeps none.
@@ -344,16 +399,19 @@ def _kind(torch: Any, optimizer: Any) -> str:
     return "SGD"
   if cls is torch.optim.Adagrad:
     return "Adagrad"
-  if cls.__name__ in _REFUSED and cls.__module__.startswith("torch.optim"):
-    raise TypeError(f"no onnx_optax rule is {cls.__name__}: {_REFUSED[cls.__name__]}")
-  if isinstance(optimizer, (torch.optim.SGD, torch.optim.Adagrad)):
+  if cls is torch.optim.Adam:
+    return "Adam"
+  if cls is torch.optim.AdamW:
+    return "AdamW"
+  if isinstance(optimizer, (torch.optim.SGD, torch.optim.Adagrad, torch.optim.Adam)):
     raise TypeError(
       f"{cls.__module__}.{cls.__qualname__} subclasses a PyTorch optimizer and may change its "
-      f"step; the bridges map torch.optim.SGD and torch.optim.Adagrad themselves"
+      f"step; the bridges map torch.optim.SGD, Adagrad, Adam and AdamW themselves"
     )
   raise TypeError(
     f"no onnx_optax rule is {cls.__module__}.{cls.__qualname__}: the PyTorch bridges map "
-    f"torch.optim.SGD (ONNX Momentum) and torch.optim.Adagrad (ONNX Adagrad)"
+    f"torch.optim.SGD (ONNX Momentum), torch.optim.Adagrad (ONNX Adagrad) and "
+    f"torch.optim.Adam / AdamW (ONNX Runtime AdamW, adam_mode=0)"
   )
 
 
@@ -370,7 +428,7 @@ def _described(groups: Sequence[dict]) -> list[tuple[tuple[int, ...], str, str]]
 
 
 def _check_group(g: int, group: dict, kind: str, learning_rate: Any) -> None:
-  known = _SGD_KEYS if kind == "SGD" else _ADAGRAD_KEYS
+  known = _KEYS[kind]
   unknown = sorted(set(group) - known)
   if unknown:
     raise ValueError(
@@ -392,6 +450,8 @@ def _check_group(g: int, group: dict, kind: str, learning_rate: Any) -> None:
       f"which a copy of the state cannot carry; build the optimizer with differentiable=False "
       f"(JAX differentiates through the transform itself)"
     )
+  if kind in ("Adam", "AdamW"):
+    _check_adam_group(g, group, kind)
   if kind == "SGD":
     if group["nesterov"] and (group["momentum"] == 0 or group["dampening"] != 0):
       # PyTorch's constructor refuses this too; a group edited after it is not.
@@ -407,6 +467,8 @@ def _transform(kind: str, g: int, group: dict, R: Any, T: int) -> optax.Gradient
   def number(key):
     return _common.real_number(f"param_groups[{g}][{key!r}]", group[key])
 
+  if kind in ("Adam", "AdamW"):
+    return _adam_transform(kind, g, group, R, T)
   if kind == "SGD":
     alpha = number("momentum")
     # momentum = 0 is plain SGD: PyTorch ignores dampening, and V_new is the
@@ -429,23 +491,25 @@ def _transform(kind: str, g: int, group: dict, R: Any, T: int) -> optax.Gradient
   )
 
 
-def _read_state(torch: Any, kind: str, optimizer: Any, group: dict, p: Any) -> tuple[int, Any]:
-  """``(T, state tensor or None for zeros)`` of one parameter."""
+def _read_state(torch: Any, kind: str, optimizer: Any, group: dict, p: Any) -> tuple[int, tuple[Any, ...]]:
+  """``(T, state tensors, each a NumPy array or None for zeros)`` of one parameter."""
   slot = optimizer.state.get(p, {})
+  if kind in ("Adam", "AdamW"):
+    return _read_adam_state(torch, kind, slot)
   if kind == "SGD":
     if group["momentum"] == 0:
-      return 0, None  # plain SGD keeps no buffer, and its T does not matter (beta = 1)
+      return 0, (None,)  # plain SGD keeps no buffer, and its T does not matter (beta = 1)
     buffer = slot.get("momentum_buffer")
-    return (0, None) if buffer is None else (1, _to_numpy(torch, buffer))
+    return (0, (None,)) if buffer is None else (1, (_to_numpy(torch, buffer),))
   if "sum" not in slot:
     # Adagrad fills the state of a parameter added after its constructor at
     # that parameter's first step, from the optimizer's defaults.
     value = optimizer.defaults["initial_accumulator_value"]
-    return 0, np.full(tuple(p.shape), value, _common.dtype_name(p.dtype))
+    return 0, (np.full(tuple(p.shape), value, _common.dtype_name(p.dtype)),)
   step = float(slot["step"])
   if step != int(step) or not 0 <= step <= 2**31 - 1:
     raise ValueError(f"Adagrad's step of a parameter is {step}, not a count of updates")
-  return int(step), _to_numpy(torch, slot["sum"])
+  return int(step), (_to_numpy(torch, slot["sum"]),)
 
 
 def _to_numpy(torch: Any, tensor: Any) -> np.ndarray:
@@ -464,3 +528,94 @@ def _to_tensor(torch: Any, value: np.ndarray, like: Any) -> Any:
   else:
     tensor = torch.from_numpy(np.array(value))
   return tensor.to(device=like.device)
+
+
+# --- torch.optim.Adam and AdamW: ONNX Runtime AdamW, adam_mode = 0 ------------
+
+
+def _check_adam_group(g: int, group: dict, kind: str) -> None:
+  """Refuses what no transform reproduces exactly (before anything is read or written)."""
+  if group["amsgrad"]:
+    raise ValueError(
+      f"param_groups[{g}] has amsgrad=True: torch.optim.{kind} then divides by the running maximum "
+      f"of exp_avg_sq (max_exp_avg_sq), which no onnx_optax rule keeps. Build the optimizer with "
+      f"amsgrad=False; optax.amsgrad is the nearest Optax rule (it takes the maximum of the "
+      f"bias-corrected second moment, and eps outside the root: a different rule)"
+    )
+  for key in ("lr", "betas", "eps", "weight_decay"):
+    values = group[key] if key == "betas" else (group[key],)
+    if any(not isinstance(v, numbers.Real) for v in values):
+      raise ValueError(
+        f"param_groups[{g}][{key!r}] is a tensor ({group[key]!r}): PyTorch then computes the step "
+        f"size in the tensor's dtype (float32 unless made otherwise), not in float64 as for a Python "
+        f"number, so no transform follows its rounding. Pass a Python float "
+        f"({key}=float(...)), or learning_rate= to from_torch for a schedule"
+      )
+  complex_params = [j for j, p in enumerate(group["params"]) if p.is_complex()]
+  if complex_params:
+    raise ValueError(
+      f"param_groups[{g}]['params'][{complex_params[0]}] is complex: torch.optim.{kind} updates its "
+      f"real and imaginary parts as two real tensors (torch.view_as_real). Carry real parameters: "
+      f"optimize torch.view_as_real views in PyTorch and float pairs in JAX"
+    )
+
+
+def _adam_transform(kind: str, g: int, group: dict, R: Any, T: int) -> optax.GradientTransformationExtraArgs:
+  """``ort_adamw`` (mode 0), after ``add_decayed_weights`` for Adam's coupled L2 term.
+
+  The group's ``decoupled_weight_decay`` decides (AdamW sets it, and
+  ``Adam(decoupled_weight_decay=True)`` is AdamW), as it decides in PyTorch's
+  step.
+  """
+
+  def number(name, value):
+    return _common.real_number(f"param_groups[{g}][{name}]", value)
+
+  alpha = number("'betas'][0", group["betas"][0])
+  beta = number("'betas'][1", group["betas"][1])
+  epsilon = number("'eps'", group["eps"])
+  weight_decay = number("'weight_decay'", group["weight_decay"])
+  decoupled = bool(group["decoupled_weight_decay"])
+  rule = transforms.ort_adamw(
+    R,
+    alpha=alpha,
+    beta=beta,
+    epsilon=epsilon,
+    weight_decay=weight_decay if decoupled else 0.0,
+    adam_mode=0,
+    correct_bias=True,
+    initial_count=T,
+  )
+  if decoupled or weight_decay == 0:
+    # PyTorch skips the decay when weight_decay == 0.
+    return rule
+  # Coupled L2: PyTorch adds weight_decay * param to the (maximize-negated)
+  # gradient before the moments, which is what add_decayed_weights does.
+  return optax.chain(optax.add_decayed_weights(weight_decay), rule)
+
+
+def _read_adam_state(torch: Any, kind: str, slot: dict) -> tuple[int, tuple[Any, ...]]:
+  """``(count, (exp_avg, exp_avg_sq))``: ``count`` is the next update's ORT ``step``."""
+  if "exp_avg" not in slot:
+    # PyTorch creates the state at a parameter's first step: zeros, step 0.
+    return 1, (None, None)
+  step = float(slot["step"])
+  if step != int(step) or not 0 <= step <= 2**31 - 2:
+    raise ValueError(f"{kind}'s step of a parameter is {step}, not a count of updates")
+  return int(step) + 1, (_to_numpy(torch, slot["exp_avg"]), _to_numpy(torch, slot["exp_avg_sq"]))
+
+
+def _write_adam_state(torch: Any, slot: dict, group: dict, p: Any, steps: int, tensors: tuple) -> None:
+  """``step`` (updates done), ``exp_avg`` and ``exp_avg_sq`` of one parameter."""
+  old = slot.get("step")
+  if isinstance(old, torch.Tensor):
+    dtype, device = old.dtype, old.device
+  else:
+    # Where PyTorch's own first step puts it: float32 on the parameter's
+    # device for fused or capturable, else a default-dtype scalar on the CPU.
+    on_device = bool(group["fused"]) or bool(group["capturable"])
+    default = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+    dtype = torch.float32 if group["fused"] else default
+    device = p.device if on_device else "cpu"
+  slot["step"] = torch.tensor(float(steps), dtype=dtype, device=device)
+  slot["exp_avg"], slot["exp_avg_sq"] = tensors
