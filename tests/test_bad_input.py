@@ -516,3 +516,27 @@ def test_keras_bridge_checks_ranges_under_keras_names(option, value):
   opt = keras.optimizers.Adam(learning_rate=0.1, **{option: value})
   with _raises(ValueError, option, "Hyperparameter ranges"):
     from_keras(opt, [jnp.ones(3)])
+
+
+def test_keras_without_its_backend_says_which_to_set():
+  """Keras 3 imports TensorFlow unless KERAS_BACKEND says otherwise: the error names the fix.
+
+  In a fresh interpreter with KERAS_BACKEND unset and TensorFlow made
+  unimportable, as on a machine where only the interop extra is installed.
+  """
+  import subprocess
+  import sys
+  import textwrap
+
+  code = textwrap.dedent("""
+      import sys
+      sys.modules["tensorflow"] = None  # as if TensorFlow were not installed
+      import onnx_optax.interop
+      try:
+        onnx_optax.interop.from_keras(object(), [])
+      except ImportError as error:
+        print(error)
+  """)
+  env = {k: v for k, v in __import__("os").environ.items() if k != "KERAS_BACKEND"}
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+  assert "failed to import its backend 'tensorflow'" in out.stdout and "KERAS_BACKEND=jax" in out.stdout, out

@@ -60,8 +60,8 @@ def require(module: str, caller: str) -> ModuleType:
   try:
     return importlib.import_module(module)
   except ImportError as error:
-    missing = getattr(error, "name", None) or ""
-    if module == "keras" and missing.split(".")[0] in ("tensorflow", "torch", "jax"):
+    missing = (getattr(error, "name", None) or "").split(".")[0]
+    if module == "keras" and missing in ("tensorflow", "torch", "jax"):
       raise ImportError(
         f"{caller} needs keras, which failed to import its backend {missing!r} "
         f"(KERAS_BACKEND={os.environ.get('KERAS_BACKEND', 'unset: TensorFlow, the default')}): set "
