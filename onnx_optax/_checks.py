@@ -104,7 +104,7 @@ def decay(name: str, value: Any, *, below_one: bool = False) -> Any:
   why = (
     f"{name} is a decay rate, the fraction of the state kept per update, in [0, 1"
     + (f"): at 1 the bias correction 1 - {name}^T is 0, a division by zero" if below_one else "]")
-    + f" ({_RANGES})"
+    + f"; above 1 the state grows without bound, below 0 it flips sign at every update ({_RANGES})"
   )
   return hyperparameter(name, value, minimum=0.0, maximum=1.0, maximum_exclusive=below_one, why=why)
 
