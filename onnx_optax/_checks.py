@@ -31,8 +31,13 @@ def hyperparameter(
   minimum: float | None = None,
   maximum: float | None = None,
   maximum_exclusive: bool = False,
+  why: str = "",
 ) -> Any:
   """Checks a real scalar hyperparameter; returns it unchanged.
+
+  ``why`` explains the range; it ends a range error's message. The ranges of
+  the rules' hyperparameters are decided once per kind, by the functions
+  below (:func:`decay`, :func:`coefficient`, ...), not at each call site.
 
   Raises:
     TypeError: ``value`` is not a real scalar (a bool, a string, a complex
@@ -60,12 +65,107 @@ def hyperparameter(
     raise ValueError(f"{name} must be finite, got an int of {int(value).bit_length()} bits") from None
   if not math.isfinite(x):
     raise ValueError(f"{name} must be finite, got {x}")
+  because = f": {why}" if why else ""
   if minimum is not None and x < minimum:
-    raise ValueError(f"{name} must be >= {minimum}, got {x}")
+    raise ValueError(f"{name} must be >= {minimum}, got {x}{because}")
   if maximum is not None and (x > maximum or (maximum_exclusive and x == maximum)):
     bound = f"< {maximum}" if maximum_exclusive else f"<= {maximum}"
-    raise ValueError(f"{name} must be {bound}, got {x}")
+    raise ValueError(f"{name} must be {bound}, got {x}{because}")
   return value
+
+
+# -- the ranges, one per kind of hyperparameter ------------------------------------
+#
+# Every rule, the ONNX operators' calls and the bridges check a hyperparameter
+# of a kind with that kind's function, so a range is decided once (docs/spec.md,
+# "Hyperparameter ranges", gives the reasons, and tests/test_bad_input.py checks
+# each bound in every rule that has the kind). Traced values are not checked.
+
+_RANGES = "docs/spec.md, Hyperparameter ranges"
+
+
+def learning_rate(name: str, value: Any) -> Any:
+  """A learning rate (``R``): any finite real.
+
+  A negative rate ascends the gradient, as in Optax (PyTorch's constructors
+  refuse ``lr < 0``; its ``maximize=True`` is the bridges' way).
+  """
+  return hyperparameter(name, value)
+
+
+def decay(name: str, value: Any, *, below_one: bool = False) -> Any:
+  """A decay rate of a moment: the fraction of the state kept per update.
+
+  In ``[0, 1]``: above 1 the state grows without bound, below 0 it flips
+  sign at every update (and the bias corrections' ``beta^T`` has no real
+  logarithm). ``below_one``: in ``[0, 1)``, for the first moments of the two
+  Adams, whose bias correction divides by ``1 - beta^T`` (0 at 1).
+  """
+  why = (
+    f"{name} is a decay rate, the fraction of the state kept per update, in [0, 1"
+    + (f"): at 1 the bias correction 1 - {name}^T is 0, a division by zero" if below_one else "]")
+    + f"; above 1 the state grows without bound, below 0 it flips sign at every update ({_RANGES})"
+  )
+  return hyperparameter(name, value, minimum=0.0, maximum=1.0, maximum_exclusive=below_one, why=why)
+
+
+def gradient_weight(name: str, value: Any) -> Any:
+  """The weight of the gradient in a momentum, in ``[0, 1]``.
+
+  ONNX Momentum's ``beta``, PyTorch's ``1 - dampening``: above 1 the gradient
+  is amplified, below 0 reversed.
+  """
+  why = (
+    f"{name} is the gradient's weight in the momentum (PyTorch's 1 - dampening), in [0, 1]; "
+    f"above 1 it amplifies the gradient, below 0 it reverses it ({_RANGES})"
+  )
+  return hyperparameter(name, value, minimum=0.0, maximum=1.0, why=why)
+
+
+def coefficient(name: str, value: Any) -> Any:
+  """An L2 (weight-decay) coefficient, ``>= 0``.
+
+  ``norm_coefficient`` adds the gradient of ``0.5 * c * ||X||^2``: a negative
+  ``c`` pushes the weights away from zero. PyTorch refuses a negative
+  ``weight_decay`` for the same reason.
+  """
+  why = (
+    f"{name} is an L2 (weight-decay) coefficient: a negative one pushes the weights away from 0, "
+    f"and PyTorch refuses a negative weight_decay ({_RANGES})"
+  )
+  return hyperparameter(name, value, minimum=0.0, why=why)
+
+
+def parameter_decay(name: str, value: Any) -> Any:
+  """A multiplicative decay of the parameters, ``X <- (1 - c) X``, in ``[0, 1)``.
+
+  ONNX Adam's ``norm_coefficient_post``: 1 zeroes the parameters at every
+  update, above 1 flips their sign, below 0 grows them.
+  """
+  why = (
+    f"{name} is the fraction of the parameters removed per update, X_final = (1 - {name}) X_new, "
+    f"in [0, 1): 1 zeroes them at every update, above 1 flips their sign, below 0 grows them "
+    f"({_RANGES})"
+  )
+  return hyperparameter(name, value, minimum=0.0, maximum=1.0, maximum_exclusive=True, why=why)
+
+
+def learning_rate_decay(name: str, value: Any) -> Any:
+  """Adagrad's learning-rate decay (PyTorch ``lr_decay``), ``>= 0``.
+
+  ``R / (1 + T * decay_factor)`` divides by zero at ``T = -1 / decay_factor``.
+  """
+  why = f"R / (1 + T * {name}) divides by zero at T = -1/{name}; PyTorch refuses lr_decay < 0 ({_RANGES})"
+  return hyperparameter(name, value, minimum=0.0, why=why)
+
+
+def epsilon(name: str, value: Any) -> Any:
+  """An epsilon added to a square root in a denominator, ``>= 0``.
+
+  A negative epsilon can zero the denominator (``Sqrt(H) = -epsilon``).
+  """
+  why = f"{name} is added to a square root in a denominator, which a negative one can zero ({_RANGES})"
+  return hyperparameter(name, value, minimum=0.0, why=why)
 
 
 def count(name: str, value: Any, *, minimum: int) -> Any:

@@ -180,9 +180,9 @@ def momentum(
   if not isinstance(mode, str) or mode not in rules.MODES:
     raise ValueError(f"mode must be one of {rules.MODES}, got {mode!r}")
   hyper = dict(
-    alpha=_checks.hyperparameter("alpha", alpha),
-    beta=_checks.hyperparameter("beta", beta),
-    norm_coefficient=_checks.hyperparameter("norm_coefficient", norm_coefficient),
+    alpha=_checks.decay("alpha", alpha),
+    beta=_checks.gradient_weight("beta", beta),
+    norm_coefficient=_checks.coefficient("norm_coefficient", norm_coefficient),
   )
 
   def rule(R, T, X, G, V):
@@ -208,9 +208,9 @@ def adagrad(
   passes exactly what the schema stores).
   """
   hyper = dict(
-    decay_factor=_checks.hyperparameter("decay_factor", decay_factor),
-    epsilon=_checks.hyperparameter("epsilon", epsilon),
-    norm_coefficient=_checks.hyperparameter("norm_coefficient", norm_coefficient),
+    decay_factor=_checks.learning_rate_decay("decay_factor", decay_factor),
+    epsilon=_checks.epsilon("epsilon", epsilon),
+    norm_coefficient=_checks.coefficient("norm_coefficient", norm_coefficient),
   )
 
   def rule(R, T, X, G, H):
@@ -238,11 +238,11 @@ def adam(
   is ``X + (X_final - X)``, within one rounding of ``X_final``.
   """
   hyper = dict(
-    alpha=_checks.hyperparameter("alpha", alpha),
-    beta=_checks.hyperparameter("beta", beta),
-    epsilon=_checks.hyperparameter("epsilon", epsilon),
-    norm_coefficient=_checks.hyperparameter("norm_coefficient", norm_coefficient),
-    norm_coefficient_post=_checks.hyperparameter("norm_coefficient_post", norm_coefficient_post),
+    alpha=_checks.decay("alpha", alpha, below_one=True),
+    beta=_checks.decay("beta", beta),
+    epsilon=_checks.epsilon("epsilon", epsilon),
+    norm_coefficient=_checks.coefficient("norm_coefficient", norm_coefficient),
+    norm_coefficient_post=_checks.parameter_decay("norm_coefficient_post", norm_coefficient_post),
   )
 
   def rule(R, T, X, G, V, H):
@@ -749,10 +749,10 @@ def from_node(
   count of a first update: ``T = 0`` for ONNX's operators, ``step = 1`` for
   ``AdamWOptimizer`` (ONNX Runtime's training loop feeds its step count
   + 1). One update from ``init`` equals one execution of the node on zero
-  state tensors with that count. The transform checks its hyperparameters'
-  ranges (for example Adam's ``alpha < 1``), which the operator itself does
-  not. An ``update_signal`` input has no counterpart in a transform, which
-  always updates (skipping a step is the caller's choice, as in
+  state tensors with that count. The hyperparameters' ranges (for example
+  Adam's ``alpha < 1``) are checked as in the operators' calls. An
+  ``update_signal`` input has no counterpart in a transform, which always
+  updates (skipping a step is the caller's choice, as in
   ``optax.apply_if_finite``).
 
   Args:

@@ -177,8 +177,11 @@ def _transform(
     del extra_args  # The GradientTransformationExtraArgs protocol.
     if uses_params and params is None:
       raise ValueError(
-        "this transform has a non-zero norm_coefficient (or norm_coefficient_post) "
-        "and needs the parameters: call update(grads, state, params)"
+        "this transform needs the parameters: call update(grads, state, params). Its "
+        "norm_coefficient (or norm_coefficient_post) is not the Python number 0; an injected "
+        "coefficient (optax.inject_hyperparams) is an array, traced under jit, so even an injected "
+        "0.0 needs them. Pass params, or keep the coefficient a Python number: "
+        "optax.inject_hyperparams(..., static_args=('norm_coefficient',))"
       )
     _checks.state(state_cls, state)
     trees = {f"state.{name}": tree for name, tree in zip(state_cls._fields[1:], state[1:])}
@@ -221,7 +224,7 @@ def _cast(x: Array | None, dtype: Any) -> Array | None:
 def _learning_rate(learning_rate: ScalarOrSchedule) -> ScalarOrSchedule:
   if callable(learning_rate):
     return learning_rate
-  return _checks.hyperparameter("learning_rate", learning_rate)
+  return _checks.learning_rate("learning_rate", learning_rate)
 
 
 def momentum(
@@ -282,9 +285,9 @@ def momentum(
   if mode not in rules.MODES:
     raise ValueError(f"mode must be one of {rules.MODES}, got {mode!r}")
   hyper = dict(
-    alpha=_checks.hyperparameter("alpha", alpha),
-    beta=_checks.hyperparameter("beta", beta),
-    norm_coefficient=_checks.hyperparameter("norm_coefficient", norm_coefficient),
+    alpha=_checks.decay("alpha", alpha),
+    beta=_checks.gradient_weight("beta", beta),
+    norm_coefficient=_checks.coefficient("norm_coefficient", norm_coefficient),
   )
 
   # Looked up in `rules` at each update, not bound here: a test may replace a part.
@@ -362,9 +365,9 @@ def adagrad(
     Array([0.9, 2.1], dtype=float32)
   """
   hyper = dict(
-    decay_factor=_checks.hyperparameter("decay_factor", decay_factor, minimum=0.0),
-    epsilon=_checks.hyperparameter("epsilon", epsilon, minimum=0.0),
-    norm_coefficient=_checks.hyperparameter("norm_coefficient", norm_coefficient),
+    decay_factor=_checks.learning_rate_decay("decay_factor", decay_factor),
+    epsilon=_checks.epsilon("epsilon", epsilon),
+    norm_coefficient=_checks.coefficient("norm_coefficient", norm_coefficient),
   )
 
   def scalars(R, T):
@@ -443,11 +446,11 @@ def adam(
     Array([0.9, 2.1], dtype=float32)
   """
   hyper = dict(
-    alpha=_checks.hyperparameter("alpha", alpha, minimum=0.0, maximum=1.0, maximum_exclusive=True),
-    beta=_checks.hyperparameter("beta", beta, minimum=0.0, maximum=1.0),
-    epsilon=_checks.hyperparameter("epsilon", epsilon, minimum=0.0),
-    norm_coefficient=_checks.hyperparameter("norm_coefficient", norm_coefficient),
-    norm_coefficient_post=_checks.hyperparameter("norm_coefficient_post", norm_coefficient_post),
+    alpha=_checks.decay("alpha", alpha, below_one=True),
+    beta=_checks.decay("beta", beta),
+    epsilon=_checks.epsilon("epsilon", epsilon),
+    norm_coefficient=_checks.coefficient("norm_coefficient", norm_coefficient),
+    norm_coefficient_post=_checks.parameter_decay("norm_coefficient_post", norm_coefficient_post),
   )
 
   def scalars(R, T):
@@ -519,9 +522,9 @@ def directml_adam(
     Array([0.9, 2.1], dtype=float32)
   """
   hyper = dict(
-    beta1=_checks.hyperparameter("beta1", beta1, minimum=0.0, maximum=1.0, maximum_exclusive=True),
-    beta2=_checks.hyperparameter("beta2", beta2, minimum=0.0, maximum=1.0),
-    epsilon=_checks.hyperparameter("epsilon", epsilon, minimum=0.0),
+    beta1=_checks.decay("beta1", beta1, below_one=True),
+    beta2=_checks.decay("beta2", beta2),
+    epsilon=_checks.epsilon("epsilon", epsilon),
   )
 
   def scalars(R, T):
@@ -666,10 +669,10 @@ def ort_adamw(
       "(mode 0 is PyTorch's AdamW, which always corrects the bias); use adam_mode=1 for no correction"
     )
   hyper = dict(
-    alpha=_checks.hyperparameter("alpha", alpha, minimum=0.0, maximum=1.0, maximum_exclusive=True),
-    beta=_checks.hyperparameter("beta", beta, minimum=0.0, maximum=1.0),
-    epsilon=_checks.hyperparameter("epsilon", epsilon, minimum=0.0),
-    weight_decay=_checks.hyperparameter("weight_decay", weight_decay, minimum=0.0),
+    alpha=_checks.decay("alpha", alpha, below_one=True),
+    beta=_checks.decay("beta", beta),
+    epsilon=_checks.epsilon("epsilon", epsilon),
+    weight_decay=_checks.coefficient("weight_decay", weight_decay),
   )
 
   def scalars(R, T):

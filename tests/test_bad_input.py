@@ -359,3 +359,184 @@ def test_vmap_over_hyperparameters(name):
     alpha = hyper.get("alpha", 0.0) if name == "adam" else hyper.get("beta1", 0.0)
     tol = 2 * 16 * 2.0**-24 * float(np.max(np.abs(want))) / (1 - alpha)
     np.testing.assert_allclose(np.asarray(batched["w"][i], np.float64), want, rtol=0, atol=tol)
+
+
+# ----------------------------------------------------------------------------
+# Hyperparameter ranges: one per kind, the same in every rule, call and bridge
+
+# kind -> (lowest valid, highest valid or None, whether the highest is excluded,
+#          the (rule, argument) pairs of that kind). Written from docs/spec.md's
+# table "Hyperparameter ranges", not from onnx_optax._checks.
+KINDS = {
+  "decay rate": (0.0, 1.0, False, [("momentum", "alpha"), ("adam", "beta"), ("directml_adam", "beta2")]),
+  "first-moment decay": (0.0, 1.0, True, [("adam", "alpha"), ("directml_adam", "beta1")]),
+  "gradient weight": (0.0, 1.0, False, [("momentum", "beta")]),
+  "L2 coefficient": (
+    0.0,
+    None,
+    False,
+    [("momentum", "norm_coefficient"), ("adagrad", "norm_coefficient"), ("adam", "norm_coefficient")],
+  ),
+  "parameter decay": (0.0, 1.0, True, [("adam", "norm_coefficient_post")]),
+  "learning-rate decay": (0.0, None, False, [("adagrad", "decay_factor")]),
+  "epsilon": (0.0, None, False, [("adagrad", "epsilon"), ("adam", "epsilon"), ("directml_adam", "epsilon")]),
+}
+RANGED = [(kind, rule, argument) for kind, (*_, pairs) in KINDS.items() for rule, argument in pairs]
+
+
+def _outside(kind):
+  """Values just outside the kind's range, each with the bound its message must state."""
+  lo, hi, open_hi, _ = KINDS[kind]
+  out = [(lo - 1e-3, f">= {lo}"), (lo - 1.0, f">= {lo}")]
+  if hi is not None:
+    out += [(hi, f"< {hi}")] if open_hi else [(hi + 1e-3, f"<= {hi}"), (hi + 0.5, f"<= {hi}")]
+  return out
+
+
+def _inside(kind):
+  lo, hi, open_hi, _ = KINDS[kind]
+  return [lo, 0.5 if hi is None else (hi - 2**-10 if open_hi else hi)]
+
+
+def _onnx_call(rule, argument, value):
+  """The ONNX operator's call of ``rule`` with one attribute set, on one float32 tensor."""
+  from onnx_optax import onnx as onnx_calls
+
+  X = G = np.ones(3, np.float32)
+  states = {"momentum": 1, "adagrad": 1, "adam": 2}[rule]
+  call = getattr(onnx_calls, rule)
+  return call(
+    np.float32(0.1), 1, X, G, *[np.zeros(3, np.float32)] * states, **{**_required(rule), argument: value}
+  )
+
+
+def _required(rule):
+  return MOMENTUM if rule == "momentum" else {}
+
+
+def test_every_hyperparameter_has_a_kind():
+  """No numeric hyperparameter of a rule is left out of the table (and so unchecked)."""
+  import inspect
+
+  for rule, (make, _) in MAKERS.items():
+    numeric = {
+      n
+      for n, p in inspect.signature(make).parameters.items()
+      if p.kind is p.KEYWORD_ONLY and n not in ("mode", "initial_count", "state_dtype")
+    }
+    assert numeric == {a for r, a in KINDS_PAIRS if r == rule}, rule
+
+
+KINDS_PAIRS = {(rule, argument) for _, rule, argument in RANGED}
+
+
+@pytest.mark.parametrize("kind,rule,argument", RANGED)
+def test_range_of_each_kind_in_every_rule(kind, rule, argument):
+  """Just outside the kind's range: refused, naming the argument, the bound and the docs' table.
+
+  On the range's edges: accepted (and the transform initializes). The ONNX
+  operators' calls refuse and accept the same values.
+  """
+  for value, bound in _outside(kind):
+    with _raises(ValueError, argument, bound, "Hyperparameter ranges"):
+      _make(rule, **{argument: value})
+    with _raises(ValueError, argument):  # concrete arrays too (inject_hyperparams outside jit)
+      _make(rule, **{argument: np.float32(value)})
+    if rule != "directml_adam":
+      with _raises(ValueError, argument, bound):
+        _onnx_call(rule, argument, value)
+  for value in _inside(kind):
+    _make(rule, **{argument: value}).init({"w": jnp.ones(3)})
+    if rule != "directml_adam":
+      _onnx_call(rule, argument, value)
+
+
+def test_learning_rate_may_be_negative():
+  """A negative learning rate ascends, as in Optax; only non-finite ones are refused."""
+  opt = onnx_optax.adagrad(-0.1, epsilon=0.0)
+  updates, _ = opt.update(jnp.array([2.0]), opt.init(jnp.array([1.0])))
+  assert float(updates[0]) == pytest.approx(0.1)
+
+
+def test_injected_zero_norm_coefficient_names_static_args():
+  """An injected 0.0 is an array, traced under jit: the message says why and what to do."""
+  opt = optax.inject_hyperparams(onnx_optax.momentum)(
+    0.1, alpha=0.9, beta=0.9, mode="standard", norm_coefficient=0.0
+  )
+  params = jnp.ones(3)
+  state = opt.init(params)
+  with _raises(
+    ValueError, "injected", "traced", "static_args=('norm_coefficient',)", "update(grads, state, params)"
+  ):
+    opt.update(jnp.ones(3), state)
+  opt.update(jnp.ones(3), state, params)  # either fix works
+  static = optax.inject_hyperparams(onnx_optax.momentum, static_args=("norm_coefficient",))
+  opt = static(0.1, alpha=0.9, beta=0.9, mode="standard", norm_coefficient=0.0)
+  opt.update(jnp.ones(3), opt.init(params))
+
+
+@pytest.mark.parametrize(
+  "build,option,value,named",
+  [
+    ("SGD", "momentum", 1.5, "param_groups[0]['momentum']"),
+    ("SGD", "momentum", -0.1, "param_groups[0]['momentum']"),
+    ("SGD", "dampening", 1.5, "param_groups[0]['dampening']"),
+    ("SGD", "dampening", -0.5, "param_groups[0]['dampening']"),
+    ("SGD", "weight_decay", -1e-4, "param_groups[0]['weight_decay']"),
+    ("Adagrad", "weight_decay", -1e-4, "param_groups[0]['weight_decay']"),
+    ("Adagrad", "lr_decay", -0.1, "param_groups[0]['lr_decay']"),
+    ("Adagrad", "eps", -1e-10, "param_groups[0]['eps']"),
+    ("SGD", "lr", float("nan"), "param_groups[0]['lr']"),
+  ],
+)
+def test_torch_bridge_checks_ranges_under_pytorch_names(build, option, value, named):
+  """The ranges of the kinds, checked under PyTorch's names (a group edited after the constructor)."""
+  import torch
+
+  from onnx_optax.interop import from_torch
+
+  p = torch.nn.Parameter(torch.ones(3))
+  opt = getattr(torch.optim, build)([p], lr=0.1, **({"momentum": 0.9} if build == "SGD" else {}))
+  opt.param_groups[0][option] = value
+  with _raises(ValueError, named):
+    from_torch(opt, [jnp.ones(3)])
+
+
+@pytest.mark.parametrize(
+  "option,value", [("beta_1", 1.0), ("beta_1", -0.1), ("beta_2", 1.001), ("epsilon", -1e-7)]
+)
+def test_keras_bridge_checks_ranges_under_keras_names(option, value):
+  import os
+
+  os.environ.setdefault("KERAS_BACKEND", "jax")
+  import keras
+
+  from onnx_optax.interop import from_keras
+
+  opt = keras.optimizers.Adam(learning_rate=0.1, **{option: value})
+  with _raises(ValueError, option, "Hyperparameter ranges"):
+    from_keras(opt, [jnp.ones(3)])
+
+
+def test_keras_without_its_backend_says_which_to_set():
+  """Keras 3 imports TensorFlow unless KERAS_BACKEND says otherwise: the error names the fix.
+
+  In a fresh interpreter with KERAS_BACKEND unset and TensorFlow made
+  unimportable, as on a machine where only the interop extra is installed.
+  """
+  import subprocess
+  import sys
+  import textwrap
+
+  code = textwrap.dedent("""
+      import sys
+      sys.modules["tensorflow"] = None  # as if TensorFlow were not installed
+      import onnx_optax.interop
+      try:
+        onnx_optax.interop.from_keras(object(), [])
+      except ImportError as error:
+        print(error)
+  """)
+  env = {k: v for k, v in __import__("os").environ.items() if k != "KERAS_BACKEND"}
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+  assert "failed to import its backend 'tensorflow'" in out.stdout and "KERAS_BACKEND=jax" in out.stdout, out

@@ -607,3 +607,89 @@ def test_narrow_state_round_trips_bit_for_bit(dtype):
   to_torch(state, opt2, params)
   assert torch.equal(opt2.state[ps2[0]]["momentum_buffer"], opt.state[ps[0]]["momentum_buffer"])
   assert torch.equal(ps2[0], ps[0]) and opt2.state[ps2[0]]["momentum_buffer"].dtype == dtype
+
+
+# ----------------------------------------------------------------------------
+# What a PyTorch user holds: tensors, named_parameters(), no `like` at all
+
+
+def _mlp():
+  torch.manual_seed(0)
+  return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2)).double()
+
+
+def test_torch_params_takes_tensors_or_nothing():
+  """``list(model.parameters())`` and ``like=None`` give the weights, exactly, in the optimizer's order."""
+  with jax.enable_x64(True):
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    want = [p.detach().numpy() for p in model.parameters()]
+    for params in (torch_params(opt, list(model.parameters())), torch_params(opt)):
+      assert isinstance(params, list)
+      for x, w in zip(params, want, strict=True):
+        assert x.dtype == jnp.float64 and np.array_equal(np.asarray(x), w)
+  # float64 without x64 would be truncated: refused, with the fix.
+  with pytest.raises(ValueError, match="jax_enable_x64"):
+    torch_params(opt)
+
+
+def test_torch_params_refuses_the_optimizers_tensors_in_another_order():
+  """``dict(model.named_parameters())`` sorts its keys ('10' before '2'): refused, naming the fix.
+
+  Same shapes throughout, so only the tensors' identity tells the order.
+  """
+  ps = torch.nn.ParameterList([torch.nn.Parameter(torch.full((3,), float(i))) for i in range(11)])
+  opt = torch.optim.SGD(ps.parameters(), lr=0.1)
+  with pytest.raises(ValueError, match=r"another order.*named_parameters\(\)"):
+    torch_params(opt, dict(ps.named_parameters()))
+
+
+def test_named_parameters_are_matched_by_name():
+  """An optimizer built from ``named_parameters()``: dicts keyed by those names, in any order.
+
+  N = 2 SGD steps in PyTorch, ``from_torch`` on the dict that ``torch_params``
+  returns, M = 3 steps in JAX, ``to_torch`` (state alone, then weights) and
+  one more PyTorch step: equal to the all-PyTorch run of 6 steps (float64,
+  1e-12). Leaves sorted by name ('0.bias' first) are not the optimizer's
+  order (weight first), so a match by position would fail on shapes.
+  """
+  with jax.enable_x64(True):
+    model, ref = _mlp(), _mlp()
+    x = torch.linspace(-1, 1, 15, dtype=torch.float64).reshape(5, 3)
+
+    def loss(m):
+      return (m(x) ** 2).mean()
+
+    def torch_step(m, opt):
+      opt.zero_grad()
+      loss(m).backward()
+      opt.step()
+
+    make = lambda m: torch.optim.SGD(
+      m.named_parameters(), lr=0.1, momentum=0.9, dampening=0.2, weight_decay=0.01
+    )
+    opt, opt_ref = make(model), make(ref)
+    for _ in range(6):
+      torch_step(ref, opt_ref)
+    for _ in range(2):
+      torch_step(model, opt)
+
+    params = torch_params(opt)
+    assert list(params) == sorted(n for n, _ in model.named_parameters())  # not the optimizer's order
+    tx, state = from_torch(opt, params)
+    for _ in range(3):
+      with torch.no_grad():
+        for name, p in model.named_parameters():
+          p.copy_(torch.from_numpy(np.array(params[name])))
+      model.zero_grad()
+      loss(model).backward()
+      grads = {name: jnp.asarray(p.grad.numpy()) for name, p in model.named_parameters()}
+      updates, state = tx.update(grads, state, params)
+      params = optax.apply_updates(params, updates)
+    to_torch(state, opt)  # the state's dict is matched by name too
+    for name, p in model.named_parameters():
+      np.testing.assert_array_equal(opt.state[p]["momentum_buffer"].numpy(), np.asarray(state.v[name]))
+    to_torch(state, opt, params)
+    torch_step(model, opt)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+      np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-12, err_msg=name)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import numbers
+import os
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any, NamedTuple
@@ -33,14 +34,43 @@ RULE_STATES = (
 )
 
 
+#: How to install each framework the bridges import (docs/interop.md, "Installing").
+INSTALL = {
+  "torch": (
+    "pip install 'onnx_optax[interop]' brings Keras but not PyTorch (a PyTorch user has a build "
+    "for their machine); install PyTorch itself, on a machine without a GPU its CPU build: "
+    "pip install torch --index-url https://download.pytorch.org/whl/cpu "
+    "(https://pytorch.org/get-started/locally/)"
+  ),
+  "keras": (
+    "pip install 'onnx_optax[interop]' (Keras 3), and set KERAS_BACKEND=jax before anything imports keras"
+  ),
+}
+
+
 def require(module: str, caller: str) -> ModuleType:
-  """Imports ``module`` or says which extra installs it."""
+  """Imports ``module`` or says how to install it, or which backend to set.
+
+  Keras 3 imports its backend when it is imported, TensorFlow by default:
+  without TensorFlow, ``import keras`` fails on ``tensorflow`` although Keras
+  is installed. That is a missing backend, not a missing Keras, and the
+  message says so. The bridges do not set ``KERAS_BACKEND`` themselves: it
+  is process-wide, and it decides what every other Keras user in the process
+  gets.
+  """
   try:
     return importlib.import_module(module)
   except ImportError as error:
-    raise ImportError(
-      f"{caller} needs {module}, which is not installed: pip install 'onnx_optax[interop]'"
-    ) from error
+    missing = (getattr(error, "name", None) or "").split(".")[0]
+    if module == "keras" and missing in ("tensorflow", "torch", "jax"):
+      raise ImportError(
+        f"{caller} needs keras, which failed to import its backend {missing!r} "
+        f"(KERAS_BACKEND={os.environ.get('KERAS_BACKEND', 'unset: TensorFlow, the default')}): set "
+        f"KERAS_BACKEND=jax (or torch) before anything imports keras, e.g. "
+        f"os.environ['KERAS_BACKEND'] = 'jax' at the top of the script"
+      ) from error
+    how = INSTALL.get(module, "")
+    raise ImportError(f"{caller} needs {module}, which is not installed: {how}") from error
 
 
 def leaf_paths(params: Any) -> tuple[list[Any], jax.tree_util.PyTreeDef, list[str]]:
@@ -54,9 +84,20 @@ def leaf_paths(params: Any) -> tuple[list[Any], jax.tree_util.PyTreeDef, list[st
 
 
 def dtype_name(dtype: Any) -> str:
-  """A dtype's NumPy name: ``torch.float32`` and ``jnp.float32`` give ``float32``."""
+  """A dtype's NumPy name: ``torch.float32``, ``jnp.float32`` and ``"float32"`` give ``float32``."""
   text = str(dtype)
-  return text.removeprefix("torch.")
+  try:
+    return jnp.dtype(text.removeprefix("torch.") if text.startswith("torch.") else dtype).name
+  except TypeError:  # not a NumPy dtype (torch.complex32...): compared as written
+    return text.removeprefix("torch.")
+
+
+def first_field(state: Any) -> Any:
+  """The first tensor field of the first rule state in ``state`` (the params' structure), or None."""
+  for node in jax.tree.leaves(state, is_leaf=_is_rule_state):
+    if _is_rule_state(node):
+      return node[1]
+  return None
 
 
 def check_leaves(
@@ -64,36 +105,50 @@ def check_leaves(
   paths: Sequence[str],
   others: Sequence[tuple[tuple[int, ...], str, str]],
   framework: str,
+  *,
+  argument: str = "params",
+  order: str = "",
 ) -> None:
   """Checks that the JAX leaves match the other framework's parameters one by one.
 
   Args:
     leaves: the leaves of the JAX ``params`` (anything with ``shape`` and
-      ``dtype``).
+      ``dtype``: JAX arrays, ``jax.ShapeDtypeStruct``, NumPy arrays, PyTorch
+      tensors), in the other framework's order.
     paths: their pytree paths, for the error messages.
     others: per parameter of the other framework, ``(shape, dtype name,
       description)``, in its order.
     framework: ``"PyTorch"`` or ``"Keras"``, for the error messages.
+    argument: the name of the checked argument, for the error messages.
+    order: how to list the leaves in the other framework's order (the fix
+      that a shape error on permuted leaves needs).
 
   Raises:
     ValueError: different numbers of leaves, or a shape or dtype that differs
       (nothing is broadcast or cast).
   """
+  order = order or (
+    f"jax.tree.leaves({argument}) must list the {framework} optimizer's parameters in its order "
+    f"(it sorts dict keys: pass a list in that order)"
+  )
   if len(leaves) != len(others):
     raise ValueError(
-      f"params has {len(leaves)} leaves but the {framework} optimizer has {len(others)} "
-      f"parameters; jax.tree.leaves(params) must list them in the optimizer's order"
+      f"{argument} has {len(leaves)} leaves but the {framework} optimizer has {len(others)} "
+      f"parameters; {order}"
     )
   for leaf, path, (shape, dtype, where) in zip(leaves, paths, others):
     if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
-      raise TypeError(f"params{path} must be an array, got {type(leaf).__name__}")
+      raise TypeError(
+        f"{argument}{path} must be an array (or jax.ShapeDtypeStruct), got {type(leaf).__name__}"
+      )
     if tuple(leaf.shape) != tuple(shape):
       raise ValueError(
-        f"params{path} has shape {tuple(leaf.shape)} but the {framework} {where} has shape {tuple(shape)}"
+        f"{argument}{path} has shape {tuple(leaf.shape)} but the {framework} {where} has shape "
+        f"{tuple(shape)}; {order}"
       )
-    if jnp.dtype(leaf.dtype).name != dtype:
+    if dtype_name(leaf.dtype) != dtype:
       raise ValueError(
-        f"params{path} has dtype {jnp.dtype(leaf.dtype).name} but the {framework} {where} "
+        f"{argument}{path} has dtype {dtype_name(leaf.dtype)} but the {framework} {where} "
         f"has dtype {dtype} (nothing is cast; for float64 enable jax_enable_x64)"
       )
 

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import optax
 
-from onnx_optax import transforms
+from onnx_optax import _checks, transforms
 from onnx_optax.interop import _common
 
 __all__ = ["from_keras", "to_keras"]
@@ -140,7 +140,8 @@ def from_keras(
         f"JAX updates (the Keras schedule evaluated at n + iterations, here "
         f"n + {_iterations(keras, optimizer)})"
       )
-    learning_rate = _common.real_number("learning_rate", keras.ops.convert_to_numpy(schedule))
+    rate = _common.real_number("learning_rate", keras.ops.convert_to_numpy(schedule))
+    learning_rate = _checks.learning_rate("the optimizer's learning_rate", rate)
   leaves, treedef, paths = _common.leaf_paths(params)
   variables = _variables(optimizer)
   if variables is not None:
@@ -148,9 +149,10 @@ def from_keras(
   T = _iterations(keras, optimizer) + 1
   tx = transforms.directml_adam(
     learning_rate,
-    beta1=_common.real_number("beta_1", optimizer.beta_1),
-    beta2=_common.real_number("beta_2", optimizer.beta_2),
-    epsilon=_common.real_number("epsilon", optimizer.epsilon),
+    # Checked under Keras's names, with the ranges of their kinds (docs/spec.md).
+    beta1=_checks.decay("beta_1", _common.real_number("beta_1", optimizer.beta_1), below_one=True),
+    beta2=_checks.decay("beta_2", _common.real_number("beta_2", optimizer.beta_2)),
+    epsilon=_checks.epsilon("epsilon", _common.real_number("epsilon", optimizer.epsilon)),
     initial_count=T,
   )
   state = tx.init(params)

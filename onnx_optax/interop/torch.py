@@ -72,14 +72,14 @@ Importing this module does not import PyTorch; the functions do.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 import optax
 
-from onnx_optax import transforms
+from onnx_optax import _checks, transforms
 from onnx_optax.interop import _common
 
 __all__ = ["from_torch", "to_torch", "torch_params"]
@@ -174,10 +174,12 @@ def from_torch(
 
   Args:
     optimizer: a ``torch.optim.SGD``, ``Adagrad``, ``Adam`` or ``AdamW``.
-    params: the JAX parameters (a pytree of arrays), whose ``jax.tree.leaves``
-      are the optimizer's
+    params: the JAX parameters (a pytree of arrays, e.g. from
+      :func:`torch_params`), whose ``jax.tree.leaves`` are the optimizer's
       parameters in the order of ``optimizer.param_groups`` (group by group,
-      each group's ``params`` in order). Shapes and dtypes must match.
+      each group's ``params`` in order); or, for an optimizer built from
+      ``model.named_parameters()``, a dict keyed by those names, matched by
+      name in any order. Shapes and dtypes must match.
     learning_rate: None to use each group's ``lr``. Needed when a
       learning-rate scheduler is attached (its groups carry ``initial_lr``),
       since the schedule is not part of the optimizer: a float, or a schedule
@@ -223,9 +225,8 @@ def from_torch(
   """
   torch = _torch()
   kind = _kind(torch, optimizer)
-  leaves, treedef, paths = _common.leaf_paths(params)
   groups = optimizer.param_groups
-  _common.check_leaves(leaves, paths, _described(groups), "PyTorch")
+  leaves, treedef, perm = _ordered(params, groups, "params")
   rates = _common.learning_rates(learning_rate, len(groups))
 
   transforms_by_label: dict[str, optax.GradientTransformation] = {}
@@ -242,14 +243,17 @@ def from_torch(
       labels.append(f"group{g}" if f"group{g}" in transforms_by_label else f"group{g}.T{T}")
       tensors.append(tensor)
 
-  tx = _common.partition(transforms_by_label, labels, treedef)
+  # labels and tensors are in the optimizer's order; the trees need the leaves' order.
+  tree_labels, tree_tensors = _to_leaf_order(labels, perm), _to_leaf_order(tensors, perm)
+  tx = _common.partition(transforms_by_label, tree_labels, treedef)
   state = tx.init(params)
+  tree_leaves = jax.tree.leaves(params)
   fields = [
     [
       _common.put_like(v if v is not None else np.zeros(leaf.shape, _common.dtype_name(leaf.dtype)), leaf)
-      for v, leaf in zip(column, leaves)
+      for v, leaf in zip(column, tree_leaves)
     ]
-    for column in zip(*tensors)
+    for column in zip(*tree_tensors)
   ]
   state = _common.fill(state, treedef, fields)
   return tx, state
@@ -266,7 +270,9 @@ def to_torch(state: Any, optimizer: Any, params: Any = None) -> None:
 
   The optimizer's parameters are PyTorch tensors that JAX never touched: pass
   ``params`` (the JAX parameters, leaves in the order of
-  ``optimizer.param_groups``) to copy them in as well, or copy them yourself.
+  ``optimizer.param_groups``, or a dict keyed by the optimizer's
+  ``named_parameters()`` names) to copy them in as well, or copy them
+  yourself. A state whose trees are such a dict is matched by name too.
 
   The state's tensors must have the parameters' dtypes (PyTorch keeps its
   state in the parameter's dtype); nothing is cast. Everything is checked
@@ -299,9 +305,15 @@ def to_torch(state: Any, optimizer: Any, params: Any = None) -> None:
   described = _described(groups)
   new_params = None
   if params is not None:
-    leaves, _, paths = _common.leaf_paths(params)
-    _common.check_leaves(leaves, paths, described, "PyTorch")
+    leaves, _, perm = _ordered(params, groups, "params")
     new_params = [_to_tensor(torch, np.asarray(leaf), p) for leaf, p in zip(leaves, torch_params_)]
+  else:
+    # The state's trees have the params' structure: a dict keyed by the
+    # optimizer's parameter names is matched by name there too.
+    field = _common.first_field(state)
+    perm = _name_order(field, groups) if field is not None else None
+  if perm is not None:
+    owners = [owners[j] for j in perm]
 
   writes = []  # (param, group, count, tensors), all checked before any write
   i = 0
@@ -357,40 +369,127 @@ def to_torch(state: Any, optimizer: Any, params: Any = None) -> None:
         p.copy_(value)
 
 
-def torch_params(optimizer: Any, like: Any) -> Any:
+def torch_params(optimizer: Any, like: Any = None) -> Any:
   """The optimizer's parameters as JAX arrays, in the structure of ``like``.
 
-  ``jax.tree.leaves(like)`` must match the parameters across
-  ``optimizer.param_groups`` in order, shape and dtype (``like`` may hold
-  arrays or ``jax.ShapeDtypeStruct``). The values are copied exactly.
+  ``like`` says the structure, shapes and dtypes of the result. It may be:
+
+  * None: a list in the order of ``optimizer.param_groups``, or, when the
+    optimizer was built from ``model.named_parameters()``, a dict keyed by
+    those names (both are what :func:`from_torch` takes);
+  * the PyTorch parameters themselves, ``list(model.parameters())`` or
+    ``dict(model.named_parameters())``, or any pytree whose leaves are
+    tensors, JAX arrays or ``jax.ShapeDtypeStruct``.
+
+  ``jax.tree.leaves(like)`` must list the optimizer's parameters in its order,
+  except for a dict keyed by the names the optimizer was built with
+  (``named_parameters()``), which is matched by name. Shapes and dtypes must
+  match; the values are copied exactly. float64 needs ``jax_enable_x64``.
 
   Example:
     >>> import torch, jax, jax.numpy as jnp
     >>> from onnx_optax.interop import torch_params
-    >>> layer = torch.nn.Linear(3, 2)
-    >>> opt = torch.optim.SGD(layer.parameters(), lr=0.1)
-    >>> like = {"w": jax.ShapeDtypeStruct((2, 3), jnp.float32),
-    ...         "b": jax.ShapeDtypeStruct((2,), jnp.float32)}
-    >>> params = torch_params(opt, like)  # dict leaves are sorted: "b" before "w"
-    Traceback (most recent call last):
-    ...
-    ValueError: params['b'] has shape (2,) but the PyTorch param_groups[0]['params'][0] has shape (2, 3)
-    >>> params = torch_params(opt, [like["w"], like["b"]])
-    >>> bool((params[0] == jnp.asarray(layer.weight.detach().numpy())).all())
-    True
+    >>> model = torch.nn.Linear(3, 2)
+    >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    >>> params = torch_params(opt)  # a list, in the optimizer's order
+    >>> [p.shape for p in params]
+    [(2, 3), (2,)]
+    >>> params = torch_params(opt, list(model.parameters()))  # the same
+    >>> named = torch.optim.SGD(model.named_parameters(), lr=0.1)
+    >>> params = torch_params(named)  # keyed by name: from_torch matches names
+    >>> sorted(params), params["weight"].shape
+    (['bias', 'weight'], (2, 3))
   """
   torch = _torch()
   _kind(torch, optimizer)
-  leaves, treedef, paths = _common.leaf_paths(like)
   groups = optimizer.param_groups
-  _common.check_leaves(leaves, paths, _described(groups), "PyTorch")
-  values = [_to_numpy(torch, p) for group in groups for p in group["params"]]
-  return treedef.unflatten(
-    [
-      _common.put_like(v, leaf) if isinstance(leaf, jax.Array) else jax.numpy.asarray(v, dtype=leaf.dtype)
-      for v, leaf in zip(values, leaves)
-    ]
-  )
+  if like is None:
+    names = _param_names(groups)
+    tensors = [p for group in groups for p in group["params"]]
+    like = dict(zip(names, tensors)) if names is not None else tensors
+  leaves, treedef, perm = _ordered(like, groups, "like")
+  for i, (leaf, p) in enumerate(zip(leaves, (p for group in groups for p in group["params"]))):
+    if isinstance(leaf, torch.Tensor) and leaf is not p and _is_one_of(leaf, groups):
+      raise ValueError(
+        f"like lists the optimizer's parameters in another order: its leaf for "
+        f"{_described(groups)[i][2]} is another of the optimizer's tensors. "
+        f"jax.tree.leaves(like) sorts dict keys; {_ORDER}"
+      )
+    dtype = jax.dtypes.canonicalize_dtype(_common.dtype_name(leaf.dtype))
+    if dtype.name != _common.dtype_name(leaf.dtype):
+      raise ValueError(
+        f"{_described(groups)[i][2]} has dtype {_common.dtype_name(leaf.dtype)}, which JAX's default "
+        f"32-bit mode would truncate to {dtype.name}: call jax.config.update('jax_enable_x64', True) "
+        f"first (nothing is cast)"
+      )
+  values = [
+    _common.put_like(_to_numpy(torch, p), leaf)
+    if isinstance(leaf, jax.Array)
+    else jax.numpy.asarray(_to_numpy(torch, p), dtype=_common.dtype_name(leaf.dtype))
+    for leaf, p in zip(leaves, (p for group in groups for p in group["params"]))
+  ]
+  return treedef.unflatten(_to_leaf_order(values, perm))
+
+
+# The fix for leaves in another order than the optimizer's.
+_ORDER = (
+  "pass a list in the order of optimizer.param_groups (list(model.parameters()) for one group), "
+  "or build the optimizer from model.named_parameters() and pass a dict keyed by those names "
+  "(dict(model.named_parameters()), or torch_params(optimizer) with no like), which is matched by name"
+)
+
+
+def _param_names(groups: Sequence[dict]) -> list[str] | None:
+  """The names of the optimizer's parameters, in its order (``named_parameters()``), or None."""
+  names = [group.get("param_names") for group in groups]
+  if any(n is None for n in names):
+    return None
+  flat = [name for group_names in names for name in group_names]  # type: ignore[union-attr]
+  return flat if len(set(flat)) == len(flat) else None
+
+
+def _name_order(tree: Any, groups: Sequence[dict]) -> list[int] | None:
+  """``perm[i]``: the leaf of ``tree`` for parameter ``i``, when ``tree`` is a dict keyed by its names."""
+  names = _param_names(groups)
+  if names is None or not isinstance(tree, Mapping) or set(tree) != set(names):
+    return None
+  with_path, _ = jax.tree_util.tree_flatten_with_path(tree)
+  index = {}
+  for j, (path, _) in enumerate(with_path):
+    if len(path) != 1:
+      return None  # a value that is itself a tree: not a flat dict of parameters
+    index[path[0].key] = j
+  return [index[name] for name in names] if set(index) == set(names) else None
+
+
+def _ordered(tree: Any, groups: Sequence[dict], argument: str) -> tuple[list[Any], Any, list[int] | None]:
+  """The leaves of ``tree`` in the optimizer's order, checked; its structure; the permutation.
+
+  The permutation is None when the leaves are already in the optimizer's
+  order, else ``perm[i]`` is the leaf (in ``jax.tree.leaves`` order) of
+  parameter ``i``: a dict keyed by the ``named_parameters()`` names the
+  optimizer was built with is matched by name.
+  """
+  leaves, treedef, paths = _common.leaf_paths(tree)
+  perm = _name_order(tree, groups)
+  if perm is not None:
+    leaves, paths = [leaves[j] for j in perm], [paths[j] for j in perm]
+  _common.check_leaves(leaves, paths, _described(groups), "PyTorch", argument=argument, order=_ORDER)
+  return leaves, treedef, perm
+
+
+def _to_leaf_order(values: list[Any], perm: list[int] | None) -> list[Any]:
+  """``values`` in the optimizer's order, rearranged into the tree's leaf order."""
+  if perm is None:
+    return values
+  out: list[Any] = [None] * len(values)
+  for i, j in enumerate(perm):
+    out[j] = values[i]
+  return out
+
+
+def _is_one_of(tensor: Any, groups: Sequence[dict]) -> bool:
+  return any(tensor is p for group in groups for p in group["params"])
 
 
 def _kind(torch: Any, optimizer: Any) -> str:
@@ -464,29 +563,39 @@ def _check_group(g: int, group: dict, kind: str, learning_rate: Any) -> None:
 
 
 def _transform(kind: str, g: int, group: dict, R: Any, T: int) -> optax.GradientTransformationExtraArgs:
-  def number(key):
-    return _common.real_number(f"param_groups[{g}][{key!r}]", group[key])
+  # Each option is checked under its PyTorch name with the range of its kind
+  # (docs/spec.md, "Hyperparameter ranges"), before any transform is built.
+  def number(key, check):
+    name = f"param_groups[{g}][{key!r}]"
+    return check(name, _common.real_number(name, group[key]))
 
+  if not callable(R):
+    _checks.learning_rate(f"param_groups[{g}]['lr']", R)
   if kind in ("Adam", "AdamW"):
     return _adam_transform(kind, g, group, R, T)
+  norm_coefficient = number("weight_decay", _checks.coefficient)
   if kind == "SGD":
-    alpha = number("momentum")
+    alpha = number("momentum", _checks.decay)
     # momentum = 0 is plain SGD: PyTorch ignores dampening, and V_new is the
     # regularized gradient itself when beta = 1.
-    beta = 1.0 - number("dampening") if alpha != 0 else 1.0
+    beta = 1.0
+    if alpha != 0:
+      dampening = _common.real_number(f"param_groups[{g}]['dampening']", group["dampening"])
+      beta_name = f"1 - param_groups[{g}]['dampening'] (ONNX Momentum's beta)"
+      beta = _checks.gradient_weight(beta_name, 1.0 - dampening)
     return transforms.momentum(
       R,
       alpha=alpha,
       beta=beta,
       mode="nesterov" if group["nesterov"] else "standard",
-      norm_coefficient=number("weight_decay"),
+      norm_coefficient=norm_coefficient,
       initial_count=T,
     )
   return transforms.adagrad(
     R,
-    decay_factor=number("lr_decay"),
-    epsilon=number("eps"),
-    norm_coefficient=number("weight_decay"),
+    decay_factor=number("lr_decay", _checks.learning_rate_decay),
+    epsilon=number("eps", _checks.epsilon),
+    norm_coefficient=norm_coefficient,
     initial_count=T,
   )
 
@@ -568,13 +677,16 @@ def _adam_transform(kind: str, g: int, group: dict, R: Any, T: int) -> optax.Gra
   step.
   """
 
-  def number(name, value):
-    return _common.real_number(f"param_groups[{g}][{name}]", value)
+  # Each option checked under its PyTorch name with the range of its kind
+  # (docs/spec.md, "Hyperparameter ranges"), as for SGD and Adagrad.
+  def number(name, value, check):
+    name = f"param_groups[{g}][{name}]"
+    return check(name, _common.real_number(name, value))
 
-  alpha = number("'betas'][0", group["betas"][0])
-  beta = number("'betas'][1", group["betas"][1])
-  epsilon = number("'eps'", group["eps"])
-  weight_decay = number("'weight_decay'", group["weight_decay"])
+  alpha = number("'betas'][0", group["betas"][0], lambda n, v: _checks.decay(n, v, below_one=True))
+  beta = number("'betas'][1", group["betas"][1], _checks.decay)
+  epsilon = number("'eps'", group["eps"], _checks.epsilon)
+  weight_decay = number("'weight_decay'", group["weight_decay"], _checks.coefficient)
   decoupled = bool(group["decoupled_weight_decay"])
   rule = transforms.ort_adamw(
     R,
