@@ -33,6 +33,10 @@ DTYPES = ("float32", "float64", "float16", "bfloat16")
 
 INT32_MAX = int(np.iinfo(np.int32).max)
 LARGE = 10**6
+#: ``Case.x_scale`` of the small-parameter cases: ``|X|`` in [0.005, 0.02], the size of a step
+#: (``R = 0.05`` times a ratio of order 1; Adam's bias correction makes it ~0.01 at ``T = 5``).
+SMALL_X = 0.01
+_LARGE_T = 7  # The T of the 10^6-element case.
 
 _TINY = {"float64": 1e-8, "float32": 1e-6, "bfloat16": 1e-6, "float16": 1e-2}
 _HUGE = {"float64": 1e100, "float32": 1e15, "bfloat16": 1e15, "float16": 100.0}
@@ -84,6 +88,9 @@ class Case:
     unchecked_limit: why this dtype cannot bound some output elements (an
       infinite tolerance), for a case that exists to show that limit; None
       (every case of the grid now) makes any unchecked element a failure.
+    x_scale: the parameters' magnitude, ``|X|`` in ``[0.5, 2] * x_scale``;
+      :data:`SMALL_X` makes ``|X|`` of the order of the step, so that
+      ``X_new = X + U`` keeps the step's digits.
   """
 
   rule: str
@@ -99,6 +106,7 @@ class Case:
   schedule_steps: int | None = None
   initial_count: int | None = None
   unchecked_limit: str | None = None
+  x_scale: float = 1.0
 
   @property
   def id(self) -> str:
@@ -142,7 +150,7 @@ class Case:
       return np.asarray(x).astype(dtype)  # Rounded once, from float64.
 
     scale = {"normal": 1.0, "zero": 0.0, "tiny": _TINY[self.dtype], "huge": _HUGE[self.dtype]}[self.gradient]
-    X = [draw(s, 0.5, 2.0) for s in self.shapes]
+    X = [draw(s, 0.5, 2.0, scale=self.x_scale) for s in self.shapes]
     G = [draw(s, 0.5, 1.0, scale=scale) for s in self.shapes]
     state_scale = _TINY[self.dtype] if self.gradient == "tiny" else 1.0
     state = []
@@ -282,6 +290,10 @@ def cases(rule: str, dtype: str, *, large: bool = True) -> list[Case]:
     grid.append(c("gradient=tiny", gradient="tiny", hyper=no_l2))
   grid += _edges(rule, dtype)
   grid += _transform_layer(rule, dtype, first)
+  # Beside every T of the grid, |X| of the step's size: X + U then keeps the step's digits,
+  # which X of size 1 rounds away (U itself is checked in every case).
+  every_T = sorted({case.T for case in grid} | {_LARGE_T})
+  grid += [c(f"|X|~step,T={T}", T=T, x_scale=SMALL_X) for T in every_T]
   if dtype in ("float16", "bfloat16"):  # The documented way to train in low precision.
     grid.append(c("state_dtype=float32", shapes=((), (3, 5), (1, 7, 2)), state_dtype="float32"))
     grid.append(c(f"state_dtype=float32,T={first}", T=first, state_dtype="float32"))
@@ -296,7 +308,7 @@ def cases(rule: str, dtype: str, *, large: bool = True) -> list[Case]:
         )
       )
   if large:
-    grid.append(c("10^6 elements", T=7, shapes=((LARGE,),)))
+    grid.append(c("10^6 elements", T=_LARGE_T, shapes=((LARGE,),)))
   return grid
 
 
