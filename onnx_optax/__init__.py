@@ -1,7 +1,8 @@
-"""onnx_optax: the optimizers of ONNX training and DirectML as Optax transforms.
+"""onnx_optax: the optimizers of ONNX training, ONNX Runtime and DirectML as Optax transforms.
 
 The update rules of ONNX ``Momentum``, ``Adagrad`` and ``Adam``
-(ai.onnx.preview.training, v1) and of DirectML's
+(ai.onnx.preview.training, v1), of ONNX Runtime's training operators
+``AdamWOptimizer`` and ``SGDOptimizerV2`` (com.microsoft, v1) and of DirectML's
 ``DML_ADAM_OPTIMIZER_OPERATOR_DESC``, as jittable, pure
 ``optax.GradientTransformation``\\ s over pytrees.
 
@@ -26,10 +27,14 @@ from onnx_optax.transforms import (
   AdamState,
   DirectMLAdamState,
   MomentumState,
+  OrtAdamWState,
+  OrtSGDState,
   adagrad,
   adam,
   directml_adam,
   momentum,
+  ort_adamw,
+  ort_sgd,
 )
 
 __version__ = "0.1.0"
@@ -39,8 +44,12 @@ __all__ = [
   "AdamState",
   "DirectMLAdamState",
   "MomentumState",
+  "OrtAdamWState",
+  "OrtSGDState",
   "adagrad",
   "adam",
   "directml_adam",
   "momentum",
+  "ort_adamw",
+  "ort_sgd",
 ]

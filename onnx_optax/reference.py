@@ -1,4 +1,4 @@
-"""NumPy expectations for the four rules, written from docs/spec.md alone.
+"""NumPy expectations for the rules, written from docs/spec.md alone.
 
 Nothing here imports JAX or calls :mod:`onnx_optax.rules`: these functions are
 an independent transcription of the spec, so that the tests and the
@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["RULES", "adagrad", "adam", "directml_adam", "momentum", "trajectory"]
+__all__ = ["RULES", "adagrad", "adam", "directml_adam", "momentum", "ort_adamw", "ort_sgd", "trajectory"]
 
 
 def _arrays(dtype: Any, *values: Any) -> list[np.ndarray]:
@@ -89,6 +89,49 @@ def directml_adam(X, M, V, G, T, *, learning_rate, beta1, beta2, epsilon, dtype=
   return X_new, M_new, V_new
 
 
+def ort_adamw(
+  R, T, X, G, M1, M2, *, alpha, beta, epsilon, weight_decay, adam_mode, correct_bias, dtype=np.float64
+):
+  """ONNX Runtime AdamWOptimizer, ``T`` its ``step`` input (1 at the first update).
+
+  The bias corrections as the CPU kernel forms them: the power in float64
+  (C++'s ``std::pow(float, int64)`` returns a double), rounded to ``dtype``,
+  then subtracted from 1 in ``dtype``. With ``dtype=np.float32`` this is the
+  kernel's arithmetic step for step. Returns ``(W_new, M1_new, M2_new)``.
+  """
+  if adam_mode not in (0, 1):
+    raise ValueError(f"adam_mode must be 0 or 1, got {adam_mode!r}")
+  if adam_mode == 0 and not correct_bias:
+    raise ValueError("ONNX Runtime refuses adam_mode=0 with correct_bias=0")
+  W, G, M1, M2, lr, alpha, beta, epsilon, weight_decay = _arrays(
+    dtype, X, G, M1, M2, R, alpha, beta, epsilon, weight_decay
+  )
+  one = np.ones((), W.dtype)
+  if correct_bias:
+    alpha_correction = one - np.asarray(np.float64(alpha) ** T, W.dtype)
+    beta_correction = one - np.asarray(np.float64(beta) ** T, W.dtype)
+    lr_corrected = lr * np.sqrt(beta_correction) / alpha_correction
+  else:
+    alpha_correction, beta_correction, lr_corrected = one, one, lr
+  if adam_mode == 0:
+    W = W - W * lr * weight_decay
+  M1 = alpha * M1 + (one - alpha) * G
+  M2 = beta * M2 + (one - beta) * G * G
+  if adam_mode == 0:
+    W = W - (lr * M1) / (alpha_correction * (np.sqrt(M2 / beta_correction) + epsilon))
+  else:
+    W = W - lr_corrected * M1 / (np.sqrt(M2) + epsilon)
+    W = W - lr * weight_decay * W
+  return W, M1, M2
+
+
+def ort_sgd(R, T, X, G, *, dtype=np.float64):
+  """ONNX Runtime SGDOptimizerV2 (``T`` is not read). Returns ``(W_new,)``."""
+  del T
+  W, G, lr = _arrays(dtype, X, G, R)
+  return (W + (-lr) * G,)
+
+
 def _directml_adam_spec_order(R, T, X, G, M, V, **hyper):
   return directml_adam(X, M, V, G, T, learning_rate=R, **hyper)
 
@@ -99,6 +142,8 @@ RULES: dict[str, tuple[Callable[..., tuple[np.ndarray, ...]], int]] = {
   "adagrad": (adagrad, 1),
   "adam": (adam, 2),
   "directml_adam": (_directml_adam_spec_order, 2),
+  "ort_adamw": (ort_adamw, 2),
+  "ort_sgd": (ort_sgd, 0),
 }
 
 
@@ -121,7 +166,7 @@ def trajectory(
       ``grads(step, X) -> gradients`` of the current tensors.
     state: one list of tensors per state field, in the spec's order
       (Momentum ``[V]``; Adagrad ``[H]``; ONNX Adam ``[V, H]``; DirectML
-      ``[M, V]``).
+      ``[M, V]``; ONNX Runtime AdamW ``[M1, M2]``; SGD ``[]``).
     T: the spec's ``T`` at the first step; it grows by one per step.
     learning_rates: ``R`` for each step.
     dtype: compute dtype (``None``: each tensor's own).

@@ -1,9 +1,10 @@
 """The update rules, written once each, in the names and order of docs/spec.md.
 
-This is the only place in the package where the arithmetic of the four rules
-is written. The Optax transforms (:mod:`onnx_optax.transforms`) and the ONNX
-interface (:mod:`onnx_optax.onnx`) call these functions; they never restate a
-formula. The NumPy expectations (:mod:`onnx_optax.reference`) are written
+This is the only place in the package where the arithmetic of the rules
+(ONNX's three, DirectML's Adam, ONNX Runtime's AdamW and SGD) is written. The
+Optax transforms (:mod:`onnx_optax.transforms`) and the ONNX interface
+(:mod:`onnx_optax.onnx`) call these functions; they never restate a formula.
+The NumPy expectations (:mod:`onnx_optax.reference`) are written
 independently, from the spec, so that they can catch mistakes here.
 
 Each rule is written in two parts, which together are the spec's formula in
@@ -54,6 +55,7 @@ Conventions shared by every rule:
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, NamedTuple, TypeVar
 
 import jax
@@ -62,11 +64,14 @@ from jax import Array
 from jax.typing import ArrayLike, DTypeLike
 
 __all__ = [
+  "ADAM_MODES",
   "MODES",
   "AdagradScalars",
   "AdamScalars",
   "DirectMLAdamScalars",
   "MomentumScalars",
+  "OrtAdamWScalars",
+  "OrtSGDScalars",
   "adagrad",
   "adagrad_elementwise",
   "adagrad_scalars",
@@ -80,10 +85,20 @@ __all__ = [
   "momentum",
   "momentum_elementwise",
   "momentum_scalars",
+  "ort_adamw",
+  "ort_adamw_elementwise",
+  "ort_adamw_scalars",
+  "ort_sgd",
+  "ort_sgd_elementwise",
+  "ort_sgd_scalars",
 ]
 
 #: The values of ONNX Momentum's ``mode`` attribute.
 MODES = ("standard", "nesterov")
+
+#: The values of ONNX Runtime AdamWOptimizer's ``adam_mode`` attribute: 0 is PyTorch's
+#: ``torch.optim.AdamW``, 1 is Hugging Face's ``transformers.AdamW``.
+ADAM_MODES = (0, 1)
 
 Scalars = TypeVar("Scalars", bound=tuple)
 
@@ -548,3 +563,236 @@ def directml_adam(
   """
   s = directml_adam_scalars(learning_rate, T, beta1=beta1, beta2=beta2, epsilon=epsilon)
   return directml_adam_elementwise(like(s, X.dtype), X, G, M, V)
+
+
+# -- ONNX Runtime AdamWOptimizer (com.microsoft) ---------------------------------------
+
+
+class OrtAdamWScalars(NamedTuple):
+  """The per-update scalars of ONNX Runtime's ``AdamWOptimizer``.
+
+  ``alpha_correction`` and ``one_over_beta_correction`` (``adam_mode = 0``
+  only) are 1 without bias correction (``correct_bias = 0``).
+  ``lr_corrected`` and ``lr_weight_decay`` (``lr * weight_decay``, a scalar
+  product in the kernel) are used by ``adam_mode = 1`` only.
+
+  ``M2 / beta_correction`` is evaluated as ``M2 * (1 / beta_correction)``:
+  XLA rewrites a division by a broadcast scalar into that product anyway (on
+  the CPU, eager or jitted), so the rule says it, and the reciprocal is a
+  scalar of the update. It is one rounding more than the kernel's quotient. ``weight_decay`` is None when it is the Python
+  number 0: the decay ``W - W * lr * 0`` is ``W`` to the bit for finite ``W``,
+  so it is not traced and the update is a single subtraction.
+  """
+
+  lr: Any
+  alpha: Any
+  beta: Any
+  one_minus_alpha: Any
+  one_minus_beta: Any
+  epsilon: Any
+  weight_decay: Any
+  alpha_correction: Any
+  one_over_beta_correction: Any
+  lr_corrected: Any
+  lr_weight_decay: Any
+
+
+def _check_adam_mode(adam_mode: Any, correct_bias: Any) -> None:
+  """``adam_mode`` in {0, 1}; ``correct_bias`` in {0, 1} and 1 in mode 0, as ONNX Runtime enforces."""
+  integer = isinstance(adam_mode, numbers.Integral) and not isinstance(adam_mode, bool)
+  if not integer or adam_mode not in ADAM_MODES:
+    raise ValueError(f"adam_mode must be 0 (PyTorch's AdamW) or 1 (Hugging Face's AdamW), got {adam_mode!r}")
+  if not isinstance(correct_bias, numbers.Integral) or correct_bias not in (0, 1):
+    raise ValueError(f"correct_bias must be a bool (or 0 / 1), got {correct_bias!r}")
+  if adam_mode == 0 and not correct_bias:
+    raise ValueError(
+      "correct_bias=False with adam_mode=0: ONNX Runtime's AdamWOptimizer refuses this pair "
+      "(mode 0 is PyTorch's AdamW, which always corrects the bias); use adam_mode=1 for no correction"
+    )
+
+
+def ort_adamw_scalars(
+  R: ArrayLike,
+  T: ArrayLike,
+  *,
+  alpha: ArrayLike,
+  beta: ArrayLike,
+  epsilon: ArrayLike,
+  weight_decay: ArrayLike,
+  adam_mode: int,
+  correct_bias: bool | int,
+) -> OrtAdamWScalars:
+  """The bias corrections, ``lr_corrected``, ``1 - alpha``, ``1 - beta``, ``lr * weight_decay``::
+
+      correct_bias = 1:  alpha_correction = 1 - alpha^step
+                         beta_correction  = 1 - beta^step
+                         lr_corrected     = lr * Sqrt(beta_correction) / alpha_correction
+      correct_bias = 0:  alpha_correction = beta_correction = 1, lr_corrected = lr
+
+  ``T`` is the kernel's ``step`` input: 1 at the first update. The bias
+  corrections are the spec's numbers in the hyperparameters' dtype, without
+  cancellation (:func:`_one_minus_power`); the CPU kernel rounds
+  ``pow(alpha, step)`` to float32 before subtracting it from 1 (docs/spec.md,
+  section 5, says what that changes).
+  """
+  _check_adam_mode(adam_mode, correct_bias)
+  if correct_bias:
+    T = jnp.asarray(T)
+    alpha_correction = _one_minus_power(alpha, T)
+    beta_correction = _one_minus_power(beta, T)
+    lr_corrected = R * jnp.sqrt(beta_correction) / alpha_correction
+  else:
+    alpha_correction, beta_correction, lr_corrected = 1, 1, R
+  decay = None if _is_static_zero(weight_decay) else weight_decay
+  return OrtAdamWScalars(
+    R,
+    alpha,
+    beta,
+    _one_minus(alpha),
+    _one_minus(beta),
+    epsilon,
+    decay,
+    alpha_correction if adam_mode == 0 else None,
+    1 / beta_correction if adam_mode == 0 else None,
+    lr_corrected if adam_mode == 1 else None,
+    # jnp: two Python floats would multiply in float64, an injected pair in float32.
+    None if decay is None or adam_mode == 0 else jnp.multiply(R, decay),
+  )
+
+
+def ort_adamw_elementwise(
+  s: OrtAdamWScalars,
+  X: Array | None,
+  G: Array,
+  M1: Array,
+  M2: Array,
+  *,
+  adam_mode: int,
+) -> tuple[Array, Array, Array]:
+  """The element-wise part of ONNX Runtime's ``AdamWOptimizer``, in the kernel's order::
+
+      adam_mode = 0 (PyTorch's AdamW):
+        W     = W - W * lr * weight_decay
+        M1    = alpha * M1 + (1 - alpha) * G
+        M2    = beta * M2 + (1 - beta) * G * G
+        W_new = W - (lr * M1) / (alpha_correction * (Sqrt(M2 / beta_correction) + epsilon))
+      adam_mode = 1 (Hugging Face's AdamW):
+        M1    = alpha * M1 + (1 - alpha) * G
+        M2    = beta * M2 + (1 - beta) * G * G
+        W     = W - lr_corrected * M1 / (Sqrt(M2) + epsilon)
+        W_new = W - (lr * weight_decay) * W
+
+  ``M2 / beta_correction`` is ``M2 * (1 / beta_correction)`` (see
+  :class:`OrtAdamWScalars`); every other operation is the kernel's, in its
+  order.
+
+  Returns ``(U, M1_new, M2_new)``. Without weight decay (``s.weight_decay``
+  None) ``U`` is the negated step and ``X + U`` is ``W_new`` to the bit;
+  otherwise ``U = W_new - X``, exact whenever ``W_new`` and ``X`` are within
+  a factor of two of each other (Sterbenz), within one rounding otherwise.
+  """
+  if adam_mode not in ADAM_MODES:
+    raise ValueError(f"adam_mode must be 0 or 1, got {adam_mode!r}")
+  decays = s.weight_decay is not None
+  if decays and X is None:
+    raise ValueError("weight_decay multiplies W: the parameters must be read")
+  M1_new = s.alpha * M1 + s.one_minus_alpha * G
+  M2_new = s.beta * M2 + s.one_minus_beta * G * G
+  if adam_mode == 0:
+    # M2 / beta_correction, as M2 * (1 / beta_correction): see OrtAdamWScalars.
+    step = (s.lr * M1_new) / (s.alpha_correction * (_sqrt(M2_new * s.one_over_beta_correction) + s.epsilon))
+    if not decays:
+      return -step, M1_new, M2_new
+    W = X - X * s.lr * s.weight_decay
+    return (W - step) - X, M1_new, M2_new
+  step = s.lr_corrected * M1_new / (_sqrt(M2_new) + s.epsilon)
+  if not decays:
+    return -step, M1_new, M2_new
+  W = X - step
+  return (W - s.lr_weight_decay * W) - X, M1_new, M2_new
+
+
+def ort_adamw(
+  R: ArrayLike,
+  T: ArrayLike,
+  X: Array,
+  G: Array,
+  M1: Array,
+  M2: Array,
+  *,
+  alpha: ArrayLike,
+  beta: ArrayLike,
+  epsilon: ArrayLike,
+  weight_decay: ArrayLike,
+  adam_mode: int,
+  correct_bias: bool | int,
+) -> tuple[Array, Array, Array]:
+  """ONNX Runtime ``AdamWOptimizer`` (com.microsoft, v1) on one tensor.
+
+  ``R`` is the kernel's ``lr`` input, ``T`` its ``step`` (1 at the first
+  update), ``M1`` / ``M2`` its ``momentums_1`` / ``momentums_2``::
+
+      alpha_correction = correct_bias ? 1 - alpha^step : 1     (likewise beta)
+      adam_mode = 0 (PyTorch's AdamW):
+        W     = W - W * lr * weight_decay
+        M1    = alpha * M1 + (1 - alpha) * G
+        M2    = beta * M2 + (1 - beta) * G * G
+        W_new = W - (lr * M1) / (alpha_correction * (Sqrt(M2 / beta_correction) + epsilon))
+      adam_mode = 1 (Hugging Face's AdamW):
+        lr_corrected = lr * Sqrt(beta_correction) / alpha_correction
+        M1, M2 as above
+        W     = W - lr_corrected * M1 / (Sqrt(M2) + epsilon)
+        W_new = W - lr * weight_decay * W
+
+  This is not ``optax.adamw``: see :func:`onnx_optax.ort_adamw`.
+
+  Returns:
+    ``(U, M1_new, M2_new)``, ``U`` as in :func:`ort_adamw_elementwise`.
+  """
+  s = ort_adamw_scalars(
+    R,
+    T,
+    alpha=alpha,
+    beta=beta,
+    epsilon=epsilon,
+    weight_decay=weight_decay,
+    adam_mode=adam_mode,
+    correct_bias=correct_bias,
+  )
+  return ort_adamw_elementwise(like(s, X.dtype), X, G, M1, M2, adam_mode=adam_mode)
+
+
+# -- ONNX Runtime SGDOptimizerV2 (com.microsoft) ---------------------------------------
+
+
+class OrtSGDScalars(NamedTuple):
+  """The per-update scalar of ONNX Runtime's ``SGDOptimizerV2``: ``lr``."""
+
+  lr: Any
+
+
+def ort_sgd_scalars(R: ArrayLike, T: ArrayLike) -> OrtSGDScalars:
+  """``lr``; ``T`` is not read (the operator has no update count)."""
+  del T
+  return OrtSGDScalars(R)
+
+
+def ort_sgd_elementwise(s: OrtSGDScalars, X: Array | None, G: Array) -> tuple[Array]:
+  """The element-wise part of ``SGDOptimizerV2``: ``W_new = W + (-lr * G)``.
+
+  Returns ``(U,)`` with ``U = -lr * G`` (the negation is of the scalar, exact),
+  so ``X + U`` is the kernel's ``W_new`` to the bit. ``X`` is not read.
+  """
+  del X
+  return (-s.lr * G,)
+
+
+def ort_sgd(R: ArrayLike, T: ArrayLike, X: Array, G: Array) -> tuple[Array]:
+  """ONNX Runtime ``SGDOptimizerV2`` (com.microsoft, v1) on one tensor::
+
+      W_new = W + (-lr * G)
+
+  Returns:
+    ``(U,)`` with ``X + U == W_new`` to the bit.
+  """
+  return ort_sgd_elementwise(like(ort_sgd_scalars(R, T), X.dtype), X, G)

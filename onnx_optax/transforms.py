@@ -1,4 +1,4 @@
-"""The four rules as Optax ``GradientTransformation``\\ s over pytrees.
+"""The rules as Optax ``GradientTransformation``\\ s over pytrees.
 
 Each public function closes over its hyperparameters and returns an
 ``optax.GradientTransformationExtraArgs``. The arithmetic lives in
@@ -10,8 +10,8 @@ Common semantics
 
 ``count`` (the state's first field) is the spec's ``T``: the value the *next*
 update runs with. It starts at ``initial_count`` (0 for the ONNX rules, whose
-``T`` counts the updates already conducted; 1 for DirectML Adam, whose first
-update must run with ``T = 1``) and grows by one per update, saturating at the
+``T`` counts the updates already conducted; 1 for DirectML Adam and ONNX
+Runtime's AdamW, whose first update must run with ``T = 1``) and grows by one per update, saturating at the
 int32 maximum (``optax.safe_increment``) instead of wrapping.
 
 ``learning_rate`` is a float or an Optax schedule. A schedule is evaluated at
@@ -38,11 +38,13 @@ hands in, have no state and pass through untouched.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from typing import Any, NamedTuple, TypeAlias
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax import Array
 
@@ -53,10 +55,14 @@ __all__ = [
   "AdamState",
   "DirectMLAdamState",
   "MomentumState",
+  "OrtAdamWState",
+  "OrtSGDState",
   "adagrad",
   "adam",
   "directml_adam",
   "momentum",
+  "ort_adamw",
+  "ort_sgd",
 ]
 
 ScalarOrSchedule: TypeAlias = float | Array | optax.Schedule
@@ -92,7 +98,26 @@ class DirectMLAdamState(NamedTuple):
   v: optax.Updates
 
 
-_State: TypeAlias = MomentumState | AdagradState | AdamState | DirectMLAdamState
+class OrtAdamWState(NamedTuple):
+  """State of :func:`ort_adamw`: ONNX Runtime's ``step``, ``momentums_1``, ``momentums_2``.
+
+  ``count`` is the ``step`` input of the *next* update: 1 at the first, as
+  ONNX Runtime's training API feeds it and as PyTorch's ``state["step"]``
+  reads after its increment (PyTorch's saved ``step`` is ``count - 1``).
+  """
+
+  count: Array  # type: ignore[assignment]  # shadows tuple.count, as in Optax's states
+  m1: optax.Updates
+  m2: optax.Updates
+
+
+class OrtSGDState(NamedTuple):
+  """State of :func:`ort_sgd`: the number of updates applied (``SGDOptimizerV2`` has no state)."""
+
+  count: Array  # type: ignore[assignment]  # shadows tuple.count, as in Optax's states
+
+
+_State: TypeAlias = MomentumState | AdagradState | AdamState | DirectMLAdamState | OrtAdamWState | OrtSGDState
 
 
 def _transform(
@@ -515,4 +540,196 @@ def directml_adam(
     minimum_count=1,
     read_params_for=(),
     decays={"beta1": hyper["beta1"], "beta2": hyper["beta2"]},
+  )
+
+
+def _flag(name: str, value: Any) -> bool:
+  """A bool attribute that ONNX stores as an int: True, False, 1 or 0 (a concrete scalar array too)."""
+  if isinstance(value, (bool, np.bool_)):
+    return bool(value)
+  number = _static_int(name, value, what="a bool (or the ONNX attribute's 0 / 1)")
+  if number not in (0, 1):
+    raise TypeError(f"{name} must be a bool (or the ONNX attribute's 0 / 1), got {value!r}")
+  return bool(number)
+
+
+def _static_int(name: str, value: Any, what: str = "the int 0 or 1") -> int:
+  """An int that selects a formula, so it must be known when the update is traced.
+
+  A concrete integer scalar array is read (``optax.inject_hyperparams`` hands
+  ints in as arrays); a traced one cannot be.
+  """
+  if _checks.is_traced(value):
+    raise TypeError(
+      f"{name} selects the formula and cannot be traced; under optax.inject_hyperparams "
+      f"pass static_args=('{name}',)"
+    )
+  if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
+    return int(value)
+  shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+  if shape is not None and tuple(shape) == () and dtype is not None and jnp.issubdtype(dtype, jnp.integer):
+    return int(value)
+  raise TypeError(f"{name} must be {what}, got {value!r}")
+
+
+def ort_adamw(
+  learning_rate: ScalarOrSchedule,
+  *,
+  alpha: float = 0.9,
+  beta: float = 0.999,
+  epsilon: float = 1e-8,
+  weight_decay: float = 1e-2,
+  adam_mode: int = 0,
+  correct_bias: bool = True,
+  initial_count: int = 1,
+  state_dtype: Any = None,
+) -> optax.GradientTransformationExtraArgs:
+  """ONNX Runtime's ``AdamWOptimizer`` (com.microsoft, v1) as an Optax transform.
+
+  The operator that ONNX Runtime's training (``generate_artifacts``'s
+  ``optimizer_model.onnx``) runs, in its CPU kernel's order. With ``step =
+  state.count`` (1 at the first update)::
+
+      alpha_correction = correct_bias ? 1 - alpha^step : 1     (likewise beta_correction)
+      adam_mode = 0 (PyTorch's torch.optim.AdamW):
+        W     = W - W * lr * weight_decay
+        M1    = alpha * M1 + (1 - alpha) * G
+        M2    = beta * M2 + (1 - beta) * G * G
+        W_new = W - (lr * M1) / (alpha_correction * (Sqrt(M2 / beta_correction) + epsilon))
+      adam_mode = 1 (Hugging Face's transformers AdamW):
+        lr_corrected = lr * Sqrt(beta_correction) / alpha_correction
+        M1, M2 as above
+        W     = W - lr_corrected * M1 / (Sqrt(M2) + epsilon)
+        W_new = W - lr * weight_decay * W
+
+  ``optax.apply_updates(params, updates)`` is ``W_new`` to the bit when
+  ``weight_decay`` is 0, and within one rounding of it otherwise (see
+  :func:`onnx_optax.rules.ort_adamw_elementwise`).
+
+  **Not** ``optax.adamw``, although mode 0 is the same rule in exact
+  arithmetic. Mode 0 is PyTorch's ``torch.optim.AdamW(lr, betas=(alpha,
+  beta), eps=epsilon, weight_decay=weight_decay)`` in ONNX Runtime's
+  operation order (in float64 within 1e-12 of PyTorch over 100 steps:
+  tests/test_independent_references.py). ``optax.adamw(lr, b1=alpha,
+  b2=beta, eps=epsilon, weight_decay=weight_decay)`` computes the same
+  number in another order (``m / (1 - b1^t)`` and ``sqrt(v / (1 - b2^t))``
+  separately, the decay ``weight_decay * W`` added to the update instead of
+  shrinking ``W`` first), so the two agree only up to rounding, and its
+  defaults differ (``weight_decay=1e-4``). Mode 1 is another rule: epsilon
+  sits outside the bias correction (it is not scaled by
+  ``Sqrt(beta_correction)``) and the decay shrinks the already updated
+  ``W``. PyTorch's ``torch.optim.Adam(weight_decay=wd)`` (the L2 term added
+  to the gradient) is ``optax.chain(optax.add_decayed_weights(wd),
+  ort_adamw(lr, weight_decay=0))``.
+
+  Defaults are the operator schema's (``weight_decay = 0.01`` as in the
+  schema and PyTorch's AdamW, ``epsilon = 1e-8``); ONNX Runtime's
+  ``generate_artifacts`` writes ``adam_mode=1, epsilon=1e-6, weight_decay=0``
+  explicitly. ``adam_mode=0`` with ``correct_bias=False`` is refused, as ONNX
+  Runtime refuses it.
+
+  Args:
+    learning_rate: ``lr``, a float or an Optax schedule (evaluated at the
+      number of updates applied, 0 at the first).
+    alpha: first-moment decay (PyTorch ``betas[0]``), in ``[0, 1)``.
+    beta: second-moment decay (PyTorch ``betas[1]``), in ``[0, 1]``.
+    epsilon: added to the root, ``>= 0`` (PyTorch ``eps``).
+    weight_decay: decoupled decay coefficient, ``>= 0``. Non-zero needs the
+      parameters: ``update(grads, state, params)``.
+    adam_mode: 0 (PyTorch's AdamW) or 1 (Hugging Face's AdamW). It selects
+      the formula, so it is static: under ``optax.inject_hyperparams`` pass
+      ``static_args=("adam_mode",)`` (a bool ``correct_bias`` is static there).
+    correct_bias: apply the bias corrections (``True`` / 1); ``False`` / 0
+      only with ``adam_mode=1``.
+    initial_count: ``step`` at the first update, ``>= 1`` with bias
+      correction (``step = 0`` divides by ``1 - alpha^0 = 0``), ``>= 0``
+      without. Resume a PyTorch run whose ``state["step"]`` is ``n`` with
+      ``n + 1``.
+    state_dtype: dtype of ``M1`` and ``M2``; default each parameter's dtype.
+
+  Example:
+    >>> import jax.numpy as jnp, optax, onnx_optax
+    >>> opt = onnx_optax.ort_adamw(0.1, epsilon=0.0, weight_decay=0.0)
+    >>> params = jnp.array([1.0, 2.0])
+    >>> state = opt.init(params)
+    >>> updates, state = opt.update(jnp.array([3.0, -0.5]), state)
+    >>> optax.apply_updates(params, updates)
+    Array([0.9, 2.1], dtype=float32)
+  """
+  correct_bias = _flag("correct_bias", correct_bias)
+  adam_mode = _static_int("adam_mode", adam_mode)
+  if adam_mode not in rules.ADAM_MODES:
+    raise ValueError(f"adam_mode must be 0 (PyTorch's AdamW) or 1 (Hugging Face's AdamW), got {adam_mode!r}")
+  if adam_mode == 0 and not correct_bias:
+    raise ValueError(
+      "correct_bias=False with adam_mode=0: ONNX Runtime's AdamWOptimizer refuses this pair "
+      "(mode 0 is PyTorch's AdamW, which always corrects the bias); use adam_mode=1 for no correction"
+    )
+  hyper = dict(
+    alpha=_checks.hyperparameter("alpha", alpha, minimum=0.0, maximum=1.0, maximum_exclusive=True),
+    beta=_checks.hyperparameter("beta", beta, minimum=0.0, maximum=1.0),
+    epsilon=_checks.hyperparameter("epsilon", epsilon, minimum=0.0),
+    weight_decay=_checks.hyperparameter("weight_decay", weight_decay, minimum=0.0),
+  )
+
+  def scalars(R, T):
+    return rules.ort_adamw_scalars(R, T, **hyper, adam_mode=adam_mode, correct_bias=correct_bias)
+
+  def elementwise(s, X, G, M1, M2):
+    return rules.ort_adamw_elementwise(s, X, G, M1, M2, adam_mode=adam_mode)
+
+  return _transform(
+    scalars,
+    elementwise,
+    OrtAdamWState,
+    learning_rate,
+    initial_count,
+    state_dtype,
+    minimum_count=1 if correct_bias else 0,
+    read_params_for=(weight_decay,),
+    decays={"alpha": hyper["alpha"], "beta": hyper["beta"]},
+  )
+
+
+def ort_sgd(
+  learning_rate: ScalarOrSchedule,
+  *,
+  initial_count: int = 0,
+  state_dtype: Any = None,
+) -> optax.GradientTransformationExtraArgs:
+  """ONNX Runtime's ``SGDOptimizerV2`` (com.microsoft, v1) as an Optax transform::
+
+      W_new = W + (-lr * G)
+
+  ``optax.apply_updates(params, updates)`` is ``W_new`` to the bit, and so is
+  ``optax.sgd(lr)`` (its update ``-lr * G`` is the same product).
+
+  Args:
+    learning_rate: ``lr``, a float or an Optax schedule (evaluated at
+      ``count - initial_count``).
+    initial_count: the state's ``count`` at the first update; the operator
+      has no update count, so it only offsets the count that ``state.count``
+      reports.
+    state_dtype: accepted for a signature shared with the other transforms;
+      the rule keeps no tensors, so there is nothing to store in it.
+
+  Example:
+    >>> import jax.numpy as jnp, optax, onnx_optax
+    >>> opt = onnx_optax.ort_sgd(0.1)
+    >>> params = jnp.array([1.0, 2.0])
+    >>> state = opt.init(params)
+    >>> updates, state = opt.update(jnp.array([1.0, -1.0]), state)
+    >>> optax.apply_updates(params, updates)
+    Array([0.9, 2.1], dtype=float32)
+  """
+  return _transform(
+    rules.ort_sgd_scalars,
+    lambda s, X, G: rules.ort_sgd_elementwise(s, X, G),
+    OrtSGDState,
+    learning_rate,
+    initial_count,
+    state_dtype,
+    minimum_count=0,
+    read_params_for=(),
+    decays={},
   )

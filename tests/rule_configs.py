@@ -2,7 +2,8 @@
 
 Every term of every formula matters with these values: non-zero
 norm_coefficient, beta != 1, epsilon comparable to sqrt(H), decay_factor > 0,
-norm_coefficient_post > 0. (test_numerics uses realistic defaults instead.)
+norm_coefficient_post > 0, weight_decay > 0 and the bias corrections of ONNX
+Runtime's AdamW in both modes. (test_numerics uses realistic defaults instead.)
 """
 
 from __future__ import annotations
@@ -65,17 +66,45 @@ RULE_CONFIGS = {
     0.05,
     "beta1",
   ),
+  "ort_adamw_mode0": RuleConfig(
+    "ort_adamw",
+    onnx_optax.ort_adamw,
+    onnx_optax.OrtAdamWState,
+    dict(alpha=0.85, beta=0.95, epsilon=0.3, weight_decay=0.2, adam_mode=0, correct_bias=True),
+    0.05,
+    "beta",
+  ),
+  "ort_adamw_mode1": RuleConfig(
+    "ort_adamw",
+    onnx_optax.ort_adamw,
+    onnx_optax.OrtAdamWState,
+    dict(alpha=0.8, beta=0.9, epsilon=0.3, weight_decay=0.2, adam_mode=1, correct_bias=True),
+    0.05,
+    "alpha",
+  ),
+  "ort_sgd": RuleConfig("ort_sgd", onnx_optax.ort_sgd, onnx_optax.OrtSGDState, {}, 0.05, ""),
 }
+
+#: The int arguments that select a formula and so cannot be injected by
+#: ``optax.inject_hyperparams`` (bools and strings are static there anyway).
+STATIC_ARGS = ("adam_mode",)
+
+
+def static_args(hyper: dict[str, Any], *more: str) -> tuple[str, ...]:
+  """``static_args`` for ``optax.inject_hyperparams`` of a transform made with ``hyper``, plus ``more``."""
+  return tuple(name for name in STATIC_ARGS if name in hyper) + more
 
 
 def first_count(rule: str) -> int:
-  """The spec's ``T`` at a rule's first update (DirectML's step starts at 1)."""
-  return 1 if rule == "directml_adam" else 0
+  """The spec's ``T`` at a rule's first update (DirectML's and ONNX Runtime AdamW's step start at 1)."""
+  return 1 if rule in ("directml_adam", "ort_adamw") else 0
 
 
 def as_float32_sees(value: Any) -> Any:
   """A hyperparameter as a float32 transform sees it (Python floats are weak float32)."""
-  return value if isinstance(value, str) else float(np.float32(value))
+  if isinstance(value, (str, bool)) or (isinstance(value, int) and not isinstance(value, bool)):
+    return value  # a mode, or ONNX Runtime's adam_mode / correct_bias: not a float
+  return float(np.float32(value))
 
 
 # ----------------------------------------------------------------------------
@@ -99,13 +128,17 @@ def feedback_gain(rule: str, hyper: dict[str, Any], learning_rate: float, T0: in
     and by as much again through ``H`` (``G'^2 <= H``): ``2 R c / epsilon``;
   * ONNX Adam: ``V`` is an average (weights sum to 1), ``|dV| <= c e``; through ``V``
     and ``H`` alike ``2 max(R_adjusted) c / epsilon``;
-  * DirectML Adam does not read ``X``: 0.
+  * DirectML Adam and ONNX Runtime's SGD do not read ``X``: 0;
+  * ONNX Runtime's AdamW reads ``X`` only in its decoupled decay ``lr * weight_decay * X``
+    (the step itself does not depend on ``X``): ``R * weight_decay``.
 
   The worst case: ``H = 0`` in the denominators. ``steps`` and ``T0`` give the
   largest bias correction ``R_adjusted / R`` of the run.
   """
+  if rule == "ort_adamw":
+    return float(learning_rate) * float(hyper["weight_decay"])
   c = float(hyper.get("norm_coefficient", 0.0))
-  if rule == "directml_adam" or c == 0:
+  if rule in ("directml_adam", "ort_sgd") or c == 0:
     return 0.0
   R = float(learning_rate)
   if rule == "momentum":
@@ -142,7 +175,8 @@ def trajectory_tolerances(
   ``H`` allowed updates 5% too large):
 
   * ``X + U`` rounds once relative to ``X_k``; the reference's own
-    ``X - step`` once more, hence ``2 u |X_k|``;
+    ``X - step`` once more, hence ``2 u |X_k|`` (``4 u |X_k|`` for ONNX
+    Runtime's AdamW with weight decay, which subtracts twice);
   * the update ``U_t = x_ref_t - x_ref_{t-1}`` is computed with at most
     ROUNDINGS roundings relative to the largest update so far, ``M_t`` (an
     operand cancelled in ``U_t`` was an update-sized quantity before);
@@ -167,10 +201,13 @@ def trajectory_tolerances(
   steps = len(xs)
   L = max(feedback_gain(rule, h, learning_rate, T0, steps) for h in hypers)
   alphas = [
-    float(h.get("alpha" if rule == "adam" else "beta1", 0.0))
+    float(h.get("beta1" if rule == "directml_adam" else "alpha", 0.0))
     for h in hypers
-    if rule in ("adam", "directml_adam")
+    if rule in ("adam", "directml_adam", "ort_adamw")
   ]
+  # ONNX Runtime's AdamW with weight decay rounds relative to X twice per
+  # update (the decay's subtraction and the step's), the reference as often.
+  x_roundings = 4 if rule == "ort_adamw" and any(float(h["weight_decay"]) for h in hypers) else 2
   A = 1 / (1 - max(alphas)) if alphas else 1.0
   previous = [np.asarray(x, np.float64) for x in X0]
   total, M, out = 0.0, 0.0, []
@@ -178,7 +215,7 @@ def trajectory_tolerances(
     X = [np.asarray(x, np.float64) for x in X]
     M = max([M] + [float(np.max(np.abs(a - b), initial=0)) for a, b in zip(X, previous)])
     size = max(float(np.max(np.abs(a), initial=0)) for a in X)
-    total += 2 * u * size + (k + 1) * ROUNDINGS * u * M
+    total += x_roundings * u * size + (k + 1) * ROUNDINGS * u * M
     out.append((1 + L) ** (k + 1) * A * total)
     previous = X
   return out

@@ -35,9 +35,9 @@ COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "coll
 
 
 def _configs():
-  from rule_configs import RULE_CONFIGS
+  from rule_configs import RULE_CONFIGS, static_args
 
-  return {k: (c.make, c.hyper) for k, c in RULE_CONFIGS.items()}
+  return {k: (c.make, c.hyper, static_args(c.hyper)) for k, c in RULE_CONFIGS.items()}
 
 
 def main() -> int:
@@ -142,10 +142,10 @@ def main() -> int:
     print(f"ok explicit {label}: state types after init == after update == param types {param_types}")
 
   failures = 0
-  for name, (make, hyper) in _configs().items():
+  for name, (make, hyper, static) in _configs().items():
     for injected in (False, True):
       label = f"{name} {'injected' if injected else 'plain'}"
-      opt = (optax.inject_hyperparams(make) if injected else make)(0.05, **hyper)
+      opt = (optax.inject_hyperparams(make, static_args=static) if injected else make)(0.05, **hyper)
       try:
         check_config(opt, label, injected)
       except Exception as e:  # report every configuration, then fail

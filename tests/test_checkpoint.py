@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from rule_configs import RULE_CONFIGS
+from rule_configs import RULE_CONFIGS, static_args
 
 ocp = pytest.importorskip(
   "orbax.checkpoint", reason="orbax-checkpoint is in the test extra: pip install onnx_optax[test]"
@@ -36,7 +36,9 @@ def _setup(config, injected):
   make, hyper = CONFIGS[config]
   schedule = optax.exponential_decay(0.05, transition_steps=3, decay_rate=0.7)
   # A schedule, so that resuming must also restore the count it reads.
-  factory = optax.inject_hyperparams(make, static_args=("state_dtype",)) if injected else make
+  factory = (
+    optax.inject_hyperparams(make, static_args=static_args(hyper, "state_dtype")) if injected else make
+  )
   opt = factory(schedule, **hyper, state_dtype=jnp.float32)
   rng = np.random.default_rng(0)
   # A bfloat16 leaf with a float32 state: the checkpoint must keep both dtypes.

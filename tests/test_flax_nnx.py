@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from rule_configs import RULE_CONFIGS, first_count
+from rule_configs import RULE_CONFIGS, first_count, static_args
 
 from onnx_optax import reference
 from onnx_optax.conformance import tolerance
@@ -128,7 +128,7 @@ def test_nnx_optimizer_follows_the_reference(name):
 def test_injected_learning_rate_changed_through_the_optimizer_state(name):
   config = RULE_CONFIGS[name]
   old, new = config.learning_rate, 3 * config.learning_rate
-  tx = optax.inject_hyperparams(config.make)(old, **config.hyper)
+  tx = optax.inject_hyperparams(config.make, static_args=static_args(config.hyper))(old, **config.hyper)
   model = MLP(nnx.Rngs(1))
   optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
   x, y = _data(jnp.float32)

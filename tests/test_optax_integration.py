@@ -37,6 +37,7 @@ import optax
 import pytest
 from rule_configs import (
   RULE_CONFIGS,
+  static_args,
   trajectory_tolerances,
 )
 from rule_configs import (
@@ -57,7 +58,7 @@ U32 = 2.0**-24
 # hyperparameter for sweeps). Every term of every formula matters.
 CONFIGS = {k: (c.rule, c.make, c.hyper, c.learning_rate, c.sweep) for k, c in RULE_CONFIGS.items()}
 NAMES = sorted(CONFIGS)
-N_STATE = {"momentum": 1, "adagrad": 1, "adam": 2, "directml_adam": 2}
+N_STATE = {"momentum": 1, "adagrad": 1, "adam": 2, "directml_adam": 2, "ort_adamw": 2, "ort_sgd": 0}
 
 
 def _seen(hyper):
@@ -133,10 +134,11 @@ def _max_diff(a, b):
 def test_inject_hyperparams_matches_plain_rule_and_reference(config, jit):
   rule, make, hyper, lr, _ = CONFIGS[config]
   params, grads = _problem(config)
-  opt = optax.inject_hyperparams(make)(lr, **hyper)
+  opt = optax.inject_hyperparams(make, static_args=static_args(hyper))(lr, **hyper)
   state = opt.init(params)
-  # Every numeric hyperparameter is injected (mode is a string, so static).
-  numeric = {k for k, v in hyper.items() if not isinstance(v, str)}
+  # Every numeric hyperparameter is injected (mode is a string, correct_bias a
+  # bool, adam_mode selects the formula: static).
+  numeric = {k for k, v in hyper.items() if not isinstance(v, (str, bool)) and k not in static_args(hyper)}
   assert numeric | {"learning_rate", "initial_count"} == set(state.hyperparams)
 
   injected, _ = _run(opt, params, grads, jit=jit)
@@ -169,8 +171,10 @@ def test_changing_hyperparameters_between_steps_takes_effect_at_that_step(config
   K = 12
   lrs = [lr * (1.0 + 0.5 * np.sin(k)) for k in range(STEPS)]
   # Other values, still valid (decays in [0, 1), epsilon >= 0).
+  # Modes and flags (strings, bools, static ints) stay: they are not injected.
+  fixed = lambda k, v: isinstance(v, (str, bool)) or k in static_args(hyper)  # noqa: E731
   changed = {
-    k: (v if isinstance(v, str) else 0.5 * v + (0.3 if k in ("alpha", "beta", "beta1", "beta2") else 0.0))
+    k: (v if fixed(k, v) else 0.5 * v + (0.3 if k in ("alpha", "beta", "beta1", "beta2") else 0.0))
     for k, v in hyper.items()
   }
 
@@ -178,11 +182,16 @@ def test_changing_hyperparameters_between_steps_takes_effect_at_that_step(config
     state.hyperparams["learning_rate"] = jnp.asarray(lrs[k], jnp.float32)
     if k == K:
       for name, value in changed.items():
-        if not isinstance(value, str):
+        if not fixed(name, value):
           state.hyperparams[name] = jnp.asarray(value, jnp.float32)
     return state
 
-  got, _ = _run(optax.inject_hyperparams(make)(lr, **hyper), params, grads, before_step=before_step)
+  got, _ = _run(
+    optax.inject_hyperparams(make, static_args=static_args(hyper))(lr, **hyper),
+    params,
+    grads,
+    before_step=before_step,
+  )
 
   xs1, s1, T1 = reference.trajectory(
     rule,
@@ -272,7 +281,9 @@ def test_learning_rate_schedule_plain_and_injected(config):
   tol = _tolerances(rule, hyper, lr, _leaves(params), xs)
   plain, _ = _run(make(schedule, **hyper), params, grads)
   _assert_trajectory(plain, xs, tol, "plain")
-  injected, state = _run(optax.inject_hyperparams(make)(schedule, **hyper), params, grads)
+  injected, state = _run(
+    optax.inject_hyperparams(make, static_args=static_args(hyper))(schedule, **hyper), params, grads
+  )
   _assert_trajectory(injected, xs, tol, "injected")
   np.testing.assert_allclose(float(state.hyperparams["learning_rate"]), lrs[-1], rtol=1e-6)
 
@@ -475,7 +486,7 @@ def _types(tree):
 @pytest.mark.parametrize("config", NAMES)
 def test_abstract_init_and_state_types_are_stable(config, state_dtype, inject):
   rule, make, hyper, lr, _ = CONFIGS[config]
-  factory = optax.inject_hyperparams(make) if inject else make
+  factory = optax.inject_hyperparams(make, static_args=static_args(hyper)) if inject else make
   opt = factory(lr, **hyper, state_dtype=state_dtype)
   params = {"w": jnp.ones((4, 3), jnp.bfloat16), "b": jnp.ones((3,), jnp.float32)}
   abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), params)
@@ -537,7 +548,7 @@ def _scan_matches_loop(config, inject):
       jnp.sum(jnp.cos(a) * (a - t) ** 2) for a, t in zip(jax.tree.leaves(p), jax.tree.leaves(target))
     )
 
-  opt = (optax.inject_hyperparams(make) if inject else make)(lr, **hyper)
+  opt = (optax.inject_hyperparams(make, static_args=static_args(hyper)) if inject else make)(lr, **hyper)
   traces = []
 
   def step(carry, _=None):
@@ -574,14 +585,16 @@ def test_vmap_over_a_sweep_of_hyperparameters(config):
   params, grads = _problem(config, steps=10)
   stacked = jax.tree.map(lambda *g: jnp.stack(g), *grads)
   lrs = np.array([0.5, 1.0, 1.5, 2.0], np.float32) * np.float32(lr)
+  # ONNX Runtime's SGD has no hyperparameter but the learning rate (sweep "").
+  with_second = (lambda h, b: dict(h, **{second: b})) if second else (lambda h, b: h)
   seconds = np.array([0.5, 0.6, 0.7, 0.8], np.float32) * np.float32(
-    hyper[second] if hyper[second] < 1 else 0.9
+    hyper[second] if second and hyper[second] < 1 else 0.9
   )
 
   @jax.jit
   @jax.vmap
   def sweep(r, b):
-    opt = make(r, **dict(hyper, **{second: b}))  # traced hyperparameters
+    opt = make(r, **with_second(hyper, b))  # traced hyperparameters
 
     def step(carry, g):
       p, s = carry
@@ -602,13 +615,13 @@ def test_vmap_over_a_sweep_of_hyperparameters(config):
       _zero_state(rule, params),
       _first_count(rule),
       [float(r)] * len(grads),
-      **_seen(dict(hyper, **{second: float(b)})),
+      **_seen(with_second(hyper, float(b))),
     )
     mine = [jax.tree.map(operator.itemgetter((i, k)), got) for k in range(len(grads))]
     _assert_trajectory(
       mine,
       xs,
-      _tolerances(rule, dict(hyper, **{second: float(b)}), float(r), _leaves(params), xs),
+      _tolerances(rule, with_second(hyper, float(b)), float(r), _leaves(params), xs),
       f"sweep {i}",
     )
 

@@ -42,7 +42,7 @@ from rule_configs import (
 )
 
 import onnx_optax
-from onnx_optax import reference
+from onnx_optax import reference, rules
 
 STEPS = 30
 
@@ -70,7 +70,7 @@ def _run(config, dtype, jit, nonzero_start):
   n_state = len(state_cls._fields) - 1
   if nonzero_start:
     # Second moments must be non-negative; first moments may be anything.
-    second = {"adagrad": [0], "adam": [1], "directml_adam": [1]}.get(rule, [])
+    second = {"adagrad": [0], "adam": [1], "directml_adam": [1], "ort_adamw": [1]}.get(rule, [])
     state0 = [
       jax.tree.map(np.abs, _tree(rng, dtype)) if i in second else _tree(rng, dtype) for i in range(n_state)
     ]
@@ -158,17 +158,41 @@ def _eager_update_is_spec_x_new_to_the_bit(config):
   x, g = rng.normal(size=n).astype(np.float32), rng.normal(size=n).astype(np.float32)
   n_state = len(state_cls._fields) - 1
   s = [np.abs(rng.normal(size=n)).astype(np.float32) for _ in range(n_state)]
-  for T in [1] if rule == "directml_adam" else [0, 1]:
+  if rule == "ort_adamw":
+    # X + U is W_new to the bit without weight decay (the docstring's promise);
+    # mode 1 runs without bias correction, mode 0 (which needs it) below.
+    hyper = dict(hyper, weight_decay=0.0, correct_bias=hyper["adam_mode"] == 0)
+  for T in [1] if rule in ("directml_adam", "ort_adamw") else [0, 1]:
     if rule == "adam" and T > 0:
       continue  # R_adjusted needs beta**T.
-    opt = make(lr, **hyper, initial_count=T)
-    state = state_cls(jnp.int32(T), *map(jnp.asarray, s))
-    u, new_state = opt.update(jnp.asarray(g), state, jnp.asarray(x))
+    if rule == "ort_adamw" and hyper["correct_bias"]:
+      # The bias corrections take a power: the element-wise part is checked
+      # with the reference's own float32 corrections handed in.
+      a, b = (np.float32(1) - np.float32(np.float64(np.float32(hyper[d])) ** T) for d in ("alpha", "beta"))
+      scalars = rules.ort_adamw_scalars(lr, T, **hyper)._replace(
+        alpha_correction=a, one_over_beta_correction=np.float32(1) / b
+      )
+      u, *moments = rules.ort_adamw_elementwise(
+        rules.like(scalars, jnp.float32), None, jnp.asarray(g), *map(jnp.asarray, s), adam_mode=0
+      )
+      new_state = (None, *moments)
+    else:
+      opt = make(lr, **hyper, initial_count=T)
+      state = state_cls(jnp.int32(T), *map(jnp.asarray, s))
+      u, new_state = opt.update(jnp.asarray(g), state, jnp.asarray(x))
     x_new = np.asarray(optax.apply_updates(jnp.asarray(x), u))
     step, _ = reference.RULES[rule]
-    f32 = {k: (v if isinstance(v, str) else np.float32(v)) for k, v in hyper.items()}
+    f32 = {k: (v if isinstance(v, (str, bool, int)) else np.float32(v)) for k, v in hyper.items()}
     want = step(np.float32(lr), T, x, g, *s, dtype=np.float32, **f32)
-    np.testing.assert_array_equal(x_new, want[0])
+    if rule == "ort_adamw" and hyper["correct_bias"]:
+      # M2 / beta_correction is M2 * (1 / beta_correction) (rules.OrtAdamWScalars):
+      # the quotient 2 roundings instead of 1, the root's argument 3u apart, the
+      # root 1.5u + its rounding, then up to 4 roundings that may go the other
+      # way: within 8u of the step, plus the last rounding of W_new.
+      bound = 8 * 2.0**-24 * np.abs(x - want[0]) + np.spacing(np.abs(want[0]))
+      assert np.all(np.abs(x_new - want[0]) <= bound)
+    else:
+      np.testing.assert_array_equal(x_new, want[0])
     for got, w in zip(new_state[1:], want[1:]):
       np.testing.assert_array_equal(np.asarray(got), w)
 
