@@ -21,7 +21,7 @@ import optax
 import onnx_optax
 from onnx_optax import reference
 from onnx_optax.conformance import tolerance
-from onnx_optax.conformance.cases import INT32_MAX, Case, numpy_dtype
+from onnx_optax.conformance.cases import INT32_MAX, STATE, Case, base_rule, numpy_dtype
 
 __all__ = [
   "OUTPUT_NAMES",
@@ -82,14 +82,15 @@ def make_transform(
   extra: dict[str, Any] = {} if state_dtype is None else {"state_dtype": numpy_dtype(state_dtype)}
   if initial_count is not None:
     extra["initial_count"] = initial_count
-  if rule.startswith("momentum"):
-    return onnx_optax.momentum(R, **hyper, **extra)
   makers: dict[str, Callable[..., optax.GradientTransformationExtraArgs]] = {
+    "momentum": onnx_optax.momentum,
     "adagrad": onnx_optax.adagrad,
     "adam": onnx_optax.adam,
     "directml_adam": onnx_optax.directml_adam,
+    "ort_adamw": onnx_optax.ort_adamw,
+    "ort_sgd": onnx_optax.ort_sgd,
   }
-  return makers[rule](R, **hyper, **extra)
+  return makers[base_rule(rule)](R, **hyper, **extra)
 
 
 _STATE_CLS = {
@@ -97,6 +98,8 @@ _STATE_CLS = {
   "adagrad": onnx_optax.AdagradState,
   "adam": onnx_optax.AdamState,
   "directml_adam": onnx_optax.DirectMLAdamState,
+  "ort_adamw": onnx_optax.OrtAdamWState,
+  "ort_sgd": onnx_optax.OrtSGDState,
 }
 
 
@@ -140,7 +143,7 @@ def run_transform(
     (in the spec's order), the new count and the updates ``U`` the transform
     returned (``X_new = X + U``), as NumPy arrays.
   """
-  base = "momentum" if rule.startswith("momentum") else rule
+  base = base_rule(rule)
   with jax.enable_x64(np.float64 in (numpy_dtype(dtype), numpy_dtype(state_dtype or dtype))):
     dev = device(platform)
     put = lambda leaves: _tree([jax.device_put(np.asarray(x), dev) for x in leaves])  # noqa: E731
@@ -203,7 +206,7 @@ def expected(
     if rule == "directml_adam":
       outs.append(reference.directml_adam(x, s[0], s[1], g, T, learning_rate=R, dtype=dtype, **hyper))
     else:
-      base = "momentum" if rule.startswith("momentum") else rule
+      base = base_rule(rule)
       outs.append(reference.RULES[base][0](R, T, x, g, *s, dtype=dtype, **hyper))
   return outs
 
@@ -244,7 +247,9 @@ def tolerances(
   ``received_dtype``: the dtype the hyperparameters were rounded to before
   the expectations got them (:func:`received`); None: the Python floats.
   """
-  base = "momentum" if rule.startswith("momentum") else rule
+  base = base_rule(rule)
+  if not STATE[rule]:  # No state tensors (ONNX Runtime's SGD): the leaf is computed in its own dtype.
+    state_dtype = None
   impl = tolerance.implementation_context(
     numpy_dtype(dtype),
     platform,
@@ -355,6 +360,8 @@ OUTPUT_NAMES = {
   "adagrad": ("X_new", "H_new"),
   "adam": ("X_final", "V_new", "H_new"),
   "directml_adam": ("X_new", "M_new", "V_new"),
+  "ort_adamw": ("X_new", "M1_new", "M2_new"),
+  "ort_sgd": ("X_new",),
 }
 
 

@@ -484,11 +484,88 @@ def _directml_adam(c: Context, R, T, X, G, M, V, *, beta1, beta2, epsilon):
   return X_new.e, c.store(M_new).e, c.store(V_new).e, c.update_of(X, X_new, step).e
 
 
+def _ort_correction(c: Context, beta: float, T: int) -> Bounded:
+  """``1 - beta^step``: the implementation's scalar (``-expm1``); the expectation's ``1 - float64(beta^T)``.
+
+  :func:`onnx_optax.reference.ort_adamw` forms the power in float64 whatever
+  its dtype (as the kernel's ``std::pow``), then subtracts it from 1 in its
+  dtype: one float64 ``pow`` (one ulp) and one rounding of the context.
+  """
+  if c.hyper_dtype is not None:
+    return _scalar(c).one_minus_power(beta, T)
+  power = float(c.exact_hyper(beta)) ** T
+  return c._rounded(np.float64(1.0 - power), np.float64(2 * 2.0**-53 * power))
+
+
+def _ort_adamw(
+  c: Context, R, T, X, G, M1, M2, *, alpha, beta, epsilon, weight_decay, adam_mode, correct_bias
+):
+  """ONNX Runtime's AdamW in its CPU kernel's order (``rules.ort_adamw``), ``M2 / beta_correction``
+  as ``M2 * (1 / beta_correction)`` in the implementation (a per-update reciprocal)."""
+  s = _scalar(c)
+  one = c.exact(1.0)
+  if correct_bias:
+    alpha_correction, beta_correction = _ort_correction(c, alpha, T), _ort_correction(c, beta, T)
+  else:
+    alpha_correction = beta_correction = s.exact(1.0) if c.hyper_dtype is not None else one
+  alpha_, beta_, eps, lr = c.const(alpha), c.const(beta), c.const(epsilon), c.const(R)
+  X, G, M1, M2 = c.exact(X), c.exact(G), c.exact(M1), c.exact(M2)
+  M1_new = c.add(c.mul(alpha_, M1), c.mul(c.one_minus(alpha), G))
+  M2_new = c.add(c.mul(beta_, M2), c.mul(c.mul(c.one_minus(beta), G), G))
+  if adam_mode == 0:
+    if c.hyper_dtype is not None:  # The scalars are rounded to d; the reciprocal is one of them.
+      scaled = c.mul(M2_new, c.to_elementwise(s.div(s.exact(1.0), beta_correction)))
+      alpha_correction = c.to_elementwise(alpha_correction)
+    else:
+      scaled = c.div(M2_new, beta_correction)
+    denominator = c.mul(alpha_correction, c.add(c.sqrt(scaled), eps))
+    step = c.div(c.mul(lr, M1_new), denominator)
+    if weight_decay == 0:
+      X_new = c.finish(X, step)
+      return X_new.e, c.store(M1_new).e, c.store(M2_new).e, c.update_of(X, X_new, step).e
+    W = c.sub(X, c.mul(c.mul(X, lr), c.const(weight_decay)))
+    W_new = c.sub(W, step)
+  else:
+    if correct_bias:
+      corrected = s if c.hyper_dtype is not None else c
+      lr_corrected = corrected.div(
+        corrected.mul(corrected.const(R), corrected.sqrt(beta_correction)), alpha_correction
+      )
+      lr_corrected = c.to_elementwise(lr_corrected)
+    else:
+      lr_corrected = lr
+    step = c.div(c.mul(lr_corrected, M1_new), c.add(c.sqrt(M2_new), eps))
+    if weight_decay == 0:
+      X_new = c.finish(X, step)
+      return X_new.e, c.store(M1_new).e, c.store(M2_new).e, c.update_of(X, X_new, step).e
+    if c.hyper_dtype is not None:  # lr * weight_decay: a product in the scalar dtype, rounded to d.
+      lr_weight_decay = c.to_elementwise(s.mul(s.const(R), s.const(weight_decay)))
+    else:
+      lr_weight_decay = c.mul(lr, c.const(weight_decay))
+    W = c.sub(X, step)
+    W_new = c.sub(W, c.mul(lr_weight_decay, W))
+  U = c.sub(W_new, X)  # U = W_new - X (an expectation's too), then X + U.
+  if c.hyper_dtype is not None:
+    U = c.update(U)
+    W_new = c.apply(X, U)
+  return W_new.e, c.store(M1_new).e, c.store(M2_new).e, U.e
+
+
+def _ort_sgd(c: Context, R, T, X, G):
+  """``W_new = W + (-lr * G)``: ``U = -lr * G`` (one rounding), then ``X + U``."""
+  X, G = c.exact(X), c.exact(G)
+  step = c.mul(c.const(R), G)
+  X_new = c.finish(X, step)
+  return X_new.e, c.update_of(X, X_new, step).e
+
+
 _BOUNDS: dict[str, Callable[..., tuple[np.ndarray, ...]]] = {
   "momentum": _momentum,
   "adagrad": _adagrad,
   "adam": _adam,
   "directml_adam": _directml_adam,
+  "ort_adamw": _ort_adamw,
+  "ort_sgd": _ort_sgd,
 }
 
 
@@ -506,7 +583,8 @@ def bounds(
   """Error bounds of the spec's outputs of ``rule`` evaluated as ``context`` rounds.
 
   Args:
-    rule: ``"momentum"``, ``"adagrad"``, ``"adam"`` or ``"directml_adam"``.
+    rule: ``"momentum"``, ``"adagrad"``, ``"adam"``, ``"directml_adam"``, ``"ort_adamw"`` or
+      ``"ort_sgd"``.
     context: :func:`implementation_context` or :func:`reference_context`.
     R, T: learning rate and update count.
     X, G: the tensor and its gradient, exact (already rounded) values.
