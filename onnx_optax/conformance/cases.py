@@ -24,15 +24,29 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-__all__ = ["DTYPES", "RULES", "Case", "cases", "numpy_dtype"]
+__all__ = ["DTYPES", "RULES", "Case", "base_rule", "cases", "numpy_dtype"]
 
-#: The rules the suite checks; the two Momentum modes count as two rules.
-RULES = ("momentum_standard", "momentum_nesterov", "adagrad", "adam", "directml_adam")
+#: The rules the suite checks; the two Momentum modes count as two rules, and so do the two
+#: ``adam_mode`` of ONNX Runtime's AdamW.
+RULES = (
+  "momentum_standard",
+  "momentum_nesterov",
+  "adagrad",
+  "adam",
+  "directml_adam",
+  "ort_adamw_mode0",
+  "ort_adamw_mode1",
+  "ort_sgd",
+)
 #: The parameter dtypes, float32 first.
 DTYPES = ("float32", "float64", "float16", "bfloat16")
 
 INT32_MAX = int(np.iinfo(np.int32).max)
 LARGE = 10**6
+#: ``Case.x_scale`` of the small-parameter cases: ``|X|`` in [0.005, 0.02], the size of a step
+#: (``R = 0.05`` times a ratio of order 1; Adam's bias correction makes it ~0.01 at ``T = 5``).
+SMALL_X = 0.01
+_LARGE_T = 7  # The T of the 10^6-element case.
 
 _TINY = {"float64": 1e-8, "float32": 1e-6, "bfloat16": 1e-6, "float16": 1e-2}
 _HUGE = {"float64": 1e100, "float32": 1e15, "bfloat16": 1e15, "float16": 100.0}
@@ -43,6 +57,14 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
   "adagrad": dict(decay_factor=0.1, epsilon=1e-6, norm_coefficient=0.01),
   "adam": dict(alpha=0.9, beta=0.999, epsilon=1e-6, norm_coefficient=0.01, norm_coefficient_post=0.0),
   "directml_adam": dict(beta1=0.9, beta2=0.999, epsilon=1e-8),
+  # The schema's defaults but epsilon = 1e-6 (what generate_artifacts writes; 1e-8 is 0 in float16).
+  "ort_adamw_mode0": dict(
+    alpha=0.9, beta=0.999, epsilon=1e-6, weight_decay=0.01, adam_mode=0, correct_bias=True
+  ),
+  "ort_adamw_mode1": dict(
+    alpha=0.9, beta=0.999, epsilon=1e-6, weight_decay=0.01, adam_mode=1, correct_bias=True
+  ),
+  "ort_sgd": {},
 }
 #: The state tensors of each rule, in the spec's order, and whether each is a
 #: second moment (non-negative).
@@ -52,8 +74,27 @@ STATE: dict[str, tuple[tuple[str, bool], ...]] = {
   "adagrad": (("h", True),),
   "adam": (("v", False), ("h", True)),
   "directml_adam": (("m", False), ("v", True)),
+  "ort_adamw_mode0": (("m1", False), ("m2", True)),
+  "ort_adamw_mode1": (("m1", False), ("m2", True)),
+  "ort_sgd": (),
 }
-_EPSILON = {"adagrad": "epsilon", "adam": "epsilon", "directml_adam": "epsilon"}
+_EPSILON = {
+  "adagrad": "epsilon",
+  "adam": "epsilon",
+  "directml_adam": "epsilon",
+  "ort_adamw_mode0": "epsilon",
+  "ort_adamw_mode1": "epsilon",
+}
+#: The rules whose first update has ``T = 1`` (at ``T = 0`` the bias correction is 0/0).
+ONE_BASED = ("directml_adam", "ort_adamw_mode0", "ort_adamw_mode1")
+
+
+def base_rule(rule: str) -> str:
+  """A suite rule's name in :mod:`onnx_optax.reference` and the tolerance model (modes dropped)."""
+  for base in ("momentum", "ort_adamw"):
+    if rule.startswith(base):
+      return base
+  return rule
 
 
 def numpy_dtype(name: str) -> np.dtype:
@@ -84,6 +125,9 @@ class Case:
     unchecked_limit: why this dtype cannot bound some output elements (an
       infinite tolerance), for a case that exists to show that limit; None
       (every case of the grid now) makes any unchecked element a failure.
+    x_scale: the parameters' magnitude, ``|X|`` in ``[0.5, 2] * x_scale``;
+      :data:`SMALL_X` makes ``|X|`` of the order of the step, so that
+      ``X_new = X + U`` keeps the step's digits.
   """
 
   rule: str
@@ -99,6 +143,7 @@ class Case:
   schedule_steps: int | None = None
   initial_count: int | None = None
   unchecked_limit: str | None = None
+  x_scale: float = 1.0
 
   @property
   def id(self) -> str:
@@ -109,7 +154,7 @@ class Case:
     """The ``T`` of the transform's first update: its ``initial_count``."""
     if self.initial_count is not None:
       return self.initial_count
-    return 1 if self.rule == "directml_adam" else 0  # DirectML's T starts at 1.
+    return 1 if self.rule in ONE_BASED else 0  # DirectML's and ORT AdamW's T start at 1.
 
   @property
   def learning_rate(self) -> float:
@@ -127,7 +172,7 @@ class Case:
   @property
   def base_rule(self) -> str:
     """The rule's name in :mod:`onnx_optax.reference` and the tolerance model."""
-    return "momentum" if self.rule.startswith("momentum") else self.rule
+    return base_rule(self.rule)
 
   def inputs(self) -> tuple[list[np.ndarray], list[np.ndarray], list[list[np.ndarray]]]:
     """``(X, G, state)``: leaves, gradients and state tensors, rounded to the dtype."""
@@ -142,7 +187,7 @@ class Case:
       return np.asarray(x).astype(dtype)  # Rounded once, from float64.
 
     scale = {"normal": 1.0, "zero": 0.0, "tiny": _TINY[self.dtype], "huge": _HUGE[self.dtype]}[self.gradient]
-    X = [draw(s, 0.5, 2.0) for s in self.shapes]
+    X = [draw(s, 0.5, 2.0, scale=self.x_scale) for s in self.shapes]
     G = [draw(s, 0.5, 1.0, scale=scale) for s in self.shapes]
     state_scale = _TINY[self.dtype] if self.gradient == "tiny" else 1.0
     state = []
@@ -203,6 +248,24 @@ def _edges(rule: str, dtype: str) -> list[Case]:
       c("norm_coefficient=0", hyper=dict(norm_coefficient=0.0)),
       c("alpha=0.999,state=0", state="zero", hyper=dict(alpha=0.999)),
     ]
+  if rule.startswith("ort_adamw"):
+    grid = [
+      c("alpha=0", hyper=dict(alpha=0.0)),
+      c("beta=0", hyper=dict(beta=0.0)),
+      c("epsilon=0", hyper=dict(epsilon=0.0)),
+      c("weight_decay=0", hyper=dict(weight_decay=0.0)),
+      # Large enough to stand out of bfloat16's rounding of X (lr * 0.01 is far below it).
+      c("weight_decay=5", hyper=dict(weight_decay=5.0)),
+      c("alpha=0.999,state=0", state="zero", hyper=dict(alpha=0.999)),
+    ]
+    if rule.endswith("mode1"):  # ONNX Runtime refuses correct_bias=0 in mode 0.
+      grid += [
+        c("correct_bias=0", hyper=dict(correct_bias=False)),
+        c("correct_bias=0,T=0", T=0, hyper=dict(correct_bias=False)),
+      ]
+    return grid
+  if rule == "ort_sgd":
+    return [c("R=1", R=1.0)]
   return [
     c("beta1=0", hyper=dict(beta1=0.0)),
     c("beta2=1", hyper=dict(beta2=1.0)),
@@ -250,7 +313,7 @@ def cases(rule: str, dtype: str, *, large: bool = True) -> list[Case]:
     >>> [c.name for c in cases("adam", "float32")][:4]
     ['pytree', 'scalar', 'odd', 'T=0']
   """
-  first = 1 if rule == "directml_adam" else 0  # DirectML's T starts at 1.
+  first = 1 if rule in ONE_BASED else 0  # DirectML's and ORT AdamW's T start at 1.
   c = lambda name, **kw: _case(rule, dtype, name, **kw)  # noqa: E731
   grid = [
     c("pytree", shapes=((), (3, 5), (1, 7, 2))),
@@ -282,6 +345,12 @@ def cases(rule: str, dtype: str, *, large: bool = True) -> list[Case]:
     grid.append(c("gradient=tiny", gradient="tiny", hyper=no_l2))
   grid += _edges(rule, dtype)
   grid += _transform_layer(rule, dtype, first)
+  # Beside every T of the grid, |X| of the step's size: X + U then keeps the step's digits,
+  # which X of size 1 rounds away (U itself is checked in every case).
+  every_T = sorted({case.T for case in grid} | {_LARGE_T})
+  # Below the first T (ORT AdamW's T = 0, only without bias correction): that case's hyperparameters.
+  below = {case.T: case.hyper for case in reversed(grid) if case.T < first}
+  grid += [c(f"|X|~step,T={T}", T=T, x_scale=SMALL_X, hyper=below.get(T, {})) for T in every_T]
   if dtype in ("float16", "bfloat16"):  # The documented way to train in low precision.
     grid.append(c("state_dtype=float32", shapes=((), (3, 5), (1, 7, 2)), state_dtype="float32"))
     grid.append(c(f"state_dtype=float32,T={first}", T=first, state_dtype="float32"))
@@ -296,7 +365,7 @@ def cases(rule: str, dtype: str, *, large: bool = True) -> list[Case]:
         )
       )
   if large:
-    grid.append(c("10^6 elements", T=7, shapes=((LARGE,),)))
+    grid.append(c("10^6 elements", T=_LARGE_T, shapes=((LARGE,),)))
   return grid
 
 

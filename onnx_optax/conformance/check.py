@@ -21,7 +21,7 @@ import optax
 import onnx_optax
 from onnx_optax import reference
 from onnx_optax.conformance import tolerance
-from onnx_optax.conformance.cases import INT32_MAX, Case, numpy_dtype
+from onnx_optax.conformance.cases import INT32_MAX, STATE, Case, base_rule, numpy_dtype
 
 __all__ = [
   "OUTPUT_NAMES",
@@ -31,9 +31,12 @@ __all__ = [
   "compare",
   "device",
   "expected",
+  "expected_update",
   "has_float64",
   "make_transform",
   "platforms",
+  "received",
+  "received_dtype",
   "run_case",
   "run_transform",
   "tolerances",
@@ -79,14 +82,15 @@ def make_transform(
   extra: dict[str, Any] = {} if state_dtype is None else {"state_dtype": numpy_dtype(state_dtype)}
   if initial_count is not None:
     extra["initial_count"] = initial_count
-  if rule.startswith("momentum"):
-    return onnx_optax.momentum(R, **hyper, **extra)
   makers: dict[str, Callable[..., optax.GradientTransformationExtraArgs]] = {
+    "momentum": onnx_optax.momentum,
     "adagrad": onnx_optax.adagrad,
     "adam": onnx_optax.adam,
     "directml_adam": onnx_optax.directml_adam,
+    "ort_adamw": onnx_optax.ort_adamw,
+    "ort_sgd": onnx_optax.ort_sgd,
   }
-  return makers[rule](R, **hyper, **extra)
+  return makers[base_rule(rule)](R, **hyper, **extra)
 
 
 _STATE_CLS = {
@@ -94,6 +98,8 @@ _STATE_CLS = {
   "adagrad": onnx_optax.AdagradState,
   "adam": onnx_optax.AdamState,
   "directml_adam": onnx_optax.DirectMLAdamState,
+  "ort_adamw": onnx_optax.OrtAdamWState,
+  "ort_sgd": onnx_optax.OrtSGDState,
 }
 
 
@@ -102,6 +108,15 @@ def _tree(leaves: list[Any]) -> Any:
   if len(leaves) == 1:
     return leaves[0]
   return {"a": {"b": leaves[0], "c": leaves[1]}, "d": list(leaves[2:])}  # Flattens in this order.
+
+
+class Outputs(NamedTuple):
+  """What one jitted update returns, as NumPy arrays (see :func:`run_transform`)."""
+
+  X_new: list[np.ndarray]  #: ``optax.apply_updates(params, updates)``, per leaf
+  state: list[list[np.ndarray]]  #: the new state tensors, in the spec's order, per leaf
+  count: int  # type: ignore[assignment]  # the new count (shadows tuple.count, as the states do)
+  U: list[np.ndarray]  #: the updates the transform returned, per leaf
 
 
 def run_transform(
@@ -116,7 +131,7 @@ def run_transform(
   state: list[list[np.ndarray]],
   state_dtype: str | None = None,
   initial_count: int | None = None,
-) -> tuple[list[np.ndarray], list[list[np.ndarray]], int]:
+) -> Outputs:
   """One jitted update of ``rule`` on the first ``platform`` device.
 
   ``R`` is the transform's learning rate (a float or a schedule), the other
@@ -124,10 +139,11 @@ def run_transform(
   (the state in ``state_dtype``).
 
   Returns:
-    ``(X_new, state_new, count)``: the new tensors, the new state tensors (in
-    the spec's order) and the new count, as NumPy arrays.
+    ``(X_new, state_new, count, U)``: the new tensors, the new state tensors
+    (in the spec's order), the new count and the updates ``U`` the transform
+    returned (``X_new = X + U``), as NumPy arrays.
   """
-  base = "momentum" if rule.startswith("momentum") else rule
+  base = base_rule(rule)
   with jax.enable_x64(np.float64 in (numpy_dtype(dtype), numpy_dtype(state_dtype or dtype))):
     dev = device(platform)
     put = lambda leaves: _tree([jax.device_put(np.asarray(x), dev) for x in leaves])  # noqa: E731
@@ -137,28 +153,75 @@ def run_transform(
 
     def step(params, grads, opt_state):
       updates, new_state = opt.update(grads, opt_state, params)
-      return optax.apply_updates(params, updates), new_state
+      return optax.apply_updates(params, updates), new_state, updates
 
     with jax.default_device(dev):
-      new_params, new_state = jax.jit(step)(params, grads, opt_state)
-    placed = {d for leaf in jax.tree.leaves((new_params, new_state)) for d in leaf.devices()}
+      new_params, new_state, updates = jax.jit(step)(params, grads, opt_state)
+    placed = {d for leaf in jax.tree.leaves((new_params, new_state, updates)) for d in leaf.devices()}
     if placed != {dev}:  # The platform under test must be the one that computed.
       raise RuntimeError(f"outputs on {placed}, expected {dev}")
     leaves = lambda tree: [np.asarray(x) for x in jax.tree.leaves(tree)]  # noqa: E731
-    return leaves(new_params), [leaves(s) for s in new_state[1:]], int(new_state.count)
+    return Outputs(
+      leaves(new_params), [leaves(s) for s in new_state[1:]], int(new_state.count), leaves(updates)
+    )
 
 
-def expected(rule: str, R: float, T: int, X, G, state, hyper) -> list[tuple[np.ndarray, ...]]:
-  """The spec's outputs per leaf, from :mod:`onnx_optax.reference` in float64."""
+def received_dtype(dtype: str, state_dtype: str | None = None) -> np.dtype:
+  """The dtype a Python-float hyperparameter reaches the rule in: float64 under x64, else float32.
+
+  :func:`run_transform` enables x64 when the parameters or the state are
+  float64; a Python float then becomes a float64, otherwise a float32.
+  """
+  x64 = np.float64 in (numpy_dtype(dtype), numpy_dtype(state_dtype or dtype))
+  return np.dtype(np.float64 if x64 else np.float32)
+
+
+def received(R: float, hyper: dict[str, Any], dtype: Any) -> tuple[float, dict[str, Any]]:
+  """``R`` and the hyperparameters as the rule receives them: each float rounded to ``dtype``.
+
+  The expectation is computed from these values, so that the tolerance
+  charges the arithmetic under test, not the rounding of its inputs
+  (``tolerance.Context.received``).
+
+  Example:
+    >>> received(0.1, {"alpha": 0.9, "mode": "standard"}, np.float32)
+    (0.10000000149011612, {'alpha': 0.8999999761581421, 'mode': 'standard'})
+  """
+  rnd = lambda v: float(np.asarray(v, np.float64).astype(dtype))  # noqa: E731
+  return rnd(R), {k: rnd(v) if isinstance(v, float) else v for k, v in hyper.items()}
+
+
+#: The dtype of the expectation of ``U``: x87 extended precision where NumPy has it (64-bit
+#: significand), so that ``X_new - X`` does not lose ``U``'s digits to the cancellation.
+EXTENDED = np.dtype(np.longdouble) if np.finfo(np.longdouble).nmant > 52 else np.dtype(np.float64)
+
+
+def expected(
+  rule: str, R: float, T: int, X, G, state, hyper, dtype: Any = np.float64
+) -> list[tuple[np.ndarray, ...]]:
+  """The spec's outputs per leaf, from :mod:`onnx_optax.reference` in ``dtype`` (float64)."""
   outs = []
   for i, (x, g) in enumerate(zip(X, G)):
     s = [block[i] for block in state]
     if rule == "directml_adam":
-      outs.append(reference.directml_adam(x, s[0], s[1], g, T, learning_rate=R, **hyper))
+      outs.append(reference.directml_adam(x, s[0], s[1], g, T, learning_rate=R, dtype=dtype, **hyper))
     else:
-      base = "momentum" if rule.startswith("momentum") else rule
-      outs.append(reference.RULES[base][0](R, T, x, g, *s, **hyper))
+      base = base_rule(rule)
+      outs.append(reference.RULES[base][0](R, T, x, g, *s, dtype=dtype, **hyper))
   return outs
+
+
+def expected_update(rule: str, R: float, T: int, X, G, state, hyper) -> list[np.ndarray]:
+  """The spec's update ``X_new - X`` per leaf, computed in :data:`EXTENDED`, rounded to float64.
+
+  In float64 ``X_new - X`` would carry ``X_new``'s rounding, ``u |X|``,
+  which is far more than ``u |U|`` when the step is small beside ``X``;
+  in extended precision that error is ``2**-11`` times smaller.
+  """
+  outs = expected(rule, R, T, X, G, state, hyper, dtype=EXTENDED)
+  return [
+    (np.asarray(out[0], EXTENDED) - np.asarray(x, EXTENDED)).astype(np.float64) for out, x in zip(outs, X)
+  ]
 
 
 def tolerances(
@@ -173,26 +236,41 @@ def tolerances(
   hyper,
   state_dtype: str | None = None,
   scalar_dtype: str | None = None,
+  received_dtype: Any = None,
 ) -> list[tuple[np.ndarray, ...]]:
-  """Per leaf and output: bound(implementation) + bound(reference).
+  """Per leaf, the tolerance of each output then of ``U``: bound(implementation) + bound(expectation).
 
+  The outputs' expectation is :func:`expected` (float64), ``U``'s is
+  :func:`expected_update` (:data:`EXTENDED`, then rounded to float64).
   ``scalar_dtype``: the dtype of the rule's ``T``-dependent scalars when it
   is not the default (see :func:`tolerance.implementation_context`).
+  ``received_dtype``: the dtype the hyperparameters were rounded to before
+  the expectations got them (:func:`received`); None: the Python floats.
   """
-  base = "momentum" if rule.startswith("momentum") else rule
+  base = base_rule(rule)
+  if not STATE[rule]:  # No state tensors (ONNX Runtime's SGD): the leaf is computed in its own dtype.
+    state_dtype = None
   impl = tolerance.implementation_context(
     numpy_dtype(dtype),
     platform,
     state_dtype and numpy_dtype(state_dtype),
     scalar_dtype and numpy_dtype(scalar_dtype),
+    received_dtype,
   )
-  ref = tolerance.reference_context()
+  ref = tolerance.reference_context(received_dtype=received_dtype)
+  ref_u = tolerance.reference_context(EXTENDED, received_dtype=received_dtype)
+  u64, tiny64 = ref.u, ref.tiny
+  R_in, hyper_in = (R, hyper) if received_dtype is None else received(R, hyper, received_dtype)
   outs = []
   for i, (x, g) in enumerate(zip(X, G)):
     s = [block[i] for block in state]
-    a = tolerance.bounds(base, impl, R, T, x, g, s, **hyper)
+    a = tolerance.bounds(base, impl, R, T, x, g, s, update=True, **hyper)
     b = tolerance.bounds(base, ref, R, T, x, g, s, **hyper)
-    outs.append(tuple(p + q for p, q in zip(a, b)))
+    e_u = tolerance.bounds(base, ref_u, R, T, x, g, s, update=True, **hyper)[-1]
+    # U's expectation is rounded from EXTENDED to float64: one more rounding of |U| <= |U64| + e.
+    (U64,) = expected_update(rule, R_in, T, [x], [g], [[t] for t in s], hyper_in)
+    e_u = e_u + u64 * (2 * (np.abs(U64) + e_u)) + tiny64
+    outs.append((*(p + q for p, q in zip(a, b)), a[-1] + e_u))
   return outs
 
 
@@ -282,33 +360,65 @@ OUTPUT_NAMES = {
   "adagrad": ("X_new", "H_new"),
   "adam": ("X_final", "V_new", "H_new"),
   "directml_adam": ("X_new", "M_new", "V_new"),
+  "ort_adamw": ("X_new", "M1_new", "M2_new"),
+  "ort_sgd": ("X_new",),
 }
 
 
 def check_outputs(
-  case: Case, platform: str, got_x, got_state, got_count: int | None, inputs=None
+  case: Case, platform: str, got_x, got_state, got_count: int | None, inputs=None, got_u=None
 ) -> CaseResult:
   """Checks given outputs of ``case`` (from any implementation) against the reference.
 
   Values (in units of the tolerance), the new count (``T + 1``, saturating
   at the int32 maximum) and dtypes: the new parameters keep the case's
-  dtype and the new state the case's ``state_dtype``.
+  dtype and the new state the case's ``state_dtype``. With ``got_u`` (the
+  updates an Optax transform returned, per leaf) ``U`` itself is checked
+  too, against :func:`expected_update`, with its own tolerance: an error in
+  the step is then measured against the step, not against ``X``.
+
+  The expectations are computed from the hyperparameters as the rule
+  receives them (:func:`received`), so the tolerance charges only the
+  arithmetic after that.
   """
   X, G, state = inputs if inputs is not None else case.inputs()
-  R = case.learning_rate
-  want = expected(case.rule, R, case.T, X, G, state, case.hyper)
+  received_in = received_dtype(case.dtype, case.state_dtype)
+  R, hyper = received(case.learning_rate, case.hyper, received_in)
+  want = expected(case.rule, R, case.T, X, G, state, hyper)
+  want_u = expected_update(case.rule, R, case.T, X, G, state, hyper) if got_u is not None else None
   # Optax's schedules are evaluated at the int32 count and return float32,
   # under x64 too: the rule's scalars are then computed in float32.
   scalar_dtype = "float32" if case.schedule_steps is not None else None
   tol = tolerances(
-    case.rule, case.dtype, platform, R, case.T, X, G, state, case.hyper, case.state_dtype, scalar_dtype
+    case.rule,
+    case.dtype,
+    platform,
+    case.learning_rate,
+    case.T,
+    X,
+    G,
+    state,
+    case.hyper,
+    case.state_dtype,
+    scalar_dtype,
+    received_in,
   )
   names = OUTPUT_NAMES[case.base_rule]
   worst, where, loose, unchecked = 0.0, "", 0, 0
   for leaf in range(len(X)):
     got = [got_x[leaf]] + [s[leaf] for s in got_state]
-    for k, name in enumerate(names):
-      ratio, index, n, m = compare(got[k], want[leaf][k], tol[leaf][k])
+    wants = list(want[leaf])
+    tols = list(tol[leaf][: len(names)])
+    leaf_names = list(names)
+    if got_u is not None and want_u is not None:
+      got, wants, tols, leaf_names = (
+        got + [got_u[leaf]],
+        wants + [want_u[leaf]],
+        tols + [tol[leaf][-1]],
+        leaf_names + ["U"],
+      )
+    for k, name in enumerate(leaf_names):
+      ratio, index, n, m = compare(got[k], wants[k], tols[k])
       loose, unchecked = loose + n, unchecked + m
       if ratio > worst or not where:
         flat_got = np.asarray(got[k]).astype(np.float64).ravel()
@@ -316,14 +426,17 @@ def check_outputs(
           ratio,
           (
             f"{name}[leaf {leaf}, element {index}]: got {float(flat_got[index])!r}, "
-            f"expected {float(np.ravel(want[leaf][k])[index])!r}"
+            f"expected {float(np.ravel(wants[k])[index])!r}"
           ),
         )
   count_ok = got_count is None or got_count == min(case.T + 1, INT32_MAX)
   wrong = []
-  for label, arrays, dtype in [(names[0], got_x, case.dtype)] + [
+  checked = [(names[0], got_x, case.dtype)] + [
     (names[k + 1], s, case.state_dtype or case.dtype) for k, s in enumerate(got_state)
-  ]:
+  ]
+  if got_u is not None:
+    checked.append(("U", got_u, case.dtype))
+  for label, arrays, dtype in checked:
     found = sorted(
       {str(np.asarray(a).dtype) for a in arrays if hasattr(a, "dtype")} - {str(numpy_dtype(dtype))}
     )
@@ -349,7 +462,7 @@ def run_case(case: Case, platform: str = "cpu") -> CaseResult:
   inputs = case.inputs()
   R = case.R if case.schedule_steps is None else optax.linear_schedule(case.R, 0.0, case.schedule_steps)
   try:
-    got_x, got_state, count = run_transform(
+    got_x, got_state, count, got_u = run_transform(
       case.rule,
       case.dtype,
       platform,
@@ -362,4 +475,4 @@ def run_case(case: Case, platform: str = "cpu") -> CaseResult:
     )
   except Exception as e:  # noqa: BLE001 -- reported as a failure with its message.
     return CaseResult(case.rule, case.dtype, case.name, platform, float("inf"), "", error=repr(e))
-  return check_outputs(case, platform, got_x, got_state, count, inputs)
+  return check_outputs(case, platform, got_x, got_state, count, inputs, got_u)

@@ -132,7 +132,7 @@ def _check(
   side's evaluation (``other``).
   """
   try:
-    got_x, got_state, count = check.run_transform(rule, dtype, platform, R, T, hyper, X, G, state)
+    got_x, got_state, count, _ = check.run_transform(rule, dtype, platform, R, T, hyper, X, G, state)
   except Exception as e:  # noqa: BLE001 -- reported as a failure.
     return CaseResult(rule, dtype, label, platform, float("inf"), "", error=repr(e))
   base = "momentum" if rule.startswith("momentum") else rule

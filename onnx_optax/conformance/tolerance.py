@@ -153,6 +153,11 @@ class Context:
     state: when the state's dtype is narrower than the compute dtype
       (``state_dtype=bfloat16`` with float32 parameters), its context: the
       new state is rounded to it (:meth:`store`).
+    received: the dtype the hyperparameters reach the rule in (float32 for a
+      Python float without x64, float64 with it); None: the Python floats
+      themselves. With it, the exact value of a hyperparameter is its value
+      in that dtype (the expectation is computed from those values too), and
+      only the roundings the rule performs after receiving it are charged.
   """
 
   dtype: Any
@@ -165,6 +170,7 @@ class Context:
   one_minus_u: float | None = None
   param: Context | None = None
   state: Context | None = None
+  received: Any = None
 
   # -- rounding ---------------------------------------------------------------
   def _rounded(self, v: np.ndarray | np.float64, e: np.ndarray | np.float64, k: float = 1.0) -> Bounded:
@@ -192,7 +198,7 @@ class Context:
     Sterbenz' lemma).
     """
     if self.one_minus_u is not None:
-      v = np.float64(1.0 - value)
+      v = np.float64(1.0 - self.exact_hyper(value))
       return Bounded(v, np.abs(v.astype(np.float32).astype(np.float64) - v))
     if self.hyper_dtype is None:
       return self.sub(self.exact(1.0), self.const(value))
@@ -201,17 +207,35 @@ class Context:
       raise ValueError("a context with hyper_dtype needs its scalar context")
     return self.to_elementwise(s.sub(s.exact(1.0), s.const(value)))
 
+  def update(self, U: Bounded) -> Bounded:
+    """The update ``U`` as the transform returns it: rounded to the parameters' dtype (``param``)."""
+    if self.param is None:
+      return U
+    return self.param._rounded(U.v, U.e)
+
   def apply(self, X: Bounded, U: Bounded) -> Bounded:
     """``X + U`` in the parameters' dtype, ``U`` rounded to it first (``param``)."""
     if self.param is None:
       return self.add(X, U)
-    return self.param.add(X, self.param._rounded(U.v, U.e))
+    return self.param.add(X, self.update(U))
 
   def finish(self, X: Bounded, step: Bounded) -> Bounded:
     """The spec's ``X - step``; with ``param``, ``X + round(-step)`` in its dtype."""
     if self.param is None:
       return self.sub(X, step)
     return self.apply(X, Bounded(-step.v, step.e))
+
+  def update_of(self, X: Bounded, X_new: Bounded, step: Bounded) -> Bounded:
+    """The update of a rule whose ``X_new`` is ``X - step``.
+
+    The implementation (``hyper_dtype`` set) returns ``U = -step``, rounded
+    to the parameters' dtype: its error is the step's, without the
+    cancellation against ``X``. An expectation (no ``hyper_dtype``) has only
+    ``X_new``: its ``U`` is ``X_new - X``, one more rounding in its dtype.
+    """
+    if self.hyper_dtype is not None:
+      return self.update(Bounded(-step.v, step.e))
+    return self.sub(X_new, X)
 
   def store(self, S: Bounded) -> Bounded:
     """A new state tensor as stored: rounded to the state's dtype (``state``)."""
@@ -241,12 +265,21 @@ class Context:
   def exact(self, value: Any) -> Bounded:
     return Bounded(value, 0.0)
 
-  def const(self, value: float) -> Bounded:
-    """A Python-float hyperparameter rounded to ``dtype`` (directly or through ``hyper_dtype``)."""
+  def exact_hyper(self, value: float) -> float:
+    """A hyperparameter's exact value: as received (``received``), else the Python float."""
+    return value if self.received is None else _round(value, self.received)
+
+  def const(self, value: float, received: bool = True) -> Bounded:
+    """A Python-float hyperparameter rounded to ``dtype`` (directly or through ``hyper_dtype``).
+
+    Its exact value is :meth:`exact_hyper` (``received=False``: ``value``
+    itself, for a number that is not a hyperparameter, ``float(T)``).
+    """
+    exact = self.exact_hyper(value) if received else value
     if self.hyper_dtype is None:
-      return Bounded(value)
+      return Bounded(exact)
     paths = [_round(value, self.dtype), _round(_round(value, self.hyper_dtype), self.dtype)]
-    return Bounded(value, max(abs(p - value) for p in paths))
+    return Bounded(exact, max(abs(p - exact) for p in paths))
 
   def to_elementwise(self, s: Bounded) -> Bounded:
     """Rounds a scalar of the hyperparameter dtype once to ``dtype``."""
@@ -255,7 +288,8 @@ class Context:
     return self._rounded(s.v, s.e)
 
   def one_minus_power(self, beta: float, T: int) -> Bounded:
-    """``1 - beta**T`` as the scalar context computes it."""
+    """``1 - beta**T`` as the scalar context computes it, ``beta`` as received."""
+    beta = self.exact_hyper(beta)
     value = 1.0 - float(beta) ** T
     if self.hyper_dtype is None:  # NumPy float64: pow (one ulp) and a subtraction.
       power = float(beta) ** T
@@ -299,7 +333,11 @@ def _tiny(dtype: Any, platform: str) -> float:
 
 
 def implementation_context(
-  dtype: Any, platform: str = "cpu", state_dtype: Any = None, hyper_dtype: Any = None
+  dtype: Any,
+  platform: str = "cpu",
+  state_dtype: Any = None,
+  hyper_dtype: Any = None,
+  received_dtype: Any = None,
 ) -> Context:
   """How the JAX rules round in ``dtype`` on ``platform`` (see the module docstring).
 
@@ -310,13 +348,16 @@ def implementation_context(
   ``hyper_dtype`` is the dtype of the ``T``-dependent scalars when it is
   not the default (float64 for float64, else float32): a float32 learning
   rate (an Optax schedule's value) makes them float32 under x64 too.
+  ``received_dtype`` (see :attr:`Context.received`): the dtype the
+  hyperparameters arrive in, whose values the expectation is computed from;
+  None charges the rounding of the Python floats as well.
   """
   dtype = np.dtype(dtype)
   state = dtype if state_dtype is None else np.dtype(state_dtype)
   if state != dtype:
     compute = promote(dtype, state)
     return dataclasses.replace(
-      implementation_context(compute, platform, hyper_dtype=hyper_dtype),
+      implementation_context(compute, platform, hyper_dtype=hyper_dtype, received_dtype=received_dtype),
       param=None if dtype == compute else implementation_context(dtype, platform),
       state=None if state == compute else implementation_context(state, platform),
     )
@@ -324,17 +365,27 @@ def implementation_context(
     hyper = np.dtype(hyper_dtype)
   else:
     hyper = np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
+  received = None if received_dtype is None else np.dtype(received_dtype)
   u = unit_roundoff(dtype)
   exact_ops = platform == "cpu" or dtype == np.float64
   k = 1.0 if exact_ops else 1.0 + 3 * _U32 / u
-  scalar = Context(hyper, unit_roundoff(hyper), _tiny(hyper, platform), k, k, hyper_dtype=hyper)
-  return Context(dtype, u, _tiny(dtype, platform), k, k, hyper_dtype=hyper, scalar=scalar)
+  scalar = Context(
+    hyper, unit_roundoff(hyper), _tiny(hyper, platform), k, k, hyper_dtype=hyper, received=received
+  )
+  return Context(dtype, u, _tiny(dtype, platform), k, k, hyper_dtype=hyper, scalar=scalar, received=received)
 
 
-def reference_context() -> Context:
-  """How :mod:`onnx_optax.reference` rounds: NumPy float64, IEEE."""
-  ctx = Context(np.dtype(np.float64), 2.0**-53, float(np.finfo(np.float64).smallest_subnormal) / 2)
-  return Context(ctx.dtype, ctx.u, ctx.tiny, scalar=ctx)
+def reference_context(dtype: Any = np.float64, received_dtype: Any = None) -> Context:
+  """How :mod:`onnx_optax.reference` rounds: NumPy in ``dtype`` (float64, or ``np.longdouble``), IEEE.
+
+  ``received_dtype``: the dtype the hyperparameters were rounded to before
+  the reference got them (:attr:`Context.received`).
+  """
+  dtype = np.dtype(dtype)
+  info = np.finfo(dtype)
+  received = None if received_dtype is None else np.dtype(received_dtype)
+  ctx = Context(dtype, float(info.eps) / 2, float(info.smallest_subnormal) / 2, received=received)
+  return dataclasses.replace(ctx, scalar=ctx)
 
 
 def evaluator_context() -> Context:
@@ -375,19 +426,22 @@ def _momentum(c: Context, R, T, X, G, V, *, alpha, beta, mode, norm_coefficient)
     step = c.mul(R_, V_new)
   else:
     step = c.mul(R_, c.add(G_regularized, c.mul(alpha_, V_new)))
-  return c.finish(X, step).e, c.store(V_new).e
+  X_new = c.finish(X, step)
+  return X_new.e, c.store(V_new).e, c.update_of(X, X_new, step).e
 
 
 def _adagrad(c: Context, R, T, X, G, H, *, decay_factor, epsilon, norm_coefficient):
   s = _scalar(c)
-  r = s.div(s.const(R), s.add(s.exact(1.0), s.mul(s.const(float(T)), s.const(decay_factor))))
+  T_ = s.const(float(T), received=False)  # T is an integer: its rounding to float is arithmetic.
+  r = s.div(s.const(R), s.add(s.exact(1.0), s.mul(T_, s.const(decay_factor))))
   r, nc, eps = c.to_elementwise(r), c.const(norm_coefficient), c.const(epsilon)
   X, G, H = c.exact(X), c.exact(G), c.exact(H)
   G_regularized = c.add(c.mul(nc, X), G)
   H_new = c.add(H, c.mul(G_regularized, G_regularized))
   H_adaptive = c.add(c.sqrt(H_new), eps)
   step = c.div(c.mul(r, G_regularized), H_adaptive)
-  return c.finish(X, step).e, c.store(H_new).e
+  X_new = c.finish(X, step)
+  return X_new.e, c.store(H_new).e, c.update_of(X, X_new, step).e
 
 
 def _adam(c: Context, R, T, X, G, V, H, *, alpha, beta, epsilon, norm_coefficient, norm_coefficient_post):
@@ -407,11 +461,14 @@ def _adam(c: Context, R, T, X, G, V, H, *, alpha, beta, epsilon, norm_coefficien
   step = c.div(c.mul(R_adjusted, V_new), H_sqrt)
   if norm_coefficient_post == 0:
     X_new = c.finish(X, step)
+    U = c.update_of(X, X_new, step)
   else:
     X_new = c.mul(c.one_minus(norm_coefficient_post), c.sub(X, step))
-    if c.hyper_dtype is not None:  # The transform's U = X_final - X, then X + U.
-      X_new = c.apply(X, c.sub(X_new, X))
-  return X_new.e, c.store(V_new).e, c.store(H_new).e
+    U = c.sub(X_new, X)  # The transform's U = X_final - X (an expectation's too).
+    if c.hyper_dtype is not None:  # Then X + U.
+      U = c.update(U)
+      X_new = c.apply(X, U)
+  return X_new.e, c.store(V_new).e, c.store(H_new).e, U.e
 
 
 def _directml_adam(c: Context, R, T, X, G, M, V, *, beta1, beta2, epsilon):
@@ -422,8 +479,84 @@ def _directml_adam(c: Context, R, T, X, G, M, V, *, beta1, beta2, epsilon):
   X, G, M, V = c.exact(X), c.exact(G), c.exact(M), c.exact(V)
   M_new = c.add(c.mul(b1, M), c.mul(c.one_minus(beta1), G))
   V_new = c.add(c.mul(b2, V), c.mul(c.mul(c.one_minus(beta2), G), G))
-  X_new = c.finish(X, c.div(c.mul(step_size, M_new), c.add(c.sqrt(V_new), eps)))
-  return X_new.e, c.store(M_new).e, c.store(V_new).e
+  step = c.div(c.mul(step_size, M_new), c.add(c.sqrt(V_new), eps))
+  X_new = c.finish(X, step)
+  return X_new.e, c.store(M_new).e, c.store(V_new).e, c.update_of(X, X_new, step).e
+
+
+def _ort_correction(c: Context, beta: float, T: int) -> Bounded:
+  """``1 - beta^step``: the implementation's scalar (``-expm1``); the expectation's ``1 - float64(beta^T)``.
+
+  :func:`onnx_optax.reference.ort_adamw` forms the power in float64 whatever
+  its dtype (as the kernel's ``std::pow``), then subtracts it from 1 in its
+  dtype: one float64 ``pow`` (one ulp) and one rounding of the context.
+  """
+  if c.hyper_dtype is not None:
+    return _scalar(c).one_minus_power(beta, T)
+  power = float(c.exact_hyper(beta)) ** T
+  return c._rounded(np.float64(1.0 - power), np.float64(2 * 2.0**-53 * power))
+
+
+def _ort_adamw(
+  c: Context, R, T, X, G, M1, M2, *, alpha, beta, epsilon, weight_decay, adam_mode, correct_bias
+):
+  """ONNX Runtime's AdamW in its CPU kernel's order (``rules.ort_adamw``), ``M2 / beta_correction``
+  as ``M2 * (1 / beta_correction)`` in the implementation (a per-update reciprocal)."""
+  s = _scalar(c)
+  one = c.exact(1.0)
+  if correct_bias:
+    alpha_correction, beta_correction = _ort_correction(c, alpha, T), _ort_correction(c, beta, T)
+  else:
+    alpha_correction = beta_correction = s.exact(1.0) if c.hyper_dtype is not None else one
+  alpha_, beta_, eps, lr = c.const(alpha), c.const(beta), c.const(epsilon), c.const(R)
+  X, G, M1, M2 = c.exact(X), c.exact(G), c.exact(M1), c.exact(M2)
+  M1_new = c.add(c.mul(alpha_, M1), c.mul(c.one_minus(alpha), G))
+  M2_new = c.add(c.mul(beta_, M2), c.mul(c.mul(c.one_minus(beta), G), G))
+  if adam_mode == 0:
+    if c.hyper_dtype is not None:  # The scalars are rounded to d; the reciprocal is one of them.
+      scaled = c.mul(M2_new, c.to_elementwise(s.div(s.exact(1.0), beta_correction)))
+      alpha_correction = c.to_elementwise(alpha_correction)
+    else:
+      scaled = c.div(M2_new, beta_correction)
+    denominator = c.mul(alpha_correction, c.add(c.sqrt(scaled), eps))
+    step = c.div(c.mul(lr, M1_new), denominator)
+    if weight_decay == 0:
+      X_new = c.finish(X, step)
+      return X_new.e, c.store(M1_new).e, c.store(M2_new).e, c.update_of(X, X_new, step).e
+    W = c.sub(X, c.mul(c.mul(X, lr), c.const(weight_decay)))
+    W_new = c.sub(W, step)
+  else:
+    if correct_bias:
+      corrected = s if c.hyper_dtype is not None else c
+      lr_corrected = corrected.div(
+        corrected.mul(corrected.const(R), corrected.sqrt(beta_correction)), alpha_correction
+      )
+      lr_corrected = c.to_elementwise(lr_corrected)
+    else:
+      lr_corrected = lr
+    step = c.div(c.mul(lr_corrected, M1_new), c.add(c.sqrt(M2_new), eps))
+    if weight_decay == 0:
+      X_new = c.finish(X, step)
+      return X_new.e, c.store(M1_new).e, c.store(M2_new).e, c.update_of(X, X_new, step).e
+    if c.hyper_dtype is not None:  # lr * weight_decay: a product in the scalar dtype, rounded to d.
+      lr_weight_decay = c.to_elementwise(s.mul(s.const(R), s.const(weight_decay)))
+    else:
+      lr_weight_decay = c.mul(lr, c.const(weight_decay))
+    W = c.sub(X, step)
+    W_new = c.sub(W, c.mul(lr_weight_decay, W))
+  U = c.sub(W_new, X)  # U = W_new - X (an expectation's too), then X + U.
+  if c.hyper_dtype is not None:
+    U = c.update(U)
+    W_new = c.apply(X, U)
+  return W_new.e, c.store(M1_new).e, c.store(M2_new).e, U.e
+
+
+def _ort_sgd(c: Context, R, T, X, G):
+  """``W_new = W + (-lr * G)``: ``U = -lr * G`` (one rounding), then ``X + U``."""
+  X, G = c.exact(X), c.exact(G)
+  step = c.mul(c.const(R), G)
+  X_new = c.finish(X, step)
+  return X_new.e, c.update_of(X, X_new, step).e
 
 
 _BOUNDS: dict[str, Callable[..., tuple[np.ndarray, ...]]] = {
@@ -431,6 +564,8 @@ _BOUNDS: dict[str, Callable[..., tuple[np.ndarray, ...]]] = {
   "adagrad": _adagrad,
   "adam": _adam,
   "directml_adam": _directml_adam,
+  "ort_adamw": _ort_adamw,
+  "ort_sgd": _ort_sgd,
 }
 
 
@@ -442,21 +577,28 @@ def bounds(
   X: np.ndarray,
   G: np.ndarray,
   state: Sequence[np.ndarray],
+  update: bool = False,
   **hyper: Any,
 ) -> tuple[np.ndarray, ...]:
   """Error bounds of the spec's outputs of ``rule`` evaluated as ``context`` rounds.
 
   Args:
-    rule: ``"momentum"``, ``"adagrad"``, ``"adam"`` or ``"directml_adam"``.
+    rule: ``"momentum"``, ``"adagrad"``, ``"adam"``, ``"directml_adam"``, ``"ort_adamw"`` or
+      ``"ort_sgd"``.
     context: :func:`implementation_context` or :func:`reference_context`.
     R, T: learning rate and update count.
     X, G: the tensor and its gradient, exact (already rounded) values.
     state: the state tensors in the spec's order (DirectML: ``M, V``).
+    update: also return the bound of the update ``U`` (``X_new - X``): as
+      the transform returns it for an implementation context (no
+      cancellation against ``X``), ``X_new - X`` in the context's dtype for
+      an expectation.
     **hyper: the rule's hyperparameters, as the Python floats passed.
 
   Returns:
     One float64 array per output (``X_new`` first), ``inf`` where no bound
-    exists (a denominator whose error may reach its value).
+    exists (a denominator whose error may reach its value); with
+    ``update``, ``U``'s last.
 
   Example:
     >>> import numpy as np
@@ -468,6 +610,7 @@ def bounds(
     True
   """
   X64 = np.asarray(X, np.float64)
-  return _BOUNDS[rule](
+  out = _BOUNDS[rule](
     context, R, T, X64, np.asarray(G, np.float64), *(np.asarray(s, np.float64) for s in state), **hyper
   )
+  return out if update else out[:-1]

@@ -79,8 +79,8 @@ def test_no_case_checks_nothing(platform):
   An infinite tolerance checks finiteness only (issue 11: bfloat16 Adam's
   huge-gradient and zero-state cases once did). A case may have some only
   with a documented limit of its dtype (``Case.unchecked_limit``): only the
-  float16 tiny-gradient cases have one, for TPUs (subnormals flushed), and
-  on CPU and GPU no case has any.
+  float16 tiny-gradient cases have one, for TPUs (subnormals flushed; DirectML
+  Adam and ORT AdamW mode 0 reach it), and on CPU and GPU no case has any.
   """
   limited = []
   for rule in grid.RULES:
@@ -102,7 +102,9 @@ def test_no_case_checks_nothing(platform):
         if not all(np.isfinite(t).all() for leaf in tols for t in leaf):
           assert platform == "tpu" and case.unchecked_limit and "float16" in case.unchecked_limit, case.id
           limited.append(case.id)
-  assert limited == ([] if platform != "tpu" else ["directml_adam-float16-gradient~epsilon"])
+  # ORT AdamW's mode 0 divides M2 (~1e-7 there) by its bias correction: the same limit.
+  tpu = ["directml_adam-float16-gradient~epsilon", "ort_adamw_mode0-float16-gradient~epsilon"]
+  assert limited == ([] if platform != "tpu" else tpu)
 
 
 def test_unchecked_elements_fail_a_case_unless_documented(monkeypatch):
@@ -186,6 +188,40 @@ def test_grid_covers_the_edges():
       assert tolerance.promote(
         grid.numpy_dtype(dtype), grid.numpy_dtype(narrow.state_dtype)
       ) != grid.numpy_dtype(narrow.state_dtype), (rule, dtype)
+
+
+def test_small_X_beside_large_at_every_T():
+  """Every T of the grid has a case with |X| of the size of the step, beside |X| ~ 1."""
+  for rule in grid.RULES:
+    for dtype in grid.DTYPES:
+      by_T: dict[int, set[float]] = {}
+      for c in grid.cases(rule, dtype):
+        by_T.setdefault(c.T, set()).add(c.x_scale)
+      assert all(scales >= {1.0, grid.SMALL_X} for scales in by_T.values()), (rule, dtype, by_T)
+
+
+def test_the_update_itself_is_checked():
+  """A step 1e-5 too large fails on U itself (X_new unchanged); the right U passes."""
+  case = next(c for c in grid.cases("adam", "float32") if c.name == "T=1")
+  X, G, state = inputs = case.inputs()
+  got_x, got_state, count, got_u = check.run_transform(
+    case.rule, case.dtype, "cpu", case.R, case.T, case.hyper, X, G, state
+  )
+  assert check.check_outputs(case, "cpu", got_x, got_state, count, inputs, got_u).passed
+  wrong_u = [u * np.float32(1 + 1e-5) for u in got_u]
+  wrong = check.check_outputs(case, "cpu", got_x, got_state, count, inputs, wrong_u)
+  assert not wrong.passed and wrong.where.startswith("U[") and wrong.worst > 2
+
+
+def test_expectations_use_the_hyperparameters_as_received():
+  """float32 cases: the reference gets float32(beta); float64 cases the Python float."""
+  assert (
+    check.received_dtype("float32") == np.float32
+    and check.received_dtype("bfloat16", "float32") == np.float32
+  )
+  assert check.received_dtype("float32", "float64") == np.float64
+  R, hyper = check.received(0.05, {"beta": 0.999, "mode": "standard"}, np.float32)
+  assert R == float(np.float32(0.05)) and hyper == {"beta": float(np.float32(0.999)), "mode": "standard"}
 
 
 def test_inputs_are_rounded_to_the_dtype_and_states_are_nonzero():

@@ -145,3 +145,27 @@ def test_underflow_on_this_backend_is_within_tiny(dtype):
   exact = float(a) ** 2
   c = tolerance.implementation_context(dt, jax.default_backend())
   assert abs(got - exact) <= c.u * exact + c.tiny
+
+
+def test_received_hyperparameters_charge_only_the_arithmetic():
+  """With the expectation computed from float32(beta), 1 - beta**T is charged a few u, not ~1000 u."""
+  received = tolerance.implementation_context(np.float32, received_dtype=np.float32).scalar
+  b = received.one_minus_power(0.999, 1)
+  assert b.v[()] == 1 - float(np.float32(0.999))
+  assert b.e[()] <= 12 * U32 * b.v[()]
+  c = tolerance.implementation_context(np.float32, received_dtype=np.float32)
+  assert c.const(0.9).v[()] == float(np.float32(0.9)) and c.const(0.9).e[()] == 0
+  assert c.const(2.0**31 - 1, received=False).e[()] > 0  # float(T) is rounded by the rule: charged.
+  # A float16 rule still rounds the float32 value it received: that rounding is charged.
+  half = tolerance.implementation_context(np.float16, received_dtype=np.float32).const(0.9)
+  assert half.e[()] == abs(float(np.float16(0.9)) - float(np.float32(0.9)))
+
+
+def test_update_bound_has_no_cancellation_against_X():
+  """U = -step is bounded by the step's own roundings, X_new by |X|'s."""
+  X, G, V = np.array([1000.0]), np.array([0.75]), np.array([-0.5])
+  hyper = dict(alpha=0.5, beta=0.5, mode="standard", norm_coefficient=0.0)
+  impl = tolerance.implementation_context(np.float32, received_dtype=np.float32)
+  e_x, _, e_u = tolerance.bounds("momentum", impl, 0.5, 2, X, G, [V], update=True, **hyper)
+  # R * (alpha V + beta G): charged at its operands' size, 0.5 * (0.25 + 0.375), not at |X|.
+  assert e_u[0] <= 4 * U32 * 0.5 * (0.25 + 0.375) and 500 * e_u[0] < e_x[0]
