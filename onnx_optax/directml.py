@@ -85,10 +85,10 @@ def adam_optimizer(
     Array([0.9, 2.1], dtype=float32)
   """
   hyper = dict(
-    learning_rate=_checks.hyperparameter("learning_rate", learning_rate),
-    beta1=_checks.hyperparameter("beta1", beta1, minimum=0.0, maximum=1.0, maximum_exclusive=True),
-    beta2=_checks.hyperparameter("beta2", beta2, minimum=0.0, maximum=1.0),
-    epsilon=_checks.hyperparameter("epsilon", epsilon, minimum=0.0),
+    learning_rate=_checks.learning_rate("learning_rate", learning_rate),
+    beta1=_checks.decay("beta1", beta1, below_one=True),
+    beta2=_checks.decay("beta2", beta2),
+    epsilon=_checks.epsilon("epsilon", epsilon),
   )
   X, M, V, G = _checks.block(
     ("input_parameters", "input_first_moment", "input_second_moment", "gradient"),

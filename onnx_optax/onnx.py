@@ -281,7 +281,7 @@ class OrtOperator(NamedTuple):
   attributes: dict[str, tuple[str, Any]]
 
 
-#: ONNX Runtime's optimizers that run here: op_type -> its schema.
+#: The schema of each ONNX Runtime optimizer that runs here, keyed by ``op_type``.
 ORT_OPERATORS: dict[str, OrtOperator] = {
   "AdamWOptimizer": OrtOperator(
     inputs=("lr", "step", "weights", "gradients", "momentums_1", "momentums_2", "update_signal"),
@@ -425,10 +425,10 @@ def adamw_optimizer(
     (Array(True, dtype=bool), Array([0.9, 2.1], dtype=float32))
   """
   hyper = dict(
-    alpha=_checks.hyperparameter("alpha", alpha),
-    beta=_checks.hyperparameter("beta", beta),
-    epsilon=_checks.hyperparameter("epsilon", epsilon),
-    weight_decay=_checks.hyperparameter("weight_decay", weight_decay),
+    alpha=_checks.decay("alpha", alpha, below_one=True),
+    beta=_checks.decay("beta", beta),
+    epsilon=_checks.epsilon("epsilon", epsilon),
+    weight_decay=_checks.coefficient("weight_decay", weight_decay),
   )
   correct_bias = _choice("correct_bias", correct_bias, (0, 1))
   adam_mode = _choice("adam_mode", adam_mode, (0, 1))

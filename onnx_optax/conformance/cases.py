@@ -24,7 +24,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-__all__ = ["DTYPES", "RULES", "Case", "base_rule", "cases", "numpy_dtype"]
+__all__ = ["DTYPES", "RULES", "SMALL_X", "Case", "base_rule", "cases", "numpy_dtype"]
 
 #: The rules the suite checks; the two Momentum modes count as two rules, and so do the two
 #: ``adam_mode`` of ONNX Runtime's AdamW.

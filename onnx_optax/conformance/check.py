@@ -24,9 +24,11 @@ from onnx_optax.conformance import tolerance
 from onnx_optax.conformance.cases import INT32_MAX, STATE, Case, base_rule, numpy_dtype
 
 __all__ = [
+  "EXTENDED",
   "OUTPUT_NAMES",
   "CaseResult",
   "Comparison",
+  "Outputs",
   "check_outputs",
   "compare",
   "device",
