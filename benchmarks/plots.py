@@ -39,15 +39,30 @@ def _figure(rules: list[str]):
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  fig, axes = plt.subplots(1, len(rules), figsize=(3.4 * len(rules) + 0.6, 3.6), squeeze=False)
-  return plt, fig, axes[0]
+  cols = min(3, len(rules))
+  rows = -(-len(rules) // cols)
+  fig, axes = plt.subplots(rows, cols, figsize=(3.9 * cols + 0.4, 3.3 * rows + 0.5), squeeze=False)
+  flat = list(axes.flat)
+  for ax in flat[len(rules) :]:
+    ax.set_visible(False)
+  return plt, fig, flat[: len(rules)]
+
+
+def _plain_ticks(ax) -> None:
+  """Tick labels as plain numbers (0.5, 2, 100), not powers of ten."""
+  from matplotlib.ticker import FuncFormatter
+
+  fmt = FuncFormatter(lambda v, _: f"{v:g}")
+  for axis in (ax.xaxis, ax.yaxis):
+    axis.set_major_formatter(fmt)
+    axis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
 
 
 def _title(env: dict[str, Any], what: str) -> str:
-  commit = str(env.get("commit", "")).split(" ")[0]
+  commit = f", onnx_optax {str(env['commit']).split(' ')[0]}" if env.get("commit") else ""
   return (
     f"{what}: {env['device_kind']}, {env['cpu_count']} CPU cores ({env.get('processor', '')}), "
-    f"jax {env['jax']}, optax {env['optax']}, onnx_optax {commit}"
+    f"jax {env['jax']}, optax {env['optax']}{commit}; {env['started']}"
   )
 
 
@@ -68,17 +83,20 @@ def compile_plot(out: dict[str, Any], path: str) -> None:
         f"{ratio:.2f}x",
         (r["leaves"], r["median"]["onnx_optax"]["total_cpu_s"]),
         textcoords="offset points",
-        xytext=(-4, 7),
-        ha="right",
+        xytext=(0, -13),
+        ha="center",
         fontsize=7,
         color=STYLE["onnx_optax"]["color"],
       )
     ax.set_xscale("log")
     ax.set_yscale("log")
+    _plain_ticks(ax)
+    ax.margins(x=0.12, y=0.15)
     ax.set_title(rule, fontsize=10)
     ax.set_xlabel("leaves")
     ax.grid(True, which="both", alpha=0.3)
-  axes[0].set_ylabel("trace + lower + compile, CPU s")
+  for ax in axes[:: min(3, len(axes))]:
+    ax.set_ylabel("trace + lower + compile, CPU s")
   axes[0].legend(fontsize=8, loc="upper left")
   fig.suptitle(
     _title(out["env"], "Compile of the donated step (median; labels: onnx_optax / Optax)"), fontsize=8
@@ -100,10 +118,15 @@ def step_plot(out: dict[str, Any], path: str) -> None:
       ax.plot([p[0] for p in pts], [p[1] for p in pts], label=lib, **STYLE[lib])
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    _plain_ticks(ax)
+    from matplotlib.ticker import FuncFormatter
+
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 2**20:g}M"))
     ax.set_title(rule, fontsize=10)
-    ax.set_xlabel("float32 elements (one leaf)")
+    ax.set_xlabel("float32 elements (one leaf; M = 2^20)")
     ax.grid(True, which="both", alpha=0.3)
-  axes[0].set_ylabel("step time, ms (median)")
+  for ax in axes[:: min(3, len(axes))]:
+    ax.set_ylabel("step time, ms (median)")
   axes[0].legend(fontsize=8, loc="upper left")
   fig.suptitle(_title(out["env"], f"Step time (median of {out['env']['repeats']} interleaved)"), fontsize=8)
   fig.tight_layout()
