@@ -58,7 +58,7 @@ def main(argv=None) -> int:
         opt = scale.MAKERS[lib](rule)
         state = jax.eval_shape(opt.init, params)
         step = jax.jit(scale.make_step(opt), donate_argnums=(0, 1))
-        texts[lib] = normalized(step.lower(params, state, params).compile().as_text())
+        texts[lib] = normalized(step.lower(params, state, params).compile().as_text() or "")
       same = texts["onnx_optax"] == texts["baseline"]
       different += not same
       print(f"{tree:8} {rule:14} {'same program' if same else 'DIFFERENT'} ({len(texts['baseline'])} lines)")
