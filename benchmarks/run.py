@@ -363,6 +363,7 @@ def main(argv=None) -> dict:
   ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: all cores)")
   ap.add_argument("--json", default=None, help="write all results to this file")
   ap.add_argument("--markdown", default=None, help="write the tables to this file")
+  ap.add_argument("--plot", default=None, help="PNG: step time against size (one-leaf sizes; plots.py)")
   args = ap.parse_args(argv)
   rules = [r for r in args.rules.split(",") if r]
   sizes = [s for s in args.sizes.split(",") if s]
@@ -484,6 +485,10 @@ def main(argv=None) -> dict:
   out = {"env": env, "results": results, "copy_GBps": copies, "memory": memory}
   print()
   print(save(args, out))
+  if args.plot:
+    from plots import step_plot
+
+    step_plot(out, args.plot)
   return out
 
 

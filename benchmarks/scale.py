@@ -25,14 +25,14 @@ order) and repeated (medians):
 Ratios are onnx_optax over Optax: **below 1, onnx_optax is faster** (the
 opposite of ``run.py``'s columns; here the question is what onnx_optax costs).
 
-Trees (``--trees``): ``16M`` (one leaf of 16M float32), ``mix100``,
+Trees (``--trees``): ``16M`` (one leaf of 16M float32), ``mix10``, ``mix100``,
 ``mix1000`` and ``mix10k``. The ``mix`` trees are model-like: blocks of 25
 leaves (attention and MLP matrices, biases, norm scales, a small convolution,
-odd shapes, a scalar; 16 distinct shapes). ``mix100`` and ``mix1000`` are 4
-and 40 blocks of width 128 (``mix1000`` is ``run.py``'s tree, 8.2M
-elements); ``mix10k`` is 400 blocks of width 32 (10,000 leaves, 8.0M
-elements: ten times the leaves at the same size, so that what grows is the
-cost per leaf).
+odd shapes, a scalar; 16 distinct shapes). ``mix10`` is the first 10 leaves
+of a block of width 128; ``mix100`` and ``mix1000`` are 4 and 40 blocks of
+width 128 (``mix1000`` is ``run.py``'s tree, 8.2M elements); ``mix10k`` is
+400 blocks of width 32 (10,000 leaves, 8.0M elements: ten times the leaves at
+the same size, so that what grows is the cost per leaf).
 
 Usage (from the repository root)::
 
@@ -40,6 +40,7 @@ Usage (from the repository root)::
   python benchmarks/scale.py --rules adam --trees mix1000 --repeats 3
   python benchmarks/scale.py --trees mix100,mix1000,mix10k --repeats 1 --no-step   # growth per leaf
   python benchmarks/scale.py --device gpu --json out.json --text out.txt
+  python benchmarks/scale.py --trees mix10,mix100,mix1000 --no-step --plot compile.png   # the plot
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ from run import RULES, onnx_optimizer, optax_optimizer
 
 import onnx_optax
 
-TREES = ("16M", "mix100", "mix1000", "mix10k")
+TREES = ("16M", "mix10", "mix100", "mix1000", "mix10k")
 #: The contenders; ``--baseline`` appends "baseline" (another onnx_optax).
 LIBRARIES: list[str] = ["onnx_optax", "optax"]
 MAKERS: dict[str, Callable[[str], optax.GradientTransformation]] = {
@@ -184,6 +185,8 @@ def tree_shapes(tree: str) -> list[tuple[int, ...]]:
   """The leaf shapes of one tree (see the module docstring)."""
   if tree.endswith("M") and tree[:-1].isdigit():
     return [(int(tree[:-1]) << 20,)]
+  if tree == "mix10":
+    return block(128)[:10]
   if tree == "mix100":
     return block(128) * 4
   if tree == "mix1000":
@@ -235,6 +238,27 @@ def kernels(compiled) -> dict[str, int]:
   return counts
 
 
+def count_eqns(jaxpr) -> int:
+  """Equations of a jaxpr, with a call (``custom_jvp``, ``jit``) counted as the equations it holds.
+
+  onnx_optax traces the per-leaf loop of an update as one ``custom_jvp``
+  (``transforms._leaves_once_differentiated``): counted as one equation, a
+  tree of a thousand leaves would read as a handful of equations.
+  """
+  from jax.extend.core import ClosedJaxpr, Jaxpr
+
+  n = 0
+  for eqn in jaxpr.eqns:
+    subs = [
+      p
+      for v in eqn.params.values()
+      for p in (v if isinstance(v, (tuple, list)) else (v,))
+      if isinstance(p, (ClosedJaxpr, Jaxpr))
+    ]
+    n += sum(count_eqns(getattr(s, "jaxpr", s)) for s in subs) if subs else 1
+  return n
+
+
 def make_step(opt: optax.GradientTransformation):
   """A fresh step function (a new object: no jit cache can hold it)."""
 
@@ -271,7 +295,7 @@ def compile_once(library: str, rule: str, params) -> tuple[dict, Any]:
     "lower_cpu_s": c2 - c1,
     "compile_cpu_s": c3 - c2,
     "total_cpu_s": c3 - c0,
-    "jaxpr_eqns": len(traced.jaxpr.eqns),
+    "jaxpr_eqns": count_eqns(traced.jaxpr),
     "stablehlo_lines": lowered.as_text().count("\n"),
     "kernels": sum(k.values()),
     "kernel_ops": k,
@@ -541,11 +565,16 @@ def main(argv=None) -> dict:
   ap.add_argument("--json", default=None, help="write every sample to this file")
   ap.add_argument("--text", default=None, help="write the tables to this file")
   ap.add_argument("--from-json", default=None, help="print the tables of an earlier run's --json file")
+  ap.add_argument("--plot", default=None, help="PNG: compile time against leaves (benchmarks/plots.py)")
   args = ap.parse_args(argv)
   if args.from_json:
     with open(args.from_json) as f:
       saved = json.load(f)
     print(table(saved), end="")
+    if args.plot:
+      from plots import compile_plot
+
+      compile_plot(saved, args.plot)
     return saved
   rules = [r for r in args.rules.split(",") if r]
   trees = [t for t in args.trees.split(",") if t]
@@ -581,6 +610,10 @@ def main(argv=None) -> dict:
   env["wall_s"] = round(time.perf_counter() - t_start, 1)
   print()
   print(save(args, out))
+  if args.plot:
+    from plots import compile_plot
+
+    compile_plot(out, args.plot)
   return out
 
 

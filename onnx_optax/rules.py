@@ -55,7 +55,10 @@ Conventions shared by every rule:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import numbers
+from collections.abc import Iterator
 from typing import Any, NamedTuple, TypeVar
 
 import jax
@@ -145,7 +148,28 @@ def _one_minus_power_jvp(primals, tangents):
   return _one_minus_power(beta, T), -T * jnp.power(beta, T - 1) * beta_dot
 
 
-@jax.custom_jvp
+#: True while a caller traces element-wise parts whose derivative it supplies itself
+#: (see :func:`_plain_sqrt`); :func:`_sqrt` is then a plain square root.
+_PLAIN_SQRT: contextvars.ContextVar[bool] = contextvars.ContextVar("onnx_optax_plain_sqrt", default=False)
+
+
+@contextlib.contextmanager
+def _plain_sqrt(plain: bool = True) -> Iterator[None]:
+  """Within this context :func:`_sqrt` is ``jnp.sqrt``: the same values, JAX's own derivative.
+
+  For a caller that wraps many element-wise calls in one ``jax.custom_jvp``
+  whose rule differentiates them again outside this context (with the safe
+  derivative): the Optax transforms do, so that a tree of a thousand leaves
+  traces and lowers one ``custom_jvp`` per update instead of one per leaf.
+  ``_plain_sqrt(False)`` restores the safe derivative inside such a context.
+  """
+  token = _PLAIN_SQRT.set(plain)
+  try:
+    yield
+  finally:
+    _PLAIN_SQRT.reset(token)
+
+
 def _sqrt(H: Array) -> Array:
   """``Sqrt(H)`` of a second-moment tensor, differentiated as 0 at ``H = 0``.
 
@@ -155,13 +179,20 @@ def _sqrt(H: Array) -> Array:
   meta-gradient (``jax.grad`` through updates w.r.t. a hyperparameter). 0 is a
   subgradient of ``|G| = Sqrt(G^2)``. The value is ``jnp.sqrt(H)``: the rule
   changes only the derivative, so a step that is not differentiated costs
-  one square root per element and nothing more.
+  one square root per element and nothing more. Within :func:`_plain_sqrt`
+  (a caller that supplies the derivative itself) it is ``jnp.sqrt(H)``.
   """
+  return jnp.sqrt(H) if _PLAIN_SQRT.get() else _safe_sqrt(H)
+
+
+@jax.custom_jvp
+def _safe_sqrt(H: Array) -> Array:
+  """``jnp.sqrt(H)`` with the derivative 0 at ``H = 0`` (see :func:`_sqrt`)."""
   return jnp.sqrt(H)
 
 
-@_sqrt.defjvp
-def _sqrt_jvp(primals, tangents):
+@_safe_sqrt.defjvp
+def _safe_sqrt_jvp(primals, tangents):
   (H,) = primals
   (H_dot,) = tangents
   root = jnp.sqrt(H)
