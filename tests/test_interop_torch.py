@@ -588,9 +588,15 @@ def test_import_needs_neither_torch_nor_keras():
         onnx_optax.interop.from_torch(object(), [])
       except ImportError as error:
         print(error)
+      sys.modules["keras"] = None
+      try:
+        onnx_optax.interop.from_keras(object(), [])
+      except ImportError as error:
+        print(error)
   """)
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
   assert "needs torch, which is not installed: pip install 'onnx_optax[interop]'" in out.stdout
+  assert "needs keras, which is not installed: pip install 'onnx_optax[interop]'" in out.stdout
 
 
 def test_adagrad_param_group_added_later():
