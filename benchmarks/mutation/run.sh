@@ -14,7 +14,9 @@
 # module-path (all of them); SKIP_BASELINE=1 skips the judge on the unmutated
 # tree; FAST_TESTS, CONFORMANCE_ARGS: see judge.sh;
 # SURVIVORS_OF: shard databases of an earlier run (one path per line) whose
-# survivors are the only mutants judged (rejudge.sh sets it).
+# survivors are the only mutants judged (rejudge.sh sets it); RESUME=1 with
+# the WORK of an interrupted run judges its pending mutants (cosmic-ray exec
+# skips the judged ones) and writes the report of the whole run.
 # Writes the report to benchmarks/mutation/results.md (RESULTS overrides).
 set -euo pipefail
 REPO=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
@@ -23,9 +25,30 @@ SHARDS=${SHARDS:-1}
 WORK=${WORK:-$(mktemp -d /tmp/onnx_optax-mutation.XXXXXX)}
 RESULTS=${RESULTS:-$REPO/benchmarks/mutation/results.md}
 COMMIT=$(git -C "$REPO" rev-parse --short "$REV")
-echo "mutation run of $COMMIT in $WORK, $SHARDS shard(s)"
 
+if [[ ${RESUME:-0} == 1 ]]; then
+  COMMIT=$(cat "$WORK/commit")
+  echo "resuming the run of $COMMIT: $(ls -d "$WORK"/shard-*.sqlite | wc -l) shard(s), SHARDS ignored"
+  cd "$WORK/tree"
+  export MODULES=${MODULES:-} MUTATION_PRISTINE=$WORK/tree
+  start=$(date +%s)
+  pids=()
+  for db in "$WORK"/shard-*.sqlite; do
+    k=$(basename "$db" .sqlite)
+    (cd "$WORK/$k" && cosmic-ray exec "$WORK/cosmic-ray.toml" "$db" >> "$WORK/$k.log" 2>&1) &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid"; done
+  wall=$(( $(date +%s) - start ))
+  python benchmarks/mutation/report.py --commit "$COMMIT" --wall "$wall" \
+    --shards "$(ls -d "$WORK"/shard-*.sqlite | wc -l)" "$WORK"/shard-*.sqlite > "$RESULTS"
+  echo "report (wall time: the resumed part only): $RESULTS"
+  sed -n '1,/^## Surviving/p' "$RESULTS"
+  exit 0
+fi
+echo "mutation run of $COMMIT in $WORK, $SHARDS shard(s)"
 mkdir -p "$WORK/tree"
+echo "$COMMIT" > "$WORK/commit"
 git -C "$REPO" archive "$REV" | tar -x -C "$WORK/tree"
 cd "$WORK/tree"
 # The judge must see this copy's onnx_optax, not an installed (editable) one.
