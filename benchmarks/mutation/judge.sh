@@ -19,7 +19,8 @@
 #        (--no-onnx), which compare with ONNX's references, not with
 #        onnx_optax.reference, and cost a minute of loading.
 #   _checks.py:  1. tests/test_bad_input.py and its doctests;
-#                2. the transforms', DirectML's and the ONNX interface's tests.
+#                2. tests/test_mutation_kills.py, the transforms', DirectML's and
+#                   the ONNX interface's tests.
 #   onnx.py:     1. tests/test_onnx_interface.py and its doctests;
 #                2. tests/test_bad_input.py, tests/test_mutation_kills.py.
 #   conformance/tolerance.py:
@@ -46,7 +47,8 @@ core() {
 }
 checks() {
   "${PYTEST[@]}" tests/test_bad_input.py onnx_optax/_checks.py || caught 1
-  "${PYTEST[@]}" tests/test_transforms.py tests/test_directml.py tests/test_onnx_interface.py || caught 2
+  "${PYTEST[@]}" tests/test_mutation_kills.py tests/test_transforms.py tests/test_directml.py \
+    tests/test_onnx_interface.py || caught 2
 }
 onnx_interface() {
   "${PYTEST[@]}" tests/test_onnx_interface.py onnx_optax/onnx.py || caught 1
