@@ -21,6 +21,9 @@ import optax
 import pytest
 
 import onnx_optax
+import onnx_optax._checks
+import onnx_optax.interop
+import onnx_optax.onnx
 from onnx_optax import reference, rules
 
 # name -> (transform, reference key, hyperparameters, state class)
@@ -438,6 +441,13 @@ KEYWORD_ONLY = {
     "state_dtype",
   ],
   onnx_optax.directml_adam: ["beta1", "beta2", "epsilon", "initial_count", "state_dtype"],
+  onnx_optax.onnx.from_node: ["initial_count", "state_dtype"],
+  onnx_optax._checks.hyperparameter: ["minimum", "maximum", "maximum_exclusive"],
+  onnx_optax._checks.count: ["minimum"],
+  onnx_optax._checks.integer_scalar: ["minimum", "shape_ok", "why"],
+  onnx_optax.interop.from_torch: ["learning_rate"],
+  onnx_optax.interop.from_keras: ["learning_rate"],
+  onnx_optax.interop.to_keras: ["variables"],
   reference.momentum: ["alpha", "beta", "mode", "norm_coefficient", "dtype"],
   reference.adagrad: ["decay_factor", "epsilon", "norm_coefficient", "dtype"],
   reference.adam: ["alpha", "beta", "epsilon", "norm_coefficient", "norm_coefficient_post", "dtype"],
