@@ -35,6 +35,8 @@ if [[ ${RESUME:-0} == 1 ]]; then
   pids=()
   for db in "$WORK"/shard-*.sqlite; do
     k=$(basename "$db" .sqlite)
+    # An interrupted cosmic-ray may have left its last mutant in the copy.
+    rm -rf "${WORK:?}/$k/onnx_optax" && cp -r "$WORK/tree/onnx_optax" "$WORK/$k/"
     (cd "$WORK/$k" && cosmic-ray exec "$WORK/cosmic-ray.toml" "$db" >> "$WORK/$k.log" 2>&1) &
     pids+=($!)
   done
