@@ -14,6 +14,8 @@ comparable to ``Sqrt(H)``, ``T`` both 0 and positive, non-zero starting states).
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -562,3 +564,11 @@ def test_the_operator_calls_defaults_are_the_onnx_schemas(op):
   assert defaults and set(defaults) <= set(parameters)
   for name, value in defaults.items():
     assert np.float32(parameters[name].default) == np.float32(value), name
+
+
+@pytest.mark.parametrize("value, shown", [("0.9", "'0.9'"), (b"0.9", "b'0.9'"), (None, "None")])
+def test_a_string_or_none_hyperparameter_is_shown_as_given(value, shown):
+  """A string, bytes or None is refused with its value (``got '0.9'``), not as a type that is
+  neither a number nor an array."""
+  with pytest.raises(TypeError, match=rf"^alpha must be a real number, got {re.escape(shown)}$"):
+    onnx_optax.adam(0.1, alpha=value)
