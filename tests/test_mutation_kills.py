@@ -572,3 +572,37 @@ def test_a_string_or_none_hyperparameter_is_shown_as_given(value, shown):
   neither a number nor an array."""
   with pytest.raises(TypeError, match=rf"^alpha must be a real number, got {re.escape(shown)}$"):
     onnx_optax.adam(0.1, alpha=value)
+
+
+def test_the_update_count_of_the_operator_call_fits_int32_to_its_maximum():
+  """Under JAX's default 32-bit mode an int64 ``T`` up to int32's maximum is accepted, one more
+  is refused (it would wrap)."""
+  from onnx_optax import onnx as ox
+
+  X = np.ones(2, np.float32)
+  hyper = dict(alpha=0.9, beta=1.0, mode="standard", norm_coefficient=0.0)
+  T_max = np.int64(np.iinfo(np.int32).max)
+  X_new, _ = ox.momentum(np.float32(0.1), T_max, X, X, X, **hyper)
+  np.testing.assert_allclose(X_new, X - 0.1 * (0.9 * X + X), rtol=1e-6)
+  with pytest.raises(ValueError, match=r"T = 2147483648 does not fit int32"):
+    ox.momentum(np.float32(0.1), T_max + 1, X, X, X, **hyper)
+
+
+def test_a_hyperparameter_with_a_shape_but_no_dtype_is_not_an_array():
+  """A NumPy dtype object has ``shape == ()`` and no ``dtype``: refused as neither a number nor an
+  array, naming the argument (not read as a float64 scalar)."""
+  with pytest.raises(TypeError, match=r"alpha must be a real number or a scalar array, got Float32DType"):
+    onnx_optax.adam(0.1, alpha=np.dtype("float32"))
+
+
+def test_opset_below_one_is_refused_as_such():
+  from onnx import helper
+
+  from onnx_optax import onnx as ox
+
+  node = helper.make_node(
+    "Adagrad", ["R", "T", "X", "G", "H"], ["Y", "H2"], domain="ai.onnx.preview.training"
+  )
+  for opset in (0, -1):
+    with pytest.raises(ValueError, match=r"opset must be a positive int .*got " + str(opset)):
+      ox.run_node(node, np.float32(0.1), np.int64(0), *[np.ones(1, np.float32)] * 3, opset=opset)
