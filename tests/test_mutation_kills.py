@@ -606,3 +606,11 @@ def test_opset_below_one_is_refused_as_such():
   for opset in (0, -1):
     with pytest.raises(ValueError, match=r"opset must be a positive int .*got " + str(opset)):
       ox.run_node(node, np.float32(0.1), np.int64(0), *[np.ones(1, np.float32)] * 3, opset=opset)
+
+
+def test_an_operator_tensor_with_a_shape_but_no_dtype_is_not_an_array():
+  from onnx_optax import onnx as ox
+
+  X = np.ones(2, np.float32)
+  with pytest.raises(TypeError, match=r"X_1 must be an array, got Float32DType"):
+    ox.adagrad(np.float32(0.1), np.int64(0), np.dtype("float32"), X, X)
