@@ -614,3 +614,27 @@ def test_an_operator_tensor_with_a_shape_but_no_dtype_is_not_an_array():
   X = np.ones(2, np.float32)
   with pytest.raises(TypeError, match=r"X_1 must be an array, got Float32DType"):
     ox.adagrad(np.float32(0.1), np.int64(0), np.dtype("float32"), X, X)
+
+
+def test_state_dtype_accepts_a_dtype_object_and_refuses_an_array():
+  """A NumPy dtype object has a ``shape`` (its sub-array's, ``()``) but is a dtype: accepted; an
+  array (what ``optax.inject_hyperparams`` makes of a dtype argument) is refused, saying so."""
+  state = onnx_optax.adam(0.1, state_dtype=jnp.dtype("float32")).init(jnp.ones(2, jnp.bfloat16))
+  assert state.v.dtype == jnp.float32
+  with pytest.raises(
+    TypeError, match=r"state_dtype must be a dtype, got an array; under optax.inject_hyperparams"
+  ):
+    onnx_optax.adam(0.1, state_dtype=jnp.array(1.0))
+
+
+def test_a_state_count_with_a_dtype_but_no_shape_is_refused_naming_the_count():
+  class DtypeOnly:
+    dtype = np.dtype("int32")
+
+  tx = onnx_optax.adagrad(0.1)
+  params = jnp.ones(2)
+  state = tx.init(params)._replace(count=DtypeOnly())
+  with pytest.raises(
+    TypeError, match=r"state.count must be an integer scalar array, got DtypeOnly of dtype int32"
+  ):
+    tx.update(params, state, params)
