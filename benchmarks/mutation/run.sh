@@ -19,6 +19,10 @@
 # skips the judged ones) and writes the report of the whole run.
 # Writes the report to benchmarks/mutation/results.md (RESULTS overrides).
 set -euo pipefail
+# The whole script is one block, read before it runs: bash reads a script as it
+# goes, and an edit of this file during an hour-long run would otherwise be
+# executed from the middle (it happened: the report step read garbage).
+{
 REPO=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 REV=${1:-HEAD}
 SHARDS=${SHARDS:-1}
@@ -109,3 +113,5 @@ if [[ ${SKIP_BASELINE:-0} != 1 ]]; then
   fi
   echo "baseline passed"
 fi
+exit 0
+}
