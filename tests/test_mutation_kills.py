@@ -506,8 +506,12 @@ def test_range_boundaries_are_the_documented_ones():
 
 
 def test_count_refuses_an_integer_array_that_is_not_a_scalar():
-  with pytest.raises(TypeError, match=r"initial_count must be an int or an integer scalar array"):
-    onnx_optax.adagrad(0.1, initial_count=jnp.array([1, 2]))
+  class DtypeOnly:
+    dtype = np.dtype("int32")
+
+  for count in (jnp.array([1, 2]), DtypeOnly(), np.dtype("int32")):
+    with pytest.raises(TypeError, match=r"initial_count must be an int or an integer scalar array"):
+      onnx_optax.adagrad(0.1, initial_count=count)
   assert int(onnx_optax.adagrad(0.1, initial_count=jnp.array(3)).init(jnp.ones(1)).count) == 3
 
 
@@ -595,7 +599,7 @@ def test_a_hyperparameter_with_a_shape_but_no_dtype_is_not_an_array():
     onnx_optax.adam(0.1, alpha=np.dtype("float32"))
 
 
-def test_opset_below_one_is_refused_as_such():
+def test_opset_that_is_not_a_positive_int_is_refused_as_such():
   from onnx import helper
 
   from onnx_optax import onnx as ox
@@ -603,8 +607,8 @@ def test_opset_below_one_is_refused_as_such():
   node = helper.make_node(
     "Adagrad", ["R", "T", "X", "G", "H"], ["Y", "H2"], domain="ai.onnx.preview.training"
   )
-  for opset in (0, -1):
-    with pytest.raises(ValueError, match=r"opset must be a positive int .*got " + str(opset)):
+  for opset in (0, -1, True, "1", 1.0):
+    with pytest.raises(ValueError, match=r"opset must be a positive int .*got " + re.escape(repr(opset))):
       ox.run_node(node, np.float32(0.1), np.int64(0), *[np.ones(1, np.float32)] * 3, opset=opset)
 
 
