@@ -132,8 +132,13 @@ def reference_run(dtype, steps):
   records = keras_steps(opt, keras_variables(x0), grads)
   x0_64 = [x.astype(np.float64) for x in x0]
   grads64 = [[g.astype(np.float64) for g in step] for step in grads]
-  opt64 = keras.optimizers.Adam(**HYPER)
-  records64 = keras_steps(opt64, keras_variables(x0_64), grads64)
+  # A real float64 run: without x64, JAX (and so Keras's JAX backend) makes
+  # float32 variables of float64 values, and the "exact" run would be a
+  # second float32 run.
+  with jax.enable_x64(True):
+    opt64 = keras.optimizers.Adam(**HYPER)
+    records64 = keras_steps(opt64, keras_variables(x0_64), grads64)
+  assert all(a.dtype == np.float64 for record in records64 for field in record for a in field)
   lr = float(opt64.learning_rate.numpy())  # float32(0.02): what Keras computes with
   return (
     x0,
@@ -209,7 +214,9 @@ def carried_to_keras(dtype, N, M, built=False):
   )
 
 
-@pytest.mark.parametrize("N, M, built", [(3, 5, False), (6, 0, True), (2, 4, True)])
+@pytest.mark.parametrize(
+  "N, M, built", [(3, 5, False), (0, 6, False), (0, 6, True), (6, 0, True), (2, 4, True)]
+)
 def test_to_keras_float64(N, M, built):
   with jax.enable_x64(True):
     check_final(np.float64, *carried_to_keras(np.float64, N, M, built))
@@ -343,6 +350,11 @@ def test_to_keras_refuses_before_writing():
     to_keras(split.init(params), opt, variables=variables)
   with pytest.raises(ValueError, match=r"params\[0\] has shape \(4,\)"):
     to_keras(state, opt, [jnp.zeros(4), *params[1:]], variables=variables)
+  other_shape = tx.init([params[0], jnp.zeros((4, 2)), *params[2:]])
+  with pytest.raises(ValueError, match=r"the state of variable 1 .* has shape \(4, 2\) and dtype float32"):
+    to_keras(other_shape, opt, variables=variables)
+  with pytest.raises(ValueError, match="has 3 leaves but the optimizer has 4 parameters"):
+    to_keras(tx.init(params[:3]), opt, variables=variables)
   assert not opt.built and int(opt.iterations.numpy()) == 0
 
 

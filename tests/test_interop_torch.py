@@ -334,7 +334,7 @@ def carried_to_torch(name, dtype, N, M):
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
-@pytest.mark.parametrize("N, M", [(3, 5), (6, 0)])
+@pytest.mark.parametrize("N, M", [(3, 5), (0, 6), (6, 0)])
 def test_to_torch_float64(name, N, M):
   with jax.enable_x64(True):
     xs, states, records, run64 = carried_to_torch(name, np.float64, N, M)
@@ -345,6 +345,30 @@ def test_to_torch_float64(name, N, M):
 def test_to_torch_float32(name):
   xs, states, records, run64 = carried_to_torch(name, np.float32, 4, 6)
   check_final(name, np.float32, xs, states, records, run64)
+
+
+def test_to_torch_at_count_zero_takes_the_undamped_first_step():
+  """A state at ``count = 0`` loads as no buffer: PyTorch's next step is its first, ``buf = g``.
+
+  By hand: ``w = [1, 2]``, ``lr = 0.1``, ``g = [1, -1]``: the first step is
+  ``w - lr g = [0.9, 2.1]``; a zero buffer would damp it to ``w - lr (1 -
+  dampening) g = [0.93, 2.07]``. The optimizer had a buffer from an earlier
+  step, which the count-0 state must remove.
+  """
+  w = torch.nn.Parameter(torch.tensor([5.0, 5.0]))
+  opt = torch.optim.SGD([w], lr=0.1, momentum=0.9, dampening=0.3)
+  w.grad = torch.tensor([3.0, 3.0])
+  opt.step()
+  assert "momentum_buffer" in opt.state[w]
+  params = [jnp.array([1.0, 2.0])]
+  fresh = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1, momentum=0.9, dampening=0.3)
+  _, state = from_torch(fresh, params)  # never stepped: count 0
+  to_torch(state, opt, params)
+  assert "momentum_buffer" not in opt.state[w]
+  w.grad = torch.tensor([1.0, -1.0])
+  opt.step()
+  np.testing.assert_allclose(w.detach().numpy(), [0.9, 2.1], rtol=1e-7)
+  np.testing.assert_array_equal(opt.state[w]["momentum_buffer"].numpy(), [1.0, -1.0])
 
 
 @pytest.mark.parametrize("name", ["sgd", "adagrad"])
@@ -562,9 +586,15 @@ def test_import_needs_neither_torch_nor_keras():
         onnx_optax.interop.from_torch(object(), [])
       except ImportError as error:
         print(error)
+      sys.modules["keras"] = None
+      try:
+        onnx_optax.interop.from_keras(object(), [])
+      except ImportError as error:
+        print(error)
   """)
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
   assert "needs torch, which is not installed: pip install 'onnx_optax[interop]'" in out.stdout
+  assert "needs keras, which is not installed: pip install 'onnx_optax[interop]'" in out.stdout
 
 
 def test_adagrad_param_group_added_later():
@@ -693,3 +723,168 @@ def test_named_parameters_are_matched_by_name():
     torch_step(model, opt)
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
       np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-12, err_msg=name)
+
+
+# --- every other refusal of the bridges: each test fails if the code accepts ----
+
+
+def test_to_torch_refuses_an_adagrad_count_beyond_float32():
+  """PyTorch's Adagrad ``step`` is float32, exact to 2**24: a larger count is refused, 2**24 is not."""
+  ps, structure = _params32()
+  opt = torch.optim.Adagrad(ps, lr=0.1)
+  params = torch_params(opt, structure)
+  beyond = onnx_optax.adagrad(0.1, initial_count=2**24 + 1).init(params)
+  with pytest.raises(ValueError, match=r"has count 16777217, beyond 2\*\*24, where torch's float32 step"):
+    to_torch(beyond, opt, params)
+  assert all(float(opt.state[p]["step"]) == 0 for p in ps)  # nothing written (the constructor's state)
+  to_torch(onnx_optax.adagrad(0.1, initial_count=2**24).init(params), opt, params)
+  assert float(opt.state[ps[0]]["step"]) == 2**24
+
+
+@pytest.mark.parametrize("step", [2.5, -1.0, 2.0**31])
+def test_refuses_adagrad_step_that_is_not_a_count(step):
+  ps, structure = _params32()
+  opt = torch.optim.Adagrad(ps, lr=0.1)
+  torch_steps(opt, ps, gradients(1, np.float32))
+  opt.state[ps[2]]["step"] = torch.tensor(step)
+  with pytest.raises(ValueError, match=rf"Adagrad's step of a parameter is {step}, not a count of updates"):
+    from_torch(opt, structure)
+
+
+def test_refuses_nesterov_without_momentum():
+  ps, structure = _params32()
+  opt = torch.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True)
+  opt.param_groups[0]["momentum"] = 0.0  # PyTorch's constructor refuses it; an edit does not
+  with pytest.raises(ValueError, match="nesterov=True with momentum=0.0 and dampening=0"):
+    from_torch(opt, structure)
+
+
+def _edited(edit):
+  """An SGD with momentum whose param group ``edit`` changes after the constructor."""
+  ps, structure = _params32()
+  opt = torch.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True)
+  edit(opt.param_groups[0])
+  return opt, structure
+
+
+@pytest.mark.parametrize(
+  "edit, match",
+  [
+    (lambda g: g.update(dampening=0.1), "nesterov=True with momentum=0.9 and dampening=0.1"),
+    (lambda g: g.update(momentum=0), "nesterov=True with momentum=0 and dampening=0"),
+    (lambda g: g.update(differentiable=True), "differentiable=True"),
+    (lambda g: g.update(max_lr=0.1), r"options \['max_lr'\] that torch.optim.SGD does not have"),
+  ],
+)
+def test_to_torch_refuses_the_groups_from_torch_refuses(edit, match):
+  """``to_torch`` checks the param groups too: the state would continue a run PyTorch steps differently."""
+  opt, structure = _edited(lambda g: None)
+  params = torch_params(opt, structure)
+  _, state = from_torch(opt, params)
+  edit(opt.param_groups[0])
+  with pytest.raises(ValueError, match=match):
+    to_torch(state, opt, params)
+  assert not opt.state
+
+
+@pytest.mark.parametrize(
+  "value, error, match",
+  [
+    (True, TypeError, r"param_groups\[0\]\['lr'\] must be a real number, got True"),
+    (None, TypeError, r"param_groups\[0\]\['lr'\] must be a real number, got None"),
+    ("0.1", TypeError, r"param_groups\[0\]\['lr'\] must be a real scalar, got str '0.1'"),
+    (torch.tensor([0.1, 0.2]), TypeError, r"param_groups\[0\]\['lr'\] must be a real scalar, got Tensor"),
+  ],
+)
+def test_refuses_a_learning_rate_that_is_not_a_real_scalar(value, error, match):
+  ps, structure = _params32()
+  opt = torch.optim.SGD(ps, lr=0.1, momentum=0.9)
+  opt.param_groups[0]["lr"] = value
+  with pytest.raises(error, match=match):
+    from_torch(opt, structure)
+
+
+def test_refuses_a_hyperparameter_numpy_cannot_read():
+  class Unreadable:
+    def __array__(self, *args, **kwargs):
+      raise RuntimeError("no")
+
+  ps, structure = _params32()
+  opt = torch.optim.SGD(ps, lr=0.1, momentum=0.9)
+  opt.param_groups[0]["weight_decay"] = Unreadable()
+  with pytest.raises(
+    TypeError, match=r"param_groups\[0\]\['weight_decay'\] must be a real number, got Unreadable"
+  ):
+    from_torch(opt, structure)
+
+
+def test_a_scalar_tensor_learning_rate_is_read_with_its_value():
+  """The accepting side of the check above: PyTorch's tensor ``lr`` is a real scalar."""
+  ps, structure = _params32()
+  opt = torch.optim.SGD(ps, lr=torch.tensor(0.5), momentum=0.9)
+  params = torch_params(opt, structure)
+  tx, state = from_torch(opt, params)
+  updates, _ = tx.update(jax.tree.map(jnp.ones_like, params), state, params)
+  np.testing.assert_allclose(updates["p0"], -0.5 * np.ones(3), rtol=1e-7)
+
+
+def test_refuses_a_leaf_that_is_not_an_array():
+  ps, structure = _params32()
+  opt = torch.optim.SGD(ps, lr=0.1)
+  params = {k: jnp.zeros(v.shape, v.dtype) for k, v in structure.items()}
+  with pytest.raises(
+    TypeError, match=r"params\['p2'\] must be an array \(or jax.ShapeDtypeStruct\), got float"
+  ):
+    from_torch(opt, dict(params, p2=0.0))
+
+
+def test_to_torch_refuses_states_it_cannot_place():
+  """A state with no rule state, another number of leaves, a leaf owned twice or by nobody."""
+  ps, structure = _params32()
+  opt = torch.optim.SGD(ps, lr=0.1, momentum=0.9)
+  params = torch_params(opt, structure)
+  rule = onnx_optax.momentum(0.1, alpha=0.9, beta=1.0, mode="standard", norm_coefficient=0.0)
+  cases = [
+    (optax.sgd(0.1, momentum=0.9).init(params), TypeError, "state holds no MomentumState: pass the state"),
+    (
+      rule.init([params["p0"], params["p1"], params["p2"]]),
+      ValueError,
+      "has 3 leaves but the optimizer has 4",
+    ),
+    (optax.chain(rule, rule).init(params), ValueError, "parameter 0 has state in two places"),
+    (
+      optax.multi_transform(
+        {"a": rule, "b": optax.set_to_zero()}, {"p0": "a", "p1": "a", "p2": "b", "p3": "b"}
+      ).init(params),
+      ValueError,
+      r"parameters \[2, 3\] have no state in state",
+    ),
+  ]
+  for state, error, match in cases:
+    with pytest.raises(error, match=match):
+      to_torch(state, opt, params)
+  assert not opt.state
+
+
+def test_to_torch_refuses_a_state_of_another_shape():
+  ps, structure = _params32()
+  opt = torch.optim.SGD(ps, lr=0.1, momentum=0.9)
+  params = torch_params(opt, structure)
+  rule = onnx_optax.momentum(0.1, alpha=0.9, beta=1.0, mode="standard", norm_coefficient=0.0)
+  state = rule.init(dict(params, p1=jnp.zeros((4, 2))))
+  with pytest.raises(
+    ValueError, match=r"the state of param_groups\[0\]\['params'\]\[1\] has shape \(4, 2\) and dtype float32"
+  ):
+    to_torch(state, opt, params)
+  assert not opt.state
+
+
+def test_torch_params_and_to_torch_refuse_what_from_torch_refuses():
+  ps, structure = _params32()
+  with pytest.raises(TypeError, match="no onnx_optax rule is torch.optim.rmsprop.RMSprop"):
+    torch_params(torch.optim.RMSprop(ps), structure)
+  with pytest.raises(TypeError, match="no onnx_optax rule is torch.optim.nadam.NAdam"):
+    to_torch(None, torch.optim.NAdam(ps), None)
+  opt = torch.optim.SGD(ps, lr=0.1)
+  with pytest.raises(ValueError, match=r"like has 3 leaves but the PyTorch optimizer has 4"):
+    torch_params(opt, [structure["p0"], structure["p1"], structure["p2"]])

@@ -14,6 +14,8 @@ comparable to ``Sqrt(H)``, ``T`` both 0 and positive, non-zero starting states).
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,6 +23,9 @@ import optax
 import pytest
 
 import onnx_optax
+import onnx_optax._checks
+import onnx_optax.interop
+import onnx_optax.onnx
 from onnx_optax import reference, rules
 
 # name -> (transform, reference key, hyperparameters, state class)
@@ -438,6 +443,13 @@ KEYWORD_ONLY = {
     "state_dtype",
   ],
   onnx_optax.directml_adam: ["beta1", "beta2", "epsilon", "initial_count", "state_dtype"],
+  onnx_optax.onnx.from_node: ["initial_count", "state_dtype"],
+  onnx_optax._checks.hyperparameter: ["minimum", "maximum", "maximum_exclusive"],
+  onnx_optax._checks.count: ["minimum"],
+  onnx_optax._checks.integer_scalar: ["minimum", "shape_ok", "why"],
+  onnx_optax.interop.from_torch: ["learning_rate"],
+  onnx_optax.interop.from_keras: ["learning_rate"],
+  onnx_optax.interop.to_keras: ["variables"],
   reference.momentum: ["alpha", "beta", "mode", "norm_coefficient", "dtype"],
   reference.adagrad: ["decay_factor", "epsilon", "norm_coefficient", "dtype"],
   reference.adam: ["alpha", "beta", "epsilon", "norm_coefficient", "norm_coefficient_post", "dtype"],
@@ -465,3 +477,168 @@ def test_positional_hyperparameter_is_a_type_error():
     rules.adagrad(0.1, 0, jnp.ones(1), jnp.ones(1), jnp.ones(1), 0.0, 1e-6, 0.0)
   with pytest.raises(TypeError):
     onnx_optax.adam(0.1, 0.9)
+
+
+# --- the input checks (_checks.py) and the ONNX interface (onnx.py) -----------------------------
+# Added for the extended mutation run (docs/mutation.md): each test kills mutants of the checks
+# that no other fast test saw, a boundary moved by one or a refusal that no longer fires.
+
+
+def test_range_boundaries_are_the_documented_ones():
+  """Each range's end is in or out as documented: ``beta <= 1`` (Adam's ``beta``, DirectML's
+  ``beta2``, Momentum's ``beta``), ``alpha < 1``, ``>= 0`` everywhere, a count up to int32's
+  maximum."""
+  params = jnp.ones(2)
+  onnx_optax.adam(0.1, alpha=0.0, beta=1.0).init(params)
+  onnx_optax.directml_adam(0.1, beta1=0.0, beta2=1.0).init(params)
+  onnx_optax.momentum(0.1, alpha=0.0, beta=1.0, mode="standard", norm_coefficient=0.0).init(params)
+  with pytest.raises(ValueError, match=r"alpha must be < 1.0, got 1.0"):
+    onnx_optax.adam(0.1, alpha=1.0)
+  with pytest.raises(ValueError, match=r"beta must be <= 1.0, got 1.5"):
+    onnx_optax.adam(0.1, beta=1.5)
+  int32_max = int(np.iinfo(np.int32).max)
+  assert int(onnx_optax.adagrad(0.1, initial_count=int32_max).init(params).count) == int32_max
+  with pytest.raises(ValueError, match=r"initial_count must be in \[0, 2147483647\], got 2147483648"):
+    onnx_optax.adagrad(0.1, initial_count=int32_max + 1)
+  assert int(onnx_optax.directml_adam(0.1, initial_count=1).init(params).count) == 1
+  with pytest.raises(ValueError, match=r"initial_count must be in \[1, 2147483647\], got 0"):
+    onnx_optax.directml_adam(0.1, initial_count=0)
+
+
+def test_count_refuses_an_integer_array_that_is_not_a_scalar():
+  class DtypeOnly:
+    dtype = np.dtype("int32")
+
+  for count in (jnp.array([1, 2]), DtypeOnly(), np.dtype("int32")):
+    with pytest.raises(TypeError, match=r"initial_count must be an int or an integer scalar array"):
+      onnx_optax.adagrad(0.1, initial_count=count)
+  assert int(onnx_optax.adagrad(0.1, initial_count=jnp.array(3)).init(jnp.ones(1)).count) == 3
+
+
+def test_decay_rate_that_rounds_to_one_is_refused_at_init():
+  """``beta = 0.999`` is 1.0 in bfloat16 (the fast twin of test_numerics' test, for the mutation
+  judge of _checks.py); a float32 state, or float16, keeps it below 1."""
+  params = {"w": jnp.ones(2, jnp.bfloat16)}
+  with pytest.raises(ValueError, match=r"beta=0.999 rounds to 1.0 in bfloat16, the dtype params\['w'\]"):
+    onnx_optax.adam(0.1).init(params)
+  onnx_optax.adam(0.1, state_dtype=jnp.float32).init(params)
+  onnx_optax.adam(0.1).init({"w": jnp.ones(2, jnp.float16)})
+
+
+def test_a_bad_operator_argument_is_described_by_its_type_unless_it_is_an_array():
+  """The ONNX call's message names an array by shape and dtype, anything else by type and value
+  (a NumPy dtype has a ``shape`` but no ``dtype``: not an array)."""
+  from onnx_optax import onnx as ox
+
+  X = np.ones(2, np.float32)
+  hyper = dict(alpha=0.9, beta=1.0, mode="standard", norm_coefficient=0.0)
+  with pytest.raises(
+    TypeError,
+    match=r"R must be a float scalar \(ONNX: float or double\), got Float32DType dtype\('float32'\)",
+  ):
+    ox.momentum(np.dtype("float32"), np.int64(0), X, X, X, **hyper)
+  with pytest.raises(TypeError, match=r"got an array of shape \(2,\) and dtype float32"):
+    ox.momentum(X, np.int64(0), X, X, X, **hyper)
+
+
+def test_the_operator_attributes_are_checked_before_the_inputs():
+  """A mode that is not one is reported as such, whatever else is wrong with the call."""
+  from onnx_optax import onnx as ox
+
+  X = np.ones(2, np.float32)
+  with pytest.raises(ValueError, match="mode must be one of"):
+    ox.momentum(
+      np.float32(0.1), np.int64(-1), X, X, X, alpha=0.9, beta=1.0, mode="Nesterov", norm_coefficient=0.0
+    )
+
+
+@pytest.mark.parametrize("op", ["Adagrad", "Adam"])
+def test_the_operator_calls_defaults_are_the_onnx_schemas(op):
+  """The defaults of ``onnx_optax.onnx.adagrad`` / ``adam`` are the attributes' defaults of ONNX's own
+  schemas (a float32 attribute: compared after rounding to float32)."""
+  import inspect
+
+  import onnx.defs
+
+  from onnx_optax import onnx as ox
+
+  schema = onnx.defs.get_schema(op, domain="ai.onnx.preview.training")
+  parameters = inspect.signature(getattr(ox, op.lower())).parameters
+  defaults = {name: a.default_value.f for name, a in schema.attributes.items() if not a.required}
+  assert defaults and set(defaults) <= set(parameters)
+  for name, value in defaults.items():
+    assert np.float32(parameters[name].default) == np.float32(value), name
+
+
+@pytest.mark.parametrize("value, shown", [("0.9", "'0.9'"), (b"0.9", "b'0.9'"), (None, "None")])
+def test_a_string_or_none_hyperparameter_is_shown_as_given(value, shown):
+  """A string, bytes or None is refused with its value (``got '0.9'``), not as a type that is
+  neither a number nor an array."""
+  with pytest.raises(TypeError, match=rf"^alpha must be a real number, got {re.escape(shown)}$"):
+    onnx_optax.adam(0.1, alpha=value)
+
+
+def test_the_update_count_of_the_operator_call_fits_int32_to_its_maximum():
+  """Under JAX's default 32-bit mode an int64 ``T`` up to int32's maximum is accepted, one more
+  is refused (it would wrap)."""
+  from onnx_optax import onnx as ox
+
+  X = np.ones(2, np.float32)
+  hyper = dict(alpha=0.9, beta=1.0, mode="standard", norm_coefficient=0.0)
+  T_max = np.int64(np.iinfo(np.int32).max)
+  X_new, _ = ox.momentum(np.float32(0.1), T_max, X, X, X, **hyper)
+  np.testing.assert_allclose(X_new, X - 0.1 * (0.9 * X + X), rtol=1e-6)
+  with pytest.raises(ValueError, match=r"T = 2147483648 does not fit int32"):
+    ox.momentum(np.float32(0.1), T_max + 1, X, X, X, **hyper)
+
+
+def test_a_hyperparameter_with_a_shape_but_no_dtype_is_not_an_array():
+  """A NumPy dtype object has ``shape == ()`` and no ``dtype``: refused as neither a number nor an
+  array, naming the argument (not read as a float64 scalar)."""
+  with pytest.raises(TypeError, match=r"alpha must be a real number or a scalar array, got Float32DType"):
+    onnx_optax.adam(0.1, alpha=np.dtype("float32"))
+
+
+def test_opset_that_is_not_a_positive_int_is_refused_as_such():
+  from onnx import helper
+
+  from onnx_optax import onnx as ox
+
+  node = helper.make_node(
+    "Adagrad", ["R", "T", "X", "G", "H"], ["Y", "H2"], domain="ai.onnx.preview.training"
+  )
+  for opset in (0, -1, True, "1", 1.0):
+    with pytest.raises(ValueError, match=r"opset must be a positive int .*got " + re.escape(repr(opset))):
+      ox.run_node(node, np.float32(0.1), np.int64(0), *[np.ones(1, np.float32)] * 3, opset=opset)
+
+
+def test_an_operator_tensor_with_a_shape_but_no_dtype_is_not_an_array():
+  from onnx_optax import onnx as ox
+
+  X = np.ones(2, np.float32)
+  with pytest.raises(TypeError, match=r"X_1 must be an array, got Float32DType"):
+    ox.adagrad(np.float32(0.1), np.int64(0), np.dtype("float32"), X, X)
+
+
+def test_state_dtype_accepts_a_dtype_object_and_refuses_an_array():
+  """A NumPy dtype object has a ``shape`` (its sub-array's, ``()``) but is a dtype: accepted; an
+  array (what ``optax.inject_hyperparams`` makes of a dtype argument) is refused, saying so."""
+  state = onnx_optax.adam(0.1, state_dtype=jnp.dtype("float32")).init(jnp.ones(2, jnp.bfloat16))
+  assert state.v.dtype == jnp.float32
+  with pytest.raises(
+    TypeError, match=r"state_dtype must be a dtype, got an array; under optax.inject_hyperparams"
+  ):
+    onnx_optax.adam(0.1, state_dtype=jnp.array(1.0))
+
+
+def test_a_state_count_with_a_dtype_but_no_shape_is_refused_naming_the_count():
+  class DtypeOnly:
+    dtype = np.dtype("int32")
+
+  tx = onnx_optax.adagrad(0.1)
+  params = jnp.ones(2)
+  state = tx.init(params)._replace(count=DtypeOnly())
+  with pytest.raises(
+    TypeError, match=r"state.count must be an integer scalar array, got DtypeOnly of dtype int32"
+  ):
+    tx.update(params, state, params)

@@ -2,23 +2,102 @@
 # The mutation run's judge: exits 0 when the (mutated) tree passes, non-zero
 # when the mutant is caught. Run from the root of the copy being mutated.
 #
-#   1. tests/test_mutation_kills.py and the doctests of the three mutated
-#      modules (pytest -x): fast, kills most mutants in seconds;
-#   2. the fast tests, pytest -x, the most sensitive first ($FAST_TESTS);
-#   3. the conformance command, python -m onnx_optax.conformance, on the CPU,
-#      every rule and dtype, without the 10^6-element cases (--no-large) and
-#      ONNX's backend cases (--no-onnx): those compare with ONNX's references,
-#      not with onnx_optax.reference, and cost a minute of loading.
-# Each stage stops at its first failure; a caught mutant skips the rest.
+# A mutant changes one module; the judge runs only the tests that exercise
+# that module, so that a mutant is judged in seconds rather than minutes. It
+# finds the module by comparing the copy's onnx_optax/ with the unmutated
+# export $MUTATION_PRISTINE (run.sh sets it); when nothing differs (the
+# baseline) or MUTATION_PRISTINE is unset, it runs the stages of every
+# module of $MODULES (run.sh's list; default all).
+#
+# Stages per module (pytest -x; each stage stops at its first failure, a
+# caught mutant skips the rest):
+#   rules.py, transforms.py, reference.py:
+#     1. tests/test_mutation_kills.py and the three modules' doctests;
+#     2. the fast tests ($FAST_TESTS, the most sensitive first);
+#     3. the conformance command on the CPU, every rule and dtype, without
+#        the 10^6-element cases (--no-large) and ONNX's backend cases
+#        (--no-onnx), which compare with ONNX's references, not with
+#        onnx_optax.reference, and cost a minute of loading.
+#   _checks.py:  1. tests/test_bad_input.py and its doctests;
+#                2. tests/test_mutation_kills.py, the transforms', DirectML's and
+#                   the ONNX interface's tests.
+#   onnx.py:     1. tests/test_onnx_interface.py and its doctests;
+#                2. tests/test_bad_input.py, tests/test_mutation_kills.py.
+#   conformance/tolerance.py:
+#                1. tests/conformance/test_conformance_tolerance.py and its doctests;
+#                2. the conformance command (a bound too tight fails a case);
+#                3. tests/conformance/test_conformance_teeth.py (a bound too
+#                   loose lets a planted wrong rule pass).
+#   interop/torch.py, interop/keras.py: 1. that bridge's tests and doctests;
+#   interop/_common.py, interop/__init__.py: 1. both bridges' tests and doctests.
 set -u
 export PYTHONPATH="$PWD" PYTHONDONTWRITEBYTECODE=1 JAX_PLATFORMS=cpu
 PYTEST=(python -m pytest -x -q -p no:cacheprovider --no-header)
 FAST_TESTS=${FAST_TESTS:-"tests/test_bad_input.py tests/test_transforms.py tests/test_directml.py"}
+CONFORMANCE=(python -m onnx_optax.conformance --platform cpu --no-large --no-onnx --quiet)
 caught() { echo "JUDGE: caught in stage $1"; exit "$1"; }
-"${PYTEST[@]}" tests/test_mutation_kills.py onnx_optax/rules.py onnx_optax/transforms.py onnx_optax/reference.py \
-  || caught 1
-# shellcheck disable=SC2086
-"${PYTEST[@]}" $FAST_TESTS || caught 2
-# shellcheck disable=SC2086
-python -m onnx_optax.conformance --platform cpu --no-large --no-onnx --quiet ${CONFORMANCE_ARGS:-} || caught 3
+
+core() {
+  "${PYTEST[@]}" tests/test_mutation_kills.py onnx_optax/rules.py onnx_optax/transforms.py \
+    onnx_optax/reference.py || caught 1
+  # shellcheck disable=SC2086
+  "${PYTEST[@]}" $FAST_TESTS || caught 2
+  # shellcheck disable=SC2086
+  "${CONFORMANCE[@]}" ${CONFORMANCE_ARGS:-} || caught 3
+}
+checks() {
+  "${PYTEST[@]}" tests/test_bad_input.py onnx_optax/_checks.py || caught 1
+  "${PYTEST[@]}" tests/test_mutation_kills.py tests/test_transforms.py tests/test_directml.py \
+    tests/test_onnx_interface.py || caught 2
+}
+onnx_interface() {
+  "${PYTEST[@]}" tests/test_onnx_interface.py onnx_optax/onnx.py || caught 1
+  "${PYTEST[@]}" tests/test_bad_input.py tests/test_mutation_kills.py || caught 2
+}
+tolerance() {
+  "${PYTEST[@]}" tests/conformance/test_conformance_tolerance.py onnx_optax/conformance/tolerance.py \
+    || caught 1
+  # shellcheck disable=SC2086
+  "${CONFORMANCE[@]}" ${CONFORMANCE_ARGS:-} || caught 2
+  "${PYTEST[@]}" tests/conformance/test_conformance_teeth.py || caught 3
+}
+interop_torch() { "${PYTEST[@]}" tests/test_interop_torch.py onnx_optax/interop/torch.py || caught 1; }
+interop_keras() { "${PYTEST[@]}" tests/test_interop_keras.py onnx_optax/interop/keras.py || caught 1; }
+interop() {
+  "${PYTEST[@]}" tests/test_interop_torch.py tests/test_interop_keras.py onnx_optax/interop/ || caught 1
+}
+
+changed=()
+if [[ -n ${MUTATION_PRISTINE:-} && $(realpath "$MUTATION_PRISTINE") != $(realpath .) ]]; then
+  while IFS= read -r f; do
+    cmp -s "$f" "$MUTATION_PRISTINE/$f" || changed+=("$f")
+  done < <(find onnx_optax -name '*.py' | sort)
+fi
+group() {
+  case $1 in
+    onnx_optax/rules.py | onnx_optax/transforms.py | onnx_optax/reference.py) echo core ;;
+    onnx_optax/_checks.py) echo checks ;;
+    onnx_optax/onnx.py) echo onnx_interface ;;
+    onnx_optax/conformance/tolerance.py) echo tolerance ;;
+    onnx_optax/interop/torch.py) echo interop_torch ;;
+    onnx_optax/interop/keras.py) echo interop_keras ;;
+    onnx_optax/interop*) echo interop ;;
+    *) echo core ;;
+  esac
+}
+if [[ ${#changed[@]} -eq 1 ]]; then
+  echo "JUDGE: mutated ${changed[0]}"
+  "$(group "${changed[0]}")"
+else
+  # The baseline (or a run by hand): the stages of every module of $MODULES
+  # (run.sh's; default all), each group once.
+  [[ ${#changed[@]} -gt 1 ]] && echo "JUDGE: several modules differ (${changed[*]}): every stage"
+  groups=()
+  for m in ${MODULES:-onnx_optax/rules.py onnx_optax/_checks.py onnx_optax/onnx.py \
+    onnx_optax/conformance/tolerance.py onnx_optax/interop}; do
+    g=$(group "$m")
+    [[ " ${groups[*]} " == *" $g "* ]] || groups+=("$g")
+  done
+  for g in "${groups[@]}"; do "$g"; done
+fi
 echo "JUDGE: passed every stage"

@@ -9,27 +9,75 @@
 # cosmic-ray edits the modules it mutates in place, so the run never touches
 # the working tree: it exports REV (git archive) into $WORK and mutates there.
 # Environment: SHARDS (default 1) copies judged in parallel, one mutant at a
-# time each; WORK (default a new /tmp directory); SKIP_BASELINE=1 skips the
-# judge on the unmutated tree; FAST_TESTS, CONFORMANCE_ARGS: see judge.sh;
+# time each; WORK (default a new /tmp directory); MODULES: the modules (or
+# folders) to mutate, separated by blanks, default cosmic-ray.toml's
+# module-path (all of them); SKIP_BASELINE=1 skips the judge on the unmutated
+# tree; FAST_TESTS, CONFORMANCE_ARGS: see judge.sh;
 # SURVIVORS_OF: shard databases of an earlier run (one path per line) whose
-# survivors are the only mutants judged (rejudge.sh sets it).
+# survivors are the only mutants judged (rejudge.sh sets it); RESUME=1 with
+# the WORK of an interrupted run judges its pending mutants (cosmic-ray exec
+# skips the judged ones) and writes the report of the whole run.
 # Writes the report to benchmarks/mutation/results.md (RESULTS overrides).
 set -euo pipefail
+# The whole script is one block, read before it runs: bash reads a script as it
+# goes, and an edit of this file during an hour-long run would otherwise be
+# executed from the middle (it happened: the report step read garbage).
+{
 REPO=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 REV=${1:-HEAD}
 SHARDS=${SHARDS:-1}
 WORK=${WORK:-$(mktemp -d /tmp/onnx_optax-mutation.XXXXXX)}
 RESULTS=${RESULTS:-$REPO/benchmarks/mutation/results.md}
 COMMIT=$(git -C "$REPO" rev-parse --short "$REV")
-echo "mutation run of $COMMIT in $WORK, $SHARDS shard(s)"
 
+if [[ ${RESUME:-0} == 1 ]]; then
+  COMMIT=$(cat "$WORK/commit")
+  echo "resuming the run of $COMMIT: $(ls -d "$WORK"/shard-*.sqlite | wc -l) shard(s), SHARDS ignored"
+  cd "$WORK/tree"
+  export MODULES=${MODULES:-} MUTATION_PRISTINE=$WORK/tree
+  start=$(date +%s)
+  pids=()
+  for db in "$WORK"/shard-*.sqlite; do
+    k=$(basename "$db" .sqlite)
+    # An interrupted cosmic-ray may have left its last mutant in the copy.
+    rm -rf "${WORK:?}/$k/onnx_optax" && cp -r "$WORK/tree/onnx_optax" "$WORK/$k/"
+    (cd "$WORK/$k" && cosmic-ray exec "$WORK/cosmic-ray.toml" "$db" >> "$WORK/$k.log" 2>&1) &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid"; done
+  wall=$(( $(date +%s) - start ))
+  python benchmarks/mutation/report.py --commit "$COMMIT" --wall "$wall" \
+    --shards "$(ls -d "$WORK"/shard-*.sqlite | wc -l)" "$WORK"/shard-*.sqlite > "$RESULTS"
+  echo "report (wall time: the resumed part only): $RESULTS"
+  sed -n '1,/^## Surviving/p' "$RESULTS"
+  exit 0
+fi
+echo "mutation run of $COMMIT in $WORK, $SHARDS shard(s)"
 mkdir -p "$WORK/tree"
+echo "$COMMIT" > "$WORK/commit"
 git -C "$REPO" archive "$REV" | tar -x -C "$WORK/tree"
 cd "$WORK/tree"
 # The judge must see this copy's onnx_optax, not an installed (editable) one.
 PYTHONPATH=$PWD python -c "import onnx_optax, os, sys; sys.exit(not onnx_optax.__file__.startswith(os.getcwd()))"
 
-cosmic-ray init benchmarks/mutation/cosmic-ray.toml "$WORK/session.sqlite"
+CONFIG=$WORK/cosmic-ray.toml
+cp benchmarks/mutation/cosmic-ray.toml "$CONFIG"
+if [[ -n ${MODULES:-} ]]; then
+  python - "$CONFIG" "$MODULES" <<'PY'
+import re, sys
+path, modules = sys.argv[1], sys.argv[2].split()
+text = open(path).read()
+paths = ", ".join(f'"{m}"' for m in modules)
+text, n = re.subn(r"module-path = \[[^\]]*\]", f"module-path = [{paths}]", text)
+assert n == 1, "no module-path in cosmic-ray.toml"
+open(path, "w").write(text)
+PY
+fi
+grep -A8 "^module-path" "$CONFIG" | sed "/^excluded/,$ d"
+export MODULES=${MODULES:-}
+# judge.sh finds the mutated module by comparing a shard with this unmutated copy.
+export MUTATION_PRISTINE=$WORK/tree
+cosmic-ray init "$CONFIG" "$WORK/session.sqlite"
 python benchmarks/mutation/filter.py "$WORK/session.sqlite"
 if [[ -n ${SURVIVORS_OF:-} ]]; then
   mapfile -t OLD <<< "$SURVIVORS_OF"
@@ -48,7 +96,7 @@ for ((k = 0; k < SHARDS; k++)); do
   cp -r "$WORK/tree" "$WORK/shard-$k"
   cp "$WORK/session.sqlite" "$WORK/shard-$k.sqlite"
   python benchmarks/mutation/filter.py "$WORK/shard-$k.sqlite" --shard "$k/$SHARDS" > /dev/null
-  (cd "$WORK/shard-$k" && cosmic-ray exec benchmarks/mutation/cosmic-ray.toml "$WORK/shard-$k.sqlite" \
+  (cd "$WORK/shard-$k" && cosmic-ray exec "$CONFIG" "$WORK/shard-$k.sqlite" \
      > "$WORK/shard-$k.log" 2>&1) &
   pids+=($!)
 done
@@ -65,3 +113,5 @@ if [[ ${SKIP_BASELINE:-0} != 1 ]]; then
   fi
   echo "baseline passed"
 fi
+exit 0
+}
