@@ -301,5 +301,5 @@ if __name__ == "__main__":
   for args in ADAM:
     test_directml_adam_is_keras_adam(*args)
     test_onnx_adam_from_t1_is_keras_adam(*args)
-  for args in ADAMW:
-    test_ort_adamw_mode0_is_torch_adamw(*args)
+  for adamw_args in ADAMW:
+    test_ort_adamw_mode0_is_torch_adamw(*adamw_args)
