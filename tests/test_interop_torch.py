@@ -13,6 +13,7 @@ through ``weight_decay``.
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 import textwrap
@@ -23,53 +24,23 @@ import numpy as np
 import optax
 import pytest
 import torch
-from interop_data import SHAPES, gradients, initial
+import torch_runs
+from interop_data import gradients, initial
+from torch_runs import GROUPS, jax_steps, like, torch_parameters
 
 import onnx_optax
 from onnx_optax.interop import from_torch, to_torch, torch_params
 
-GROUPS = [[0, 1], [2, 3]]  # indices into SHAPES, one list per param group
+
+def _state(opt, p):
+  """``(momentum_buffer or sum, step)`` of one parameter; Nones where PyTorch keeps none."""
+  slot = opt.state.get(p, {})
+  tensor = slot.get("momentum_buffer", slot.get("sum"))
+  step = slot.get("step")
+  return None if tensor is None else tensor.detach().numpy().copy(), None if step is None else float(step)
 
 
-def like(dtype):
-  """JAX structure of the parameters: a dict whose sorted keys follow the groups."""
-  return {f"p{i}": jax.ShapeDtypeStruct(shape, dtype) for i, shape in enumerate(SHAPES)}
-
-
-def torch_parameters(values):
-  return [torch.nn.Parameter(torch.from_numpy(np.array(v))) for v in values]
-
-
-def torch_steps(opt, ps, grads, missing=()):
-  """``opt.step()`` per gradient list; ``missing``: (step, leaf) pairs left without grad."""
-  records = []
-  for t, step_grads in enumerate(grads):
-    for i, (p, g) in enumerate(zip(ps, step_grads)):
-      p.grad = None if (t, i) in missing else torch.from_numpy(np.array(g))
-    opt.step()
-    records.append(([p.detach().numpy().copy() for p in ps], _torch_state(opt, ps)))
-  return records
-
-
-def _torch_state(opt, ps):
-  out = []
-  for p in ps:
-    slot = opt.state.get(p, {})
-    tensor = slot.get("momentum_buffer", slot.get("sum"))
-    step = slot.get("step")
-    out.append(
-      (None if tensor is None else tensor.detach().numpy().copy(), None if step is None else float(step))
-    )
-  return out
-
-
-def jax_steps(tx, state, params, grads):
-  step = jax.jit(tx.update)
-  for step_grads in grads:
-    g = jax.tree.unflatten(jax.tree.structure(params), [jnp.asarray(x) for x in step_grads])
-    updates, state = step(g, state, params)
-    params = optax.apply_updates(params, updates)
-  return params, state
+torch_steps = functools.partial(torch_runs.torch_steps, state_of=_state)
 
 
 # --- the optimizers, every hyperparameter away from its default -------------

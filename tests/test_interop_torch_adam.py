@@ -17,6 +17,7 @@ decay.
 
 from __future__ import annotations
 
+import functools
 import importlib
 
 import jax
@@ -25,22 +26,14 @@ import numpy as np
 import optax
 import pytest
 import torch
+import torch_runs
 from interop_data import SHAPES, gradients, initial
+from torch_runs import GROUPS, jax_steps, like, torch_parameters
 
 import onnx_optax
 from onnx_optax.interop import from_torch, to_torch, torch_params
 
-GROUPS = [[0, 1], [2, 3]]  # indices into SHAPES, one list per param group
 U32 = float(np.finfo(np.float32).eps) / 2  # unit roundoff
-
-
-def like(dtype):
-  """JAX structure of the parameters: a dict whose sorted keys follow the groups."""
-  return {f"p{i}": jax.ShapeDtypeStruct(shape, dtype) for i, shape in enumerate(SHAPES)}
-
-
-def torch_parameters(values):
-  return [torch.nn.Parameter(torch.from_numpy(np.array(v))) for v in values]
 
 
 def adam_state(opt, p):
@@ -55,24 +48,7 @@ def adam_state(opt, p):
   )
 
 
-def torch_steps(opt, ps, grads, missing=()):
-  """``opt.step()`` per gradient list; ``missing``: (step, leaf) pairs left without grad."""
-  records = []
-  for t, step_grads in enumerate(grads):
-    for i, (p, g) in enumerate(zip(ps, step_grads)):
-      p.grad = None if (t, i) in missing else torch.from_numpy(np.array(g))
-    opt.step()
-    records.append(([p.detach().numpy().copy() for p in ps], [adam_state(opt, p) for p in ps]))
-  return records
-
-
-def jax_steps(tx, state, params, grads):
-  step = jax.jit(tx.update)
-  for step_grads in grads:
-    g = jax.tree.unflatten(jax.tree.structure(params), [jnp.asarray(x) for x in step_grads])
-    updates, state = step(g, state, params)
-    params = optax.apply_updates(params, updates)
-  return params, state
+torch_steps = functools.partial(torch_runs.torch_steps, state_of=adam_state)
 
 
 # --- the optimizers, every hyperparameter away from its default -------------

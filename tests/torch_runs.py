@@ -1,0 +1,52 @@
+"""What the PyTorch bridge tests share: the parameters' structure and the two kinds of run.
+
+Each run feeds the same NumPy gradients (tests/interop_data.py) to PyTorch's
+``optimizer.step()`` or to a jitted transform, so that the runs differ only
+in the optimizer code being compared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import torch
+from interop_data import SHAPES
+
+GROUPS = [[0, 1], [2, 3]]  # indices into SHAPES, one list per param group
+
+
+def like(dtype):
+  """JAX structure of the parameters: a dict whose sorted keys follow the groups."""
+  return {f"p{i}": jax.ShapeDtypeStruct(shape, dtype) for i, shape in enumerate(SHAPES)}
+
+
+def torch_parameters(values):
+  return [torch.nn.Parameter(torch.from_numpy(np.array(v))) for v in values]
+
+
+def torch_steps(opt, ps, grads, missing=(), *, state_of: Callable[[Any, Any], Any]):
+  """``opt.step()`` per gradient list; ``missing``: (step, leaf) pairs left without grad.
+
+  Returns, per step, the parameters and ``state_of(opt, p)`` of each.
+  """
+  records = []
+  for t, step_grads in enumerate(grads):
+    for i, (p, g) in enumerate(zip(ps, step_grads)):
+      p.grad = None if (t, i) in missing else torch.from_numpy(np.array(g))
+    opt.step()
+    records.append(([p.detach().numpy().copy() for p in ps], [state_of(opt, p) for p in ps]))
+  return records
+
+
+def jax_steps(tx, state, params, grads):
+  step = jax.jit(tx.update)
+  for step_grads in grads:
+    g = jax.tree.unflatten(jax.tree.structure(params), [jnp.asarray(x) for x in step_grads])
+    updates, state = step(g, state, params)
+    params = optax.apply_updates(params, updates)
+  return params, state
