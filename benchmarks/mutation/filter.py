@@ -10,6 +10,13 @@ mutants that survived in the OLD sessions (a run on an earlier commit): the
 same module, operator and changed source line, wherever the line has moved.
 ``rejudge.sh`` uses it to judge a run's survivors again on a later commit.
 
+With ``--changed-since REPO COMMIT SPEC`` it skips every pending mutant whose
+source lines are all unchanged between an earlier commit and COMMIT (the one
+being mutated), per module: SPEC is ``path=REV ...`` (a bare ``REV`` for
+every module), REV the commit of that module's last complete run. It is the
+incremental run (run.sh's ``CHANGED_SINCE``): the mutants of unchanged lines
+were judged there, by tests that have only grown since.
+
 cosmic-ray generates every replacement of every operator (4137 mutants over
 the modules of cosmic-ray.toml at c4fd2b4, 1912 over rules.py, transforms.py
 and reference.py at 0d0e577): an addition becomes each of ten
@@ -39,6 +46,7 @@ operator of this set mutates.
 from __future__ import annotations
 
 import ast
+import collections
 import sys
 from pathlib import Path
 
@@ -222,6 +230,58 @@ def only_survivors_of(session: str, old_sessions: list[str]) -> None:
   print(f"re-judging {len(keep)} mutants for the {len(wanted)} survivors")
 
 
+def _lines_changed(repo: str, rev: str, commit: str, path: str) -> set[int]:
+  """The line numbers, in ``commit``'s version of ``path``, that differ from ``rev``'s."""
+  import re
+  import subprocess
+
+  diff = subprocess.run(
+    ["git", "-C", repo, "diff", "-U0", rev, commit, "--", path], capture_output=True, text=True, check=True
+  ).stdout
+  lines: set[int] = set()
+  for m in re.finditer(r"^@@ -\S+ \+(\d+)(?:,(\d+))? @@", diff, re.M):
+    start, count = int(m[1]), int(m[2] or 1)
+    lines.update(range(start, start + count))
+  return lines
+
+
+def changed_since(session: str, repo: str, commit: str, spec: str) -> None:
+  """Skips the pending mutants whose lines are all unchanged since their module's REV."""
+  default, revs = None, {}
+  for word in spec.split():
+    path, _, rev = word.rpartition("=")
+    if path:
+      revs[path] = rev
+    else:
+      default = rev
+  changed: dict[str, set[int] | None] = {}
+  kept: collections.Counter[str] = collections.Counter()
+  with use_db(session, WorkDB.Mode.open) as db:
+    unchanged = []
+    for item in db.pending_work_items:
+      (m,) = item.mutations
+      path = str(m.module_path)
+      if path not in changed:
+        rev = revs.get(path, default)
+        changed[path] = None if rev is None else _lines_changed(repo, rev, commit, path)
+      lines = changed[path]
+      if lines is None or any(row in lines for row in range(m.start_pos[0], m.end_pos[0] + 1)):
+        kept[path] += 1
+      else:
+        unchanged.append(item.job_id)
+    db.set_multiple_results(
+      unchanged,
+      WorkResult(
+        output="skipped: line unchanged since the module's last complete run",
+        worker_outcome=WorkerOutcome.SKIPPED,
+      ),
+    )
+  for path in sorted(changed):
+    rev = revs.get(path, default)
+    print(f"{path}: {kept[path]} mutants on lines changed since {rev or '(all judged)'}")
+  print(f"skipped {len(unchanged):5d}: line unchanged since the module's last complete run")
+
+
 def main(session: str) -> None:
   with use_db(session, WorkDB.Mode.open) as db:
     spans: dict[str, list] = {}
@@ -247,6 +307,8 @@ def main(session: str) -> None:
 if __name__ == "__main__":
   if len(sys.argv) >= 4 and sys.argv[2] == "--only-survivors-of":
     only_survivors_of(sys.argv[1], sys.argv[3:])
+  elif len(sys.argv) == 6 and sys.argv[2] == "--changed-since":
+    changed_since(sys.argv[1], *sys.argv[3:])
   elif len(sys.argv) == 4 and sys.argv[2] == "--shard":
     k, n = map(int, sys.argv[3].split("/"))
     shard(sys.argv[1], k, n)

@@ -16,7 +16,10 @@
 # SURVIVORS_OF: shard databases of an earlier run (one path per line) whose
 # survivors are the only mutants judged (rejudge.sh sets it); RESUME=1 with
 # the WORK of an interrupted run judges its pending mutants (cosmic-ray exec
-# skips the judged ones) and writes the report of the whole run.
+# skips the judged ones) and writes the report of the whole run;
+# CHANGED_SINCE="path=REV ..." (or a bare REV for every module): the
+# incremental run, only the mutants on lines changed since each module's REV
+# (the commit of its last complete run) are judged, see filter.py.
 # Writes the report to benchmarks/mutation/results.md (RESULTS overrides).
 set -euo pipefail
 # The whole script is one block, read before it runs: bash reads a script as it
@@ -79,6 +82,9 @@ export MODULES=${MODULES:-}
 export MUTATION_PRISTINE=$WORK/tree
 cosmic-ray init "$CONFIG" "$WORK/session.sqlite"
 python benchmarks/mutation/filter.py "$WORK/session.sqlite"
+if [[ -n ${CHANGED_SINCE:-} ]]; then
+  python benchmarks/mutation/filter.py "$WORK/session.sqlite" --changed-since "$REPO" "$COMMIT" "$CHANGED_SINCE"
+fi
 if [[ -n ${SURVIVORS_OF:-} ]]; then
   mapfile -t OLD <<< "$SURVIVORS_OF"
   python benchmarks/mutation/filter.py "$WORK/session.sqlite" --only-survivors-of "${OLD[@]}"
