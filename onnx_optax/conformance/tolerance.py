@@ -100,6 +100,7 @@ __all__ = [
   "Context",
   "K_TRANSCENDENTAL",
   "bounds",
+  "evaluate",
   "evaluator_context",
   "implementation_context",
   "promote",
@@ -427,7 +428,7 @@ def _momentum(c: Context, R, T, X, G, V, *, alpha, beta, mode, norm_coefficient)
   else:
     step = c.mul(R_, c.add(G_regularized, c.mul(alpha_, V_new)))
   X_new = c.finish(X, step)
-  return X_new.e, c.store(V_new).e, c.update_of(X, X_new, step).e
+  return X_new, c.store(V_new), c.update_of(X, X_new, step)
 
 
 def _adagrad(c: Context, R, T, X, G, H, *, decay_factor, epsilon, norm_coefficient):
@@ -441,7 +442,7 @@ def _adagrad(c: Context, R, T, X, G, H, *, decay_factor, epsilon, norm_coefficie
   H_adaptive = c.add(c.sqrt(H_new), eps)
   step = c.div(c.mul(r, G_regularized), H_adaptive)
   X_new = c.finish(X, step)
-  return X_new.e, c.store(H_new).e, c.update_of(X, X_new, step).e
+  return X_new, c.store(H_new), c.update_of(X, X_new, step)
 
 
 def _adam(c: Context, R, T, X, G, V, H, *, alpha, beta, epsilon, norm_coefficient, norm_coefficient_post):
@@ -468,7 +469,7 @@ def _adam(c: Context, R, T, X, G, V, H, *, alpha, beta, epsilon, norm_coefficien
     if c.hyper_dtype is not None:  # Then X + U.
       U = c.update(U)
       X_new = c.apply(X, U)
-  return X_new.e, c.store(V_new).e, c.store(H_new).e, U.e
+  return X_new, c.store(V_new), c.store(H_new), U
 
 
 def _directml_adam(c: Context, R, T, X, G, M, V, *, beta1, beta2, epsilon):
@@ -481,7 +482,7 @@ def _directml_adam(c: Context, R, T, X, G, M, V, *, beta1, beta2, epsilon):
   V_new = c.add(c.mul(b2, V), c.mul(c.mul(c.one_minus(beta2), G), G))
   step = c.div(c.mul(step_size, M_new), c.add(c.sqrt(V_new), eps))
   X_new = c.finish(X, step)
-  return X_new.e, c.store(M_new).e, c.store(V_new).e, c.update_of(X, X_new, step).e
+  return X_new, c.store(M_new), c.store(V_new), c.update_of(X, X_new, step)
 
 
 def _ort_correction(c: Context, beta: float, T: int) -> Bounded:
@@ -503,52 +504,46 @@ def _ort_adamw(
   """ONNX Runtime's AdamW in its CPU kernel's order (``rules.ort_adamw``), ``M2 / beta_correction``
   as ``M2 * (1 / beta_correction)`` in the implementation (a per-update reciprocal)."""
   s = _scalar(c)
-  one = c.exact(1.0)
   if correct_bias:
     alpha_correction, beta_correction = _ort_correction(c, alpha, T), _ort_correction(c, beta, T)
-  else:
-    alpha_correction = beta_correction = s.exact(1.0) if c.hyper_dtype is not None else one
+  elif adam_mode == 0:
+    raise ValueError("adam_mode=0 needs correct_bias: ONNX Runtime refuses it without")
   alpha_, beta_, eps, lr = c.const(alpha), c.const(beta), c.const(epsilon), c.const(R)
   X, G, M1, M2 = c.exact(X), c.exact(G), c.exact(M1), c.exact(M2)
   M1_new = c.add(c.mul(alpha_, M1), c.mul(c.one_minus(alpha), G))
   M2_new = c.add(c.mul(beta_, M2), c.mul(c.mul(c.one_minus(beta), G), G))
+  # The scalars below are computed in the scalar context and rounded once to d (for an
+  # expectation, s is c and the rounding the identity).
   if adam_mode == 0:
-    if c.hyper_dtype is not None:  # The scalars are rounded to d; the reciprocal is one of them.
+    if c.hyper_dtype is not None:  # The reciprocal is one of the scalars.
       scaled = c.mul(M2_new, c.to_elementwise(s.div(s.exact(1.0), beta_correction)))
-      alpha_correction = c.to_elementwise(alpha_correction)
     else:
       scaled = c.div(M2_new, beta_correction)
-    denominator = c.mul(alpha_correction, c.add(c.sqrt(scaled), eps))
+    denominator = c.mul(c.to_elementwise(alpha_correction), c.add(c.sqrt(scaled), eps))
     step = c.div(c.mul(lr, M1_new), denominator)
     if weight_decay == 0:
       X_new = c.finish(X, step)
-      return X_new.e, c.store(M1_new).e, c.store(M2_new).e, c.update_of(X, X_new, step).e
+      return X_new, c.store(M1_new), c.store(M2_new), c.update_of(X, X_new, step)
     W = c.sub(X, c.mul(c.mul(X, lr), c.const(weight_decay)))
     W_new = c.sub(W, step)
   else:
-    if correct_bias:
-      corrected = s if c.hyper_dtype is not None else c
-      lr_corrected = corrected.div(
-        corrected.mul(corrected.const(R), corrected.sqrt(beta_correction)), alpha_correction
-      )
-      lr_corrected = c.to_elementwise(lr_corrected)
-    else:
-      lr_corrected = lr
+    lr_corrected = (
+      c.to_elementwise(s.div(s.mul(s.const(R), s.sqrt(beta_correction)), alpha_correction))
+      if correct_bias
+      else lr
+    )
     step = c.div(c.mul(lr_corrected, M1_new), c.add(c.sqrt(M2_new), eps))
     if weight_decay == 0:
       X_new = c.finish(X, step)
-      return X_new.e, c.store(M1_new).e, c.store(M2_new).e, c.update_of(X, X_new, step).e
-    if c.hyper_dtype is not None:  # lr * weight_decay: a product in the scalar dtype, rounded to d.
-      lr_weight_decay = c.to_elementwise(s.mul(s.const(R), s.const(weight_decay)))
-    else:
-      lr_weight_decay = c.mul(lr, c.const(weight_decay))
+      return X_new, c.store(M1_new), c.store(M2_new), c.update_of(X, X_new, step)
+    lr_weight_decay = c.to_elementwise(s.mul(s.const(R), s.const(weight_decay)))
     W = c.sub(X, step)
     W_new = c.sub(W, c.mul(lr_weight_decay, W))
   U = c.sub(W_new, X)  # U = W_new - X (an expectation's too), then X + U.
   if c.hyper_dtype is not None:
     U = c.update(U)
     W_new = c.apply(X, U)
-  return W_new.e, c.store(M1_new).e, c.store(M2_new).e, U.e
+  return W_new, c.store(M1_new), c.store(M2_new), U
 
 
 def _ort_sgd(c: Context, R, T, X, G):
@@ -556,10 +551,10 @@ def _ort_sgd(c: Context, R, T, X, G):
   X, G = c.exact(X), c.exact(G)
   step = c.mul(c.const(R), G)
   X_new = c.finish(X, step)
-  return X_new.e, c.update_of(X, X_new, step).e
+  return X_new, c.update_of(X, X_new, step)
 
 
-_BOUNDS: dict[str, Callable[..., tuple[np.ndarray, ...]]] = {
+_BOUNDS: dict[str, Callable[..., tuple[Bounded, ...]]] = {
   "momentum": _momentum,
   "adagrad": _adagrad,
   "adam": _adam,
@@ -567,6 +562,47 @@ _BOUNDS: dict[str, Callable[..., tuple[np.ndarray, ...]]] = {
   "ort_adamw": _ort_adamw,
   "ort_sgd": _ort_sgd,
 }
+
+
+def evaluate(
+  rule: str,
+  context: Context,
+  R: float,
+  T: int,
+  X: np.ndarray,
+  G: np.ndarray,
+  state: Sequence[np.ndarray],
+  **hyper: Any,
+) -> tuple[Bounded, ...]:
+  """The spec's outputs of ``rule`` as the model tracks them: each one's exact value and error bound.
+
+  The arguments are :func:`bounds`'. The values (``Bounded.v``) are the
+  spec's outputs evaluated in float64 in the rule's order, from the
+  hyperparameters' exact values (:meth:`Context.exact_hyper`); they are not
+  used to judge anything, but they show that the bounds follow the spec's
+  formula: ``tests/conformance/test_conformance_tolerance.py`` compares them
+  with :mod:`onnx_optax.reference`.
+
+  Returns:
+    One :class:`Bounded` per output (``X_new`` first), then the update ``U``.
+
+  Example:
+    >>> import numpy as np
+    >>> X_new, V_new, U = evaluate("momentum", reference_context(), 0.5, 3, np.array([1.0]),
+    ...                            np.array([0.5]), [np.array([0.25])], alpha=0.5, beta=0.5,
+    ...                            mode="standard", norm_coefficient=0.0)
+    >>> float(V_new.v[0]), float(X_new.v[0]), float(U.v[0])
+    (0.375, 0.8125, -0.1875)
+  """
+  return _BOUNDS[rule](
+    context,
+    R,
+    T,
+    np.asarray(X, np.float64),
+    np.asarray(G, np.float64),
+    *(np.asarray(s, np.float64) for s in state),
+    **hyper,
+  )
 
 
 def bounds(
@@ -609,8 +645,5 @@ def bounds(
     >>> bool(0 < e_x[0] < 4 * 2.0**-24)
     True
   """
-  X64 = np.asarray(X, np.float64)
-  out = _BOUNDS[rule](
-    context, R, T, X64, np.asarray(G, np.float64), *(np.asarray(s, np.float64) for s in state), **hyper
-  )
+  out = tuple(b.e for b in evaluate(rule, context, R, T, X, G, state, **hyper))
   return out if update else out[:-1]

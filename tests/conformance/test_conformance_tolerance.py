@@ -8,6 +8,7 @@ import pytest
 
 from onnx_optax import reference
 from onnx_optax.conformance import tolerance
+from onnx_optax.conformance.cases import RULES
 
 U32 = 2.0**-24
 
@@ -169,3 +170,117 @@ def test_update_bound_has_no_cancellation_against_X():
   e_x, _, e_u = tolerance.bounds("momentum", impl, 0.5, 2, X, G, [V], update=True, **hyper)
   # R * (alpha V + beta G): charged at its operands' size, 0.5 * (0.25 + 0.375), not at |X|.
   assert e_u[0] <= 4 * U32 * 0.5 * (0.25 + 0.375) and 500 * e_u[0] < e_x[0]
+
+
+def _model_and_expectation(case, context_of):
+  """The model's tracked values of every output of ``case`` and the NumPy expectation's."""
+  from onnx_optax.conformance import check
+  from onnx_optax.conformance.cases import numpy_dtype
+
+  X, G, state = case.inputs()
+  received_in = check.received_dtype(case.dtype, case.state_dtype)
+  R, hyper = check.received(case.learning_rate, case.hyper, received_in)
+  want = check.expected(case.rule, R, case.T, X, G, state, hyper)
+  want_u = check.expected_update(case.rule, R, case.T, X, G, state, hyper)
+  state_dtype = case.state_dtype and numpy_dtype(case.state_dtype)
+  context = context_of(numpy_dtype(case.dtype), state_dtype, received_in)
+  for leaf, (x, g) in enumerate(zip(X, G)):
+    s = [block[leaf] for block in state]
+    got = tolerance.evaluate(case.base_rule, context, case.learning_rate, case.T, x, g, s, **case.hyper)
+    yield [b.v for b in got], [*want[leaf], want_u[leaf]], np.abs(np.asarray(x, np.float64))
+
+
+CONTEXTS = {
+  "implementation": lambda d, s, r: tolerance.implementation_context(d, "cpu", s, None, r),
+  "expectation": lambda d, s, r: tolerance.reference_context(received_dtype=r),
+}
+
+
+@pytest.mark.parametrize("context", sorted(CONTEXTS))
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
+@pytest.mark.parametrize("rule", sorted(RULES))
+def test_model_tracks_the_spec_values(rule, dtype, context):
+  """The values the model propagates are the spec's outputs: its bounds follow the spec's formula.
+
+  Every case of the conformance grid (without the 10^6-element ones): each
+  output's tracked exact value (``Bounded.v``, float64 in the rule's order,
+  ``1 - beta**T`` as ``-expm1(T log beta)`` in the implementation's context)
+  agrees with :mod:`onnx_optax.reference` from the hyperparameters as
+  received, and ``U``'s with the extended-precision ``X_new - X``. A bound
+  propagated through a wrong operation, a wrong branch (``T = 0``,
+  ``correct_bias``, ``weight_decay = 0``, ``norm_coefficient_post``) or a
+  wrong constant moves a value: planted, ``1.0 -> 2.0`` for ORT's
+  uncorrected bias (a mutation-run survivor) fails here by a factor of 2.
+  """
+  from onnx_optax.conformance.cases import cases
+
+  checked = 0
+  for case in cases(rule, dtype, large=False):
+    for got, want, size_x in _model_and_expectation(case, CONTEXTS[context]):
+      assert len(got) == len(want), case.id
+      for k, (g, w) in enumerate(zip(got, want)):
+        w = np.asarray(w, np.float64)
+        # float64 evaluations of one formula in two orders: a few ulp of the largest term, |X| for
+        # X_new and U (X_new - X cancels).
+        scale = np.abs(w) + (size_x if k in (0, len(got) - 1) else 0.0)
+        assert np.all(np.abs(g - w) <= 1e-12 * scale + 1e-300), (case.id, k, np.max(np.abs(g - w)))
+        checked += 1
+  assert checked > 50
+
+
+def test_approximate_division_allows_one_and_a_half_float32_ulp():
+  """Off the CPU, ``k_div`` and ``k_sqrt`` allow 1.5 ulp of float32 (3 u32) on top of the
+  rounding to ``d``: ``k u = u + 3 u32`` for every dtype but float64 (IEEE on GPUs)."""
+  for dtype in (np.float32, np.float16, ml_dtypes.bfloat16):
+    for platform in ("gpu", "tpu"):
+      c = tolerance.implementation_context(dtype, platform)
+      assert c.k_div * c.u == c.k_sqrt * c.u == pytest.approx(c.u + 3 * U32, rel=1e-15, abs=0)
+      assert c.scalar.k_div == c.k_div
+  assert tolerance.implementation_context(np.float32, "cpu").k_sqrt == 1
+
+
+def test_contexts_are_immutable():
+  """A context is a value: shared by every case of a run, it cannot be changed by one of them."""
+  import dataclasses
+
+  c = tolerance.implementation_context(np.float32)
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    c.u = 0.0
+
+
+def test_float64_one_minus_power_is_one_pow_ulp_and_a_subtraction():
+  """The expectation's ``1 - beta**T``: ``pow`` within one ulp (2u of the power), then one
+  rounding of the subtraction, as the module docstring says; and the actual error is within it."""
+  from fractions import Fraction
+
+  ref = tolerance.reference_context()
+  u = 2.0**-53
+  for beta, T in ((0.9, 5), (0.999, 3), (0.5, 40)):
+    b = ref.one_minus_power(beta, T)
+    power = beta**T
+    pow_error = 2 * u * power
+    want = pow_error + u * (abs(b.v[()]) + pow_error) + ref.tiny
+    assert float(b.e[()]) == pytest.approx(want, rel=1e-12, abs=0)  # approx's default abs is 1e-12.
+    actual = abs(Fraction(1.0 - power) - (1 - Fraction(beta) ** T))
+    assert actual <= b.e[()]
+
+
+def test_ort_adam_mode_0_without_bias_correction_is_refused():
+  """ONNX Runtime refuses ``adam_mode=0, correct_bias=0`` (so does ``onnx_optax.ort_adamw``): the
+  model has no bound for it rather than one for a rule nobody runs."""
+  X = np.array([1.0])
+  hyper = dict(alpha=0.9, beta=0.999, epsilon=1e-8, weight_decay=0.0, correct_bias=False)
+  ref = tolerance.reference_context()
+  with pytest.raises(ValueError, match="correct_bias"):
+    tolerance.bounds("ort_adamw", ref, 0.1, 1, X, X, [X, X], adam_mode=0, **hyper)
+  assert len(tolerance.bounds("ort_adamw", ref, 0.1, 1, X, X, [X, X], adam_mode=1, **hyper)) == 3
+
+
+@pytest.mark.parametrize("rule", sorted(tolerance._BOUNDS))
+def test_hyperparameters_are_keyword_only(rule):
+  """As in the rules: a hyperparameter passed by position would bind to the wrong name."""
+  import inspect
+
+  kinds = {p.kind for p in inspect.signature(tolerance._BOUNDS[rule]).parameters.values()}
+  assert inspect.Parameter.POSITIONAL_ONLY not in kinds
+  assert rule == "ort_sgd" or inspect.Parameter.KEYWORD_ONLY in kinds
