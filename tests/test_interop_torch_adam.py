@@ -454,6 +454,20 @@ def test_refuses_tensor_hyperparameters(options, key):
     from_torch(opt, structure)
 
 
+@pytest.mark.parametrize("betas, index", [((1.0, 0.999), 0), ((0.9, 1.5), 1), ((-0.1, 0.999), 0)])
+def test_refuses_betas_out_of_range_by_their_pytorch_name(betas, index):
+  """``betas`` edited after construction (PyTorch checks them only then): refused under
+  ``param_groups[0]['betas'][k]``, not under the transform's ``alpha``/``beta``. ``betas[0] = 1``
+  (the bias correction ``1 - beta1^t`` is 0) is refused, ``betas[1] = 1`` is not: PyTorch allows it."""
+  ps, structure = _params32()
+  opt = torch.optim.AdamW(ps, lr=0.1)
+  opt.param_groups[0]["betas"] = betas
+  with pytest.raises(ValueError, match=rf"param_groups\[0\]\['betas'\]\[{index}\]"):
+    from_torch(opt, structure)
+  opt.param_groups[0]["betas"] = (0.9, 1.0)
+  from_torch(opt, structure)
+
+
 def test_refuses_complex_parameters():
   ps = [torch.nn.Parameter(torch.zeros(3, dtype=torch.complex64))]
   opt = torch.optim.Adam(ps, lr=0.1)
