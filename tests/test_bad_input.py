@@ -48,6 +48,17 @@ def _raises(exc, *words):
 # Constructors: hyperparameters
 
 
+def test_decay_messages_give_the_range_of_their_kind():
+  """A first moment's decay (Adam's ``alpha``) is in [0, 1) because of the bias correction; a
+  second moment's (``beta``) in [0, 1]: each message says its own range and why."""
+  with pytest.raises(ValueError) as alpha:
+    onnx_optax.adam(0.1, alpha=1.0)
+  assert "in [0, 1): at 1 the bias correction 1 - alpha^T is 0" in str(alpha.value)
+  with pytest.raises(ValueError) as beta:
+    onnx_optax.adam(0.1, beta=1.5)
+  assert "in [0, 1]; above 1" in str(beta.value) and "bias correction" not in str(beta.value)
+
+
 def test_unknown_mode():
   with _raises(ValueError, "mode", "'sgd'"):
     onnx_optax.momentum(0.1, **{**MOMENTUM, "mode": "sgd"})

@@ -284,3 +284,30 @@ def test_hyperparameters_are_keyword_only(rule):
   kinds = {p.kind for p in inspect.signature(tolerance._BOUNDS[rule]).parameters.values()}
   assert inspect.Parameter.POSITIONAL_ONLY not in kinds
   assert rule == "ort_sgd" or inspect.Parameter.KEYWORD_ONLY in kinds
+
+
+@pytest.mark.parametrize("beta, T", [(0.9, 1), (0.999, 7), (0.5, 3), (0.999, 10**6)])
+def test_float32_one_minus_power_charges_what_the_docstring_says(beta, T):
+  """The implementation's ``-expm1(T log beta)`` in float32, ``beta`` not pre-rounded: the
+  rounding of ``beta`` to float32 exactly (``e0``), then ``K_TRANSCENDENTAL`` u for ``log`` and
+  one u each for ``float(T)`` and the product, all amplified by ``expm1``'s condition number
+  ``|x e^x / expm1(x)|``, and ``K_TRANSCENDENTAL`` u for ``expm1``."""
+  s = tolerance.implementation_context(np.float32).scalar
+  b = s.one_minus_power(beta, T)
+  v = 1 - beta**T
+  e0 = abs((1 - float(np.float32(beta)) ** T) - v)
+  x = T * np.log(float(np.float32(beta)))
+  condition = abs(x * np.exp(x) / np.expm1(x))
+  k = (tolerance.K_TRANSCENDENTAL + 2) * condition + tolerance.K_TRANSCENDENTAL
+  want = e0 + k * U32 * (abs(v) + e0) + s.tiny
+  assert float(b.v[()]) == pytest.approx(v, rel=1e-12, abs=0)
+  assert float(b.e[()]) == pytest.approx(want, rel=1e-6, abs=0)
+
+
+def test_a_decay_that_rounds_to_one_in_float32_has_a_finite_bound():
+  """``beta = 1 - 2**-30`` is 1.0 in float32: ``T log(beta)`` is 0 there, where ``expm1``'s
+  condition number is its limit 1 (not ``0 / 0``); the computed ``1 - beta**T`` is 0, off by
+  the exact value, which the bound charges."""
+  beta = 1 - 2.0**-30
+  b = tolerance.implementation_context(np.float32).scalar.one_minus_power(beta, 3)
+  assert np.isfinite(b.e[()]) and b.e[()] >= 1 - beta**3
