@@ -311,3 +311,59 @@ def test_a_decay_that_rounds_to_one_in_float32_has_a_finite_bound():
   beta = 1 - 2.0**-30
   b = tolerance.implementation_context(np.float32).scalar.one_minus_power(beta, 3)
   assert np.isfinite(b.e[()]) and b.e[()] >= 1 - beta**3
+
+
+def _close(got, want):
+  return float(np.asarray(got)[()]) == pytest.approx(want, rel=1e-14, abs=0)
+
+
+@pytest.mark.parametrize("platform", ["cpu", "gpu"])
+def test_each_operation_charges_the_docstrings_line(platform):
+  """The module docstring's table, operation by operation, on operands with known errors:
+  propagated errors, then ``k u (|v| + e) + tiny`` (``k_div`` for ``/``, ``k_sqrt`` for the root)."""
+  c = tolerance.implementation_context(np.float32, platform)
+  u, tiny, B = c.u, c.tiny, tolerance.Bounded
+  a, b = B(3.0, 1e-6), B(-2.0, 2e-6)
+
+  def rounded(v, e, k=1.0):
+    return e + k * u * (abs(v) + e) + tiny
+
+  assert _close(c.add(a, b).v, 1.0) and _close(c.add(a, b).e, rounded(1.0, 3e-6))
+  assert _close(c.sub(a, b).v, 5.0) and _close(c.sub(a, b).e, rounded(5.0, 3e-6))
+  assert _close(c.mul(a, b).e, rounded(6.0, 3 * 2e-6 + 2 * 1e-6 + 1e-6 * 2e-6))
+  e_div = (2 * 1e-6 + 3 * 2e-6) / (2 * (2 - 2e-6))
+  assert _close(c.div(a, b).v, -1.5) and _close(c.div(a, b).e, rounded(1.5, e_div, c.k_div))
+  assert np.isinf(c.div(a, B(-2.0, 2.0)).e[()])  # The divisor's error reaches its value,
+  assert np.isinf(c.div(B(0.0), B(-2.0, 2.0)).e[()])  # even for an exact 0 (not 0 / 0, not 0).
+  assert _close(c.div(B(0.0), b).e, tiny)  # Exact 0 / b is exact: only the underflow.
+  assert _close(c.sqrt(B(4.0, 1e-6)).e, rounded(2.0, 1e-6 / 2, c.k_sqrt))
+  assert _close(c.sqrt(B(0.0, 1e-6)).e, rounded(0.0, 1e-3, c.k_sqrt))  # sqrt(e) where the root is 0.
+  s = c.scalar
+  assert _close(c.to_elementwise(B(0.1, 1e-9)).e, rounded(0.1, 1e-9))
+  one_minus = c.one_minus(0.9)  # 1 - float32(0.9) in float32 (exact, Sterbenz), rounded to float32.
+  e_beta = abs(float(np.float32(0.9)) - 0.9)
+  inner = e_beta + s.u * (abs(1 - 0.9) + e_beta) + s.tiny
+  assert _close(one_minus.v, 1 - 0.9) and _close(one_minus.e, rounded(1 - 0.9, inner))
+  assert _close(c.const(0.1).e, abs(float(np.float32(0.1)) - 0.1))
+
+
+def test_narrow_parameters_and_state_are_rounded_where_the_docstring_says():
+  """float16 parameters with float32 state: ``U`` rounded to float16 and added there; bfloat16
+  state with float32 parameters: the new state rounded to bfloat16; nothing else rounds twice."""
+  B = tolerance.Bounded
+  wide = tolerance.implementation_context(np.float16, state_dtype=np.float32)
+  half = tolerance.implementation_context(np.float16)
+  X, U = B(1.0), B(-0.25, 1e-7)
+  assert wide.u == 2.0**-24 and wide.param.u == half.u and wide.state is None
+  assert _close(wide.update(U).e, 1e-7 + half.u * (0.25 + 1e-7) + half.tiny)
+  assert _close(wide.apply(X, U).e, (lambda e: e + half.u * (0.75 + e) + half.tiny)(wide.update(U).e[()]))
+  assert _close(wide.finish(X, B(0.25, 1e-7)).e, wide.apply(X, U).e[()])
+  assert _close(wide.store(U).e, 1e-7)
+  narrow = tolerance.implementation_context(np.float32, state_dtype=ml_dtypes.bfloat16)
+  assert narrow.param is None and _close(narrow.update(U).e, 1e-7)
+  assert _close(narrow.store(U).e, 1e-7 + 2.0**-8 * (0.25 + 1e-7) + narrow.state.tiny)
+  # An expectation's U is X_new - X (one more rounding); an implementation's is -step, unrounded.
+  ref, impl = tolerance.reference_context(), tolerance.implementation_context(np.float32)
+  step = B(0.25, 1e-7)
+  assert _close(impl.update_of(X, B(0.75, 2e-7), step).e, 1e-7)
+  assert _close(ref.update_of(X, B(0.75, 2e-7), step).e, 2e-7 + ref.u * (0.25 + 2e-7) + ref.tiny)
