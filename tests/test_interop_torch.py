@@ -416,9 +416,14 @@ def test_scheduler_with_learning_rate_schedule():
       return jnp.float64(0.1) * jnp.float64(0.5) ** (step // 2)
 
     tx, state = from_torch(opt, params, learning_rate=lambda n: torch_lr(n + N))
-    params, _ = jax_steps(tx, state, params, grads[N:])
+    params, state = jax_steps(tx, state, params, grads[N:])
     for x, p in zip(jax.tree.leaves(params), ps_ref):
       np.testing.assert_allclose(x, p.detach().numpy(), rtol=1e-12)
+    # Back to the scheduled optimizer: to_torch writes no learning rate, so the scheduler is no
+    # reason to refuse.
+    to_torch(state, opt, params)
+    for x, p in zip(jax.tree.leaves(params), ps):
+      np.testing.assert_array_equal(x, p.detach().numpy())
 
 
 def test_learning_rate_per_group():

@@ -779,3 +779,17 @@ def test_from_model_takes_onnx_training_nodes_too():
   bad = helper.make_model(graph, opset_imports=[helper.make_opsetid("ai.onnx.preview.training", 2)])
   with pytest.raises(ValueError, match="opset 2"):
     ox.from_model(bad, 0.1)
+
+
+def test_the_operator_calls_defaults_are_ort_schemas():
+  """``onnx_optax.onnx.adamw_optimizer``'s keyword defaults are AdamWOptimizer's schema defaults (the
+  node reader's are checked against ONNX Runtime itself above): a call without them is the
+  node without attributes."""
+  import inspect
+
+  defaults = {
+    name: p.default
+    for name, p in inspect.signature(ox.adamw_optimizer).parameters.items()
+    if p.kind == inspect.Parameter.KEYWORD_ONLY
+  }
+  assert defaults == ORT_DEFAULTS

@@ -233,7 +233,7 @@ def from_torch(
   labels: list[str] = []
   tensors: list[tuple[Any, ...]] = []  # each leaf's state tensors (NumPy arrays; None: zeros)
   for g, (group, rate) in enumerate(zip(groups, rates)):
-    _check_group(g, group, kind, rate)
+    _check_group(g, group, kind, rate_given=rate is not None)
     R = _common.real_number(f"param_groups[{g}]['lr']", group["lr"]) if rate is None else rate
     counts_and_tensors = [_read_state(torch, kind, optimizer, group, p) for p in group["params"]]
     for T in sorted({T for T, _ in counts_and_tensors}):
@@ -318,7 +318,7 @@ def to_torch(state: Any, optimizer: Any, params: Any = None) -> None:
   writes = []  # (param, group, count, tensors), all checked before any write
   i = 0
   for g, group in enumerate(groups):
-    _check_group(g, group, kind, learning_rate=0.0)  # lr is not read here
+    _check_group(g, group, kind, rate_given=True)  # to_torch writes no learning rate
     for p in group["params"]:
       owner = owners[i]
       shape, dtype, where = described[i]
@@ -526,7 +526,7 @@ def _described(groups: Sequence[dict]) -> list[tuple[tuple[int, ...], str, str]]
   return out
 
 
-def _check_group(g: int, group: dict, kind: str, learning_rate: Any) -> None:
+def _check_group(g: int, group: dict, kind: str, *, rate_given: bool) -> None:
   known = _KEYS[kind]
   unknown = sorted(set(group) - known)
   if unknown:
@@ -535,7 +535,7 @@ def _check_group(g: int, group: dict, kind: str, learning_rate: Any) -> None:
       f"PyTorch 2.13 (a scheduler's, or a newer PyTorch's): onnx_optax cannot tell whether "
       f"they change the update"
     )
-  if "initial_lr" in group and learning_rate is None:
+  if "initial_lr" in group and not rate_given:
     raise ValueError(
       f"param_groups[{g}] has 'initial_lr': a learning-rate scheduler is attached, and its "
       f"schedule is not part of the optimizer. Pass learning_rate= the current lr "
