@@ -253,6 +253,13 @@ def test_from_torch_float64(name, N, M):
     check_final(np.float64, *carried_from_torch(name, np.float64, N, M))
 
 
+def test_coupled_weight_decay_of_one():
+  """A coupled ``weight_decay`` of 1 (group 1 takes the constructor's): L2 at full weight, as
+  PyTorch adds it; no value of the decay but 0 skips it."""
+  with jax.enable_x64(True):
+    check_final(np.float64, *carried_from_torch("adam", np.float64, 3, 5, weight_decay=1.0))
+
+
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 @pytest.mark.parametrize("N, M", [(3, 5), (0, 6), (6, 0)])
 def test_to_torch_float64(name, N, M):

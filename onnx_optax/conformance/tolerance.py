@@ -385,7 +385,9 @@ def reference_context(dtype: Any = np.float64, received_dtype: Any = None) -> Co
   dtype = np.dtype(dtype)
   info = np.finfo(dtype)
   received = None if received_dtype is None else np.dtype(received_dtype)
-  ctx = Context(dtype, float(info.eps) / 2, float(info.smallest_subnormal) / 2, received=received)
+  # Gradual underflow loses half a subnormal of the dtype at most: less than the least positive
+  # float64, which is what a float64 bound can hold (half of it is 0).
+  ctx = Context(dtype, float(info.eps) / 2, float(np.finfo(np.float64).smallest_subnormal), received=received)
   return dataclasses.replace(ctx, scalar=ctx)
 
 

@@ -339,7 +339,8 @@ def test_each_operation_charges_the_docstrings_line(platform):
   assert _close(c.div(a, b).v, -1.5) and _close(c.div(a, b).e, rounded(1.5, e_div, c.k_div))
   assert np.isinf(c.div(a, B(-2.0, 2.0)).e[()])  # The divisor's error reaches its value,
   assert np.isinf(c.div(B(0.0), B(-2.0, 2.0)).e[()])  # even for an exact 0 (not 0 / 0, not 0).
-  assert _close(c.div(B(0.0), b).e, tiny)  # Exact 0 / b is exact: only the underflow.
+  assert _close(c.div(B(0.0), b).e, tiny)  # Exact 0 / b is exact: only the underflow;
+  assert _close(c.div(B(0.0, 1e-6), b).e, rounded(0.0, 2 * 1e-6 / (2 * (2 - 2e-6)), c.k_div))  # not 0 +- e.
   assert _close(c.sqrt(B(4.0, 1e-6)).e, rounded(2.0, 1e-6 / 2, c.k_sqrt))
   assert _close(c.sqrt(B(0.0, 1e-6)).e, rounded(0.0, 1e-3, c.k_sqrt))  # sqrt(e) where the root is 0.
   s = c.scalar
@@ -371,3 +372,34 @@ def test_narrow_parameters_and_state_are_rounded_where_the_docstring_says():
   step = B(0.25, 1e-7)
   assert _close(impl.update_of(X, B(0.75, 2e-7), step).e, 1e-7)
   assert _close(ref.update_of(X, B(0.75, 2e-7), step).e, 2e-7 + ref.u * (0.25 + 2e-7) + ref.tiny)
+
+
+def test_reference_contexts_are_ieee_in_their_dtype():
+  """The expectation's arithmetic: ``u = 2**-53`` (float64) or ``2**-64`` (x87's 64-bit
+  significand), gradual underflow within half a subnormal, no approximate ops."""
+  from onnx_optax.conformance.check import EXTENDED
+
+  for dtype in (np.float64, EXTENDED):
+    info = np.finfo(dtype)
+    ref = tolerance.reference_context(dtype)
+    assert ref.u == 2.0 ** -(info.nmant + 1) and ref.k_div == ref.k_sqrt == 1
+    # Half a subnormal, held as the least positive float64 (half of that is 0 in float64).
+    assert float(info.smallest_subnormal) / 2 <= ref.tiny == 5e-324
+    assert ref.scalar.u == ref.u and ref.scalar.tiny == ref.tiny
+
+
+def test_ort_corrections_are_the_scalar_one_minus_power_in_the_implementation():
+  """ONNX Runtime AdamW's ``1 - beta^step``: the implementation computes it as every rule's
+  scalar (``-expm1``, in the scalar context), the expectation as a float64 ``pow`` (one ulp)
+  subtracted in its own dtype (x87's too: ``reference.ort_adamw`` forms the power in float64)."""
+  from onnx_optax.conformance.check import EXTENDED
+
+  impl = tolerance.implementation_context(np.float32, received_dtype=np.float32)
+  got, want = tolerance._ort_correction(impl, 0.999, 3), impl.scalar.one_minus_power(0.999, 3)
+  assert float(got.e[()]) == float(want.e[()]) and float(got.v[()]) == float(want.v[()])
+  ext = tolerance.reference_context(EXTENDED)
+  power = 0.999**3
+  got = tolerance._ort_correction(ext, 0.999, 3)
+  pow_error = 2 * 2.0**-53 * power
+  want_e = pow_error + ext.u * (abs(1 - power) + pow_error) + ext.tiny
+  assert float(got.e[()]) == pytest.approx(want_e, rel=1e-12, abs=0)
