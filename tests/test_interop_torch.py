@@ -864,3 +864,14 @@ def test_torch_params_and_to_torch_refuse_what_from_torch_refuses():
   opt = torch.optim.SGD(ps, lr=0.1)
   with pytest.raises(ValueError, match=r"like has 3 leaves but the PyTorch optimizer has 4"):
     torch_params(opt, [structure["p0"], structure["p1"], structure["p2"]])
+
+
+def test_options_are_keyword_only():
+  """``from_torch(optimizer, params, learning_rate=...)``: a schedule passed by position would be
+  taken for something else; the leading arguments may be named."""
+  import inspect
+
+  for function in (from_torch, to_torch, torch_params):
+    kinds = {p.kind for p in inspect.signature(function).parameters.values()}
+    assert inspect.Parameter.POSITIONAL_ONLY not in kinds, function
+  assert inspect.signature(from_torch).parameters["learning_rate"].kind == inspect.Parameter.KEYWORD_ONLY

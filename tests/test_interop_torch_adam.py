@@ -509,6 +509,20 @@ def test_refuses_other_adam_family_optimizers():
       from_torch(cls(ps), structure)
 
 
+@pytest.mark.parametrize("step", [2.0**31 - 1, 2.5, -1.0])
+def test_refuses_a_step_that_is_not_a_count(step):
+  """ORT's ``step`` is PyTorch's plus one and an int32 count: PyTorch's ``step`` must be an
+  integer in [0, 2**31 - 2]; the largest is carried."""
+  ps, structure = _params32()
+  opt = adamw(ps)
+  torch_steps(opt, ps, gradients(1, np.float32))
+  opt.state[ps[0]]["step"] = torch.tensor(step, dtype=torch.float64)  # float32 would round 2**31 - 1
+  with pytest.raises(ValueError, match=rf"AdamW's step of a parameter is {step}, not a count of updates"):
+    from_torch(opt, structure)
+  opt.state[ps[0]]["step"] = torch.tensor(2.0**31 - 2, dtype=torch.float64)
+  from_torch(opt, structure)
+
+
 def test_to_torch_refuses_before_writing():
   ps, structure = _params32()
   opt = adamw(ps)

@@ -612,6 +612,10 @@ W0 = GOOD[2][0]
     (GOOD, dict(adam_mode=0, correct_bias=0), ValueError, "correct_bias=False with adam_mode=0"),
     (GOOD, dict(alpha="0.9"), TypeError, "alpha must be a real number"),
     (GOOD, dict(epsilon=float("inf")), ValueError, "epsilon must be finite"),
+    # Ranges: alpha in [0, 1) (the bias correction divides by 1 - alpha^step), beta in [0, 1].
+    (GOOD, dict(alpha=1.0), ValueError, r"alpha must be < 1.0.*bias correction 1 - alpha\^T is 0"),
+    (GOOD, dict(beta=1.5), ValueError, r"beta must be <= 1.0"),
+    (GOOD, dict(weight_decay=-0.1), ValueError, r"weight_decay must be >= 0"),
   ],
 )
 def test_bad_adamw_inputs(inputs, kwargs, error, match):
