@@ -875,3 +875,67 @@ def test_options_are_keyword_only():
     kinds = {p.kind for p in inspect.signature(function).parameters.values()}
     assert inspect.Parameter.POSITIONAL_ONLY not in kinds, function
   assert inspect.signature(from_torch).parameters["learning_rate"].kind == inspect.Parameter.KEYWORD_ONLY
+
+
+def test_adagrad_steps_up_to_int32s_maximum_are_carried():
+  """``from_torch`` takes any integer ``step`` up to 2**31 - 1 (the count's int32 range)."""
+  ps, structure = _params32()
+  opt = torch.optim.Adagrad(ps, lr=0.1)
+  torch_steps(opt, ps, gradients(1, np.float32))
+  for p in ps:
+    opt.state[p]["step"] = torch.tensor(2.0**31 - 1, dtype=torch.float64)
+  _, state = from_torch(opt, structure)
+  counts = [int(s.count) for s in jax.tree.leaves(state, is_leaf=lambda s: hasattr(s, "count"))]
+  assert counts and set(counts) == {2**31 - 1}
+
+
+def test_to_torch_keeps_the_step_tensors_dtype():
+  """An Adagrad ``step`` that PyTorch holds as float64 (a float64 default dtype at construction)
+  is written back as float64 on its device, not as the float32 of a fresh state."""
+  ps, structure = _params32()
+  opt = torch.optim.Adagrad(ps, lr=0.1)
+  for p in ps:
+    opt.state[p]["step"] = torch.tensor(0.0, dtype=torch.float64)
+  params = torch_params(opt, structure)
+  to_torch(onnx_optax.adagrad(0.1, initial_count=3).init(params), opt, params)
+  steps = [opt.state[p]["step"] for p in ps]
+  assert {(step.dtype, step.device.type) for step in steps} == {(torch.float64, "cpu")}
+  assert {float(opt.state[p]["step"]) for p in ps} == {3.0}
+  # And on its device: PyTorch's "meta" device stands in for an accelerator on this CPU machine.
+  opt.state[ps[0]]["step"] = torch.tensor(0.0, device="meta")
+  to_torch(onnx_optax.adagrad(0.1, initial_count=3).init(params), opt, params)
+  assert opt.state[ps[0]]["step"].device.type == "meta"
+
+
+def test_to_torch_puts_a_fused_adams_first_step_on_the_parameters_device():
+  """A fused (or capturable) Adam keeps ``step`` on the parameter's device, as PyTorch's own first
+  step does; "meta" parameters stand in for an accelerator's on this CPU machine."""
+  ps = [torch.nn.Parameter(torch.zeros(3, device="meta"))]
+  for options in (dict(fused=True), dict(capturable=True)):
+    opt = torch.optim.Adam(ps, lr=0.1, **options)
+    to_torch(onnx_optax.ort_adamw(0.1, weight_decay=0.0, initial_count=3).init([jnp.zeros(3)]), opt)
+    step = opt.state[ps[0]]["step"]
+    assert (step.device.type, step.dtype) == ("meta", torch.float32), options
+
+
+def test_like_may_hold_other_tensors_of_the_same_shapes():
+  """``like`` made of tensors that are not the optimizer's (a copy of the model) is read for its
+  structure, shapes and dtypes; only the optimizer's own tensors in another order are refused."""
+  ps = [torch.nn.Parameter(torch.full((3,), float(k))) for k in range(2)]  # one shape: only order tells
+  opt = torch.optim.SGD(ps, lr=0.1)
+  params = torch_params(opt, [p.detach().clone() for p in ps])
+  assert [float(x[0]) for x in jax.tree.leaves(params)] == [0.0, 1.0]
+  with pytest.raises(ValueError, match="like lists the optimizer's parameters in another order"):
+    torch_params(opt, ps[::-1])
+
+
+def test_dtype_names_of_torch_jax_and_strings_agree():
+  """``torch.float32``, ``jnp.float32`` (a scalar type, whose ``str`` is not a dtype name) and
+  ``"float32"`` are one dtype; a torch dtype NumPy lacks keeps its name."""
+  from onnx_optax.interop import _common
+
+  assert {_common.dtype_name(d) for d in (torch.float32, jnp.float32, "float32", np.dtype("float32"))} == {
+    "float32"
+  }
+  assert _common.dtype_name(torch.bfloat16) == _common.dtype_name(jnp.bfloat16) == "bfloat16"
+  assert _common.dtype_name(torch.complex32) == "complex32"

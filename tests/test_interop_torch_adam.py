@@ -519,8 +519,9 @@ def test_refuses_a_step_that_is_not_a_count(step):
   opt.state[ps[0]]["step"] = torch.tensor(step, dtype=torch.float64)  # float32 would round 2**31 - 1
   with pytest.raises(ValueError, match=rf"AdamW's step of a parameter is {step}, not a count of updates"):
     from_torch(opt, structure)
-  opt.state[ps[0]]["step"] = torch.tensor(2.0**31 - 2, dtype=torch.float64)
-  from_torch(opt, structure)
+  for carried in (2.0**31 - 2, 0.0):  # 0: a state loaded before any step
+    opt.state[ps[0]]["step"] = torch.tensor(carried, dtype=torch.float64)
+    from_torch(opt, structure)
 
 
 def test_to_torch_refuses_before_writing():
