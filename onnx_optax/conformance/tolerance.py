@@ -146,8 +146,9 @@ class Context:
       hyperparameters, ``pow`` for powers, no rounding to ``dtype`` (the
       float64 reference).
     scalar: the context of the scalar computations (``hyper_dtype``).
-    one_minus_u: the evaluator's float32 ``1 - attribute`` (see
-      :func:`evaluator_context`).
+    float32_attributes: whether the hyperparameters arrive as float32
+      attributes whose ``1 - attribute`` is rounded to float32 (ONNX's
+      evaluator, see :func:`evaluator_context`).
     param: when the parameters' dtype is narrower than the compute dtype
       (``state_dtype=float32`` with float16 parameters), its context: the
       update is rounded to it, then added to ``X`` in it.
@@ -168,7 +169,7 @@ class Context:
   k_sqrt: float = 1.0
   hyper_dtype: Any = None
   scalar: Context | None = None
-  one_minus_u: float | None = None
+  float32_attributes: bool = False
   param: Context | None = None
   state: Context | None = None
   received: Any = None
@@ -194,11 +195,11 @@ class Context:
     would compute ``1 - beta = 0`` and must fail.
 
     The reference (no ``hyper_dtype``) subtracts in float64; the evaluator
-    (``one_minus_u``) gets ``value`` as a float32 attribute and rounds
+    (``float32_attributes``) gets ``value`` as a float32 attribute and rounds
     ``1 - value`` to float32, a rounding known exactly (often 0, by
     Sterbenz' lemma).
     """
-    if self.one_minus_u is not None:
+    if self.float32_attributes:
       v = np.float64(1.0 - self.exact_hyper(value))
       return Bounded(v, np.abs(v.astype(np.float32).astype(np.float64) - v))
     if self.hyper_dtype is None:
@@ -400,7 +401,7 @@ def evaluator_context() -> Context:
   float64 tensors are float64).
   """
   ref = reference_context()
-  return Context(ref.dtype, ref.u, ref.tiny, scalar=ref.scalar, one_minus_u=2.0**-24)
+  return Context(ref.dtype, ref.u, ref.tiny, scalar=ref.scalar, float32_attributes=True)
 
 
 # -- the rules' bounds ------------------------------------------------------------

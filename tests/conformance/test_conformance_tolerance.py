@@ -403,3 +403,28 @@ def test_ort_corrections_are_the_scalar_one_minus_power_in_the_implementation():
   pow_error = 2 * 2.0**-53 * power
   want_e = pow_error + ext.u * (abs(1 - power) + pow_error) + ext.tiny
   assert float(got.e[()]) == pytest.approx(want_e, rel=1e-12, abs=0)
+
+
+def test_the_evaluators_one_minus_is_rounded_to_float32_exactly():
+  """ONNX's evaluator computes ``1 - alpha`` from a float32 attribute in float32: the bound is
+  that rounding's actual size (0 where Sterbenz' lemma makes it exact); the reference's own
+  ``1 - alpha`` in float64 is charged one float64 rounding."""
+  ev, ref = tolerance.evaluator_context(), tolerance.reference_context()
+  for alpha in (0.9, 0.999, 0.3):
+    v = 1.0 - alpha
+    assert float(ev.one_minus(alpha).e[()]) == abs(float(np.float32(v)) - v)
+    assert float(ref.one_minus(alpha).e[()]) == pytest.approx(ref.u * abs(v) + ref.tiny, rel=1e-12, abs=0)
+  assert float(ev.one_minus(0.75).e[()]) == 0.0  # 0.25: exact in float32
+
+
+def test_onnx_adam_post_decay_adds_u_to_x():
+  """ONNX Adam with ``norm_coefficient_post``: the implementation returns ``U = X_final - X`` and
+  adds it back (``X + U``, one more rounding), so its ``X_new`` bound exceeds ``U``'s; an
+  expectation computes ``X_new`` first and ``U`` from it, the other way round."""
+  X, G, V, H = (np.array([v]) for v in (1.0, 0.5, 0.25, 0.125))
+  hyper = dict(alpha=0.9, beta=0.999, epsilon=1e-6, norm_coefficient=0.0, norm_coefficient_post=0.02)
+  impl = tolerance.implementation_context(np.float32)
+  X_new, _, _, U = tolerance.evaluate("adam", impl, 0.1, 3, X, G, [V, H], **hyper)
+  assert X_new.e[0] >= U.e[0] + impl.u * abs(X_new.v[0])
+  X_new, _, _, U = tolerance.evaluate("adam", tolerance.reference_context(), 0.1, 3, X, G, [V, H], **hyper)
+  assert U.e[0] >= X_new.e[0]
