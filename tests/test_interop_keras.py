@@ -324,6 +324,16 @@ def test_options_are_keyword_only():
   assert inspect.signature(to_keras).parameters["variables"].kind == inspect.Parameter.KEYWORD_ONLY
 
 
+def test_options_equal_to_the_neutral_ones_are_accepted():
+  """``amsgrad=np.False_`` or ``use_ema=0`` (what a config file or NumPy gives) is the neutral
+  option, not a refusal: options are compared by value."""
+  variables, params = _params()
+  opt = keras.optimizers.Adam(learning_rate=0.1, amsgrad=np.bool_(False), use_ema=0)
+  assert opt.amsgrad is not False and opt.use_ema is not False  # Keras keeps them as given
+  tx, state = from_keras(opt, params)
+  to_keras(state, opt, params, variables=variables)
+
+
 def test_refuses_mismatched_params():
   variables, params = _params()
   opt = keras.optimizers.Adam()

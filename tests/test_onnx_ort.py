@@ -616,6 +616,9 @@ W0 = GOOD[2][0]
     (GOOD, dict(alpha=1.0), ValueError, r"alpha must be < 1.0.*bias correction 1 - alpha\^T is 0"),
     (GOOD, dict(beta=1.5), ValueError, r"beta must be <= 1.0"),
     (GOOD, dict(weight_decay=-0.1), ValueError, r"weight_decay must be >= 0"),
+    # Shape (1,) is ONNX Runtime's scalar; (1, 1) is not one.
+    (_replace(GOOD, 0, np.full((1, 1), 0.1, np.float32)), {}, TypeError, r"lr must be a float .*\(1, 1\)"),
+    (_replace(GOOD, 1, np.full((1, 1), 3, np.int64)), {}, TypeError, r"step must be an integer .*\(1, 1\)"),
   ],
 )
 def test_bad_adamw_inputs(inputs, kwargs, error, match):
@@ -797,3 +800,16 @@ def test_the_operator_calls_defaults_are_ort_schemas():
     if p.kind == inspect.Parameter.KEYWORD_ONLY
   }
   assert defaults == ORT_DEFAULTS
+
+
+def test_a_concrete_true_update_signal_costs_no_select():
+  """``update_signal=True`` known at trace time is the plain update: none of the per-tensor
+  ``select`` that a traced signal adds (one per output tensor) in the program."""
+  lr, step, W, G, M1, M2 = GOOD
+
+  def selects(*signal):  # (): no signal; (True,): a Python True; (): traced below
+    program = jax.make_jaxpr(lambda *a: ox.adamw_optimizer(*a, *signal))(lr, step, W, G, M1, M2)
+    return str(program).count("select_n")
+
+  traced = jax.make_jaxpr(lambda s, *a: ox.adamw_optimizer(*a, s))(jnp.asarray(True), lr, step, W, G, M1, M2)
+  assert selects(True) == selects() < str(traced).count("select_n")

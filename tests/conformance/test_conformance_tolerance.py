@@ -215,9 +215,11 @@ def test_model_tracks_the_spec_values(rule, dtype, context):
   from onnx_optax.conformance.cases import cases, replace
 
   grid = cases(rule, dtype, large=False)
-  # The grid's weight decays are 0, 0.01 and 5; 1 as well, so that no branch keyed on a
-  # number hides (a mutant's `weight_decay == 1` for `== 0`).
+  # The grid's weight decays are 0, 0.01 and 5, its post decays 0, 0.02 and 0.25; 1 as well, so
+  # that no branch keyed on a number hides (a mutant's `weight_decay == 1` for `== 0`).
   grid += [replace(c, hyper={**c.hyper, "weight_decay": 1.0}) for c in grid if "weight_decay" in c.hyper]
+  post = "norm_coefficient_post"
+  grid += [replace(c, hyper={**c.hyper, post: 1.0}) for c in grid if post in c.hyper]
   checked = 0
   for case in grid:
     for got, want, size_x in _model_and_expectation(case, CONTEXTS[context]):
