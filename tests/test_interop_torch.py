@@ -875,6 +875,10 @@ def test_options_are_keyword_only():
     kinds = {p.kind for p in inspect.signature(function).parameters.values()}
     assert inspect.Parameter.POSITIONAL_ONLY not in kinds, function
   assert inspect.signature(from_torch).parameters["learning_rate"].kind == inspect.Parameter.KEYWORD_ONLY
+  from onnx_optax.interop import _common
+
+  parameters = inspect.signature(_common.check_leaves).parameters
+  assert {parameters[n].kind for n in ("argument", "order")} == {inspect.Parameter.KEYWORD_ONLY}
 
 
 def test_adagrad_steps_up_to_int32s_maximum_are_carried():

@@ -31,8 +31,9 @@
 #                   loose lets a planted wrong rule pass).
 #   interop/torch.py, interop/keras.py: 1. that bridge's tests (for PyTorch
 #                   test_interop_torch.py and test_interop_torch_adam.py) and
-#                   doctests;
-#   interop/_common.py, interop/__init__.py: 1. both bridges' tests and doctests.
+#                   doctests; 2. its tests in tests/test_bad_input.py;
+#   interop/_common.py, interop/__init__.py: 1. both bridges' tests and
+#                   doctests; 2. their tests in tests/test_bad_input.py.
 #
 # JAX's persistent compilation cache (one per copy, kept across its mutants)
 # holds the programs a mutant leaves unchanged: a mutant of tolerance.py or of
@@ -75,11 +76,16 @@ tolerance() {
 interop_torch() {
   "${PYTEST[@]}" tests/test_interop_torch.py tests/test_interop_torch_adam.py onnx_optax/interop/torch.py \
     || caught 1
+  "${PYTEST[@]}" tests/test_bad_input.py -k torch || caught 2
 }
-interop_keras() { "${PYTEST[@]}" tests/test_interop_keras.py onnx_optax/interop/keras.py || caught 1; }
+interop_keras() {
+  "${PYTEST[@]}" tests/test_interop_keras.py onnx_optax/interop/keras.py || caught 1
+  "${PYTEST[@]}" tests/test_bad_input.py -k keras || caught 2
+}
 interop() {
   "${PYTEST[@]}" tests/test_interop_torch.py tests/test_interop_torch_adam.py tests/test_interop_keras.py \
     onnx_optax/interop/ || caught 1
+  "${PYTEST[@]}" tests/test_bad_input.py -k "torch or keras" || caught 2
 }
 
 changed=()
