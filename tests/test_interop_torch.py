@@ -943,3 +943,15 @@ def test_dtype_names_of_torch_jax_and_strings_agree():
   }
   assert _common.dtype_name(torch.bfloat16) == _common.dtype_name(jnp.bfloat16) == "bfloat16"
   assert _common.dtype_name(torch.complex32) == "complex32"
+
+
+def test_plain_sgd_state_is_a_first_step_state():
+  """``momentum = 0``: PyTorch keeps no buffer and no step, so the state is the one of an update
+  without history, count 0, as for an SGD with momentum that has not stepped (the update is the
+  same at any count there: ``beta = 1``)."""
+  ps, structure = _params32()
+  opt = sgd_plain(ps)
+  torch_steps(opt, ps, gradients(3, np.float32))
+  _, state = from_torch(opt, structure)
+  counts = [int(s.count) for s in jax.tree.leaves(state, is_leaf=lambda s: hasattr(s, "count"))]
+  assert counts and set(counts) == {0}

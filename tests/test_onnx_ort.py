@@ -755,8 +755,14 @@ def test_from_model_refusals():
   clipped = _adamw_node(inputs=[*ADAMW_INPUTS[:3], "clipped", *ADAMW_INPUTS[4:]], outputs=["f1"])
   with pytest.raises(ValueError, match="model.graph holds no optimizer node.*its nodes: com.microsoft.Inpl"):
     ox.from_model(_model([clip]), learning_rate=0.1)
-  with pytest.raises(ValueError, match="model.graph holds 2 optimizer nodes"):
+  with pytest.raises(ValueError, match="model.graph holds 2 optimizer nodes") as two:
     ox.from_model(_model([adamw, sgd]), learning_rate=0.1)
+  # Nodes are described by domain, type and name where they have one (these have none).
+  assert "(com.microsoft.AdamWOptimizer, com.microsoft.SGDOptimizerV2)" in str(two.value)
+  adamw.name = "opt"
+  with pytest.raises(ValueError, match=r"\(com.microsoft.AdamWOptimizer 'opt', com.micro"):
+    ox.from_model(_model([adamw, sgd]), learning_rate=0.1)
+  adamw.name = ""
   with pytest.raises(ValueError, match="nodes besides the optimizer .*InplaceClipGradNorm"):
     ox.from_model(_model([clip, clipped]), learning_rate=0.1)
   with pytest.raises(ValueError, match="opset 2: AdamWOptimizer of com.microsoft exists in version 1 only"):
