@@ -955,3 +955,32 @@ def test_plain_sgd_state_is_a_first_step_state():
   _, state = from_torch(opt, structure)
   counts = [int(s.count) for s in jax.tree.leaves(state, is_leaf=lambda s: hasattr(s, "count"))]
   assert counts and set(counts) == {0}
+
+
+def test_to_torch_writes_no_buffer_for_plain_sgd():
+  """``momentum = 0``: PyTorch keeps no ``momentum_buffer``, so ``to_torch`` writes none, whatever
+  the count."""
+  ps, structure = _params32()
+  opt = sgd_plain(ps)
+  params = torch_params(opt, structure)
+  plain = dict(alpha=0.0, beta=1.0, mode="standard", norm_coefficient=0.02)
+  rule = onnx_optax.momentum(0.1, **plain, initial_count=5)
+  to_torch(rule.init(params), opt, params)
+  assert all("momentum_buffer" not in opt.state[p] for p in ps)
+
+
+def test_sgd_with_momentum_one_carries_its_buffer():
+  """``momentum = 1`` (allowed by PyTorch: no decay of the buffer) is carried with its buffer."""
+  N, M = 3, 4
+  with jax.enable_x64(True):
+    x0, grads = initial(np.float64), gradients(N + M, np.float64)
+    ps_ref = torch_parameters(x0)
+    torch_steps(torch.optim.SGD(ps_ref, lr=0.01, momentum=1.0), ps_ref, grads)
+    ps = torch_parameters(x0)
+    opt = torch.optim.SGD(ps, lr=0.01, momentum=1.0)
+    torch_steps(opt, ps, grads[:N])
+    params = torch_params(opt, like(jnp.float64))
+    tx, state = from_torch(opt, params)
+    params, _ = jax_steps(tx, state, params, grads[N:])
+    for x, p in zip(jax.tree.leaves(params), ps_ref):
+      np.testing.assert_allclose(x, p.detach().numpy(), rtol=1e-12)

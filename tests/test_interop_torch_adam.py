@@ -524,6 +524,25 @@ def test_refuses_a_step_that_is_not_a_count(step):
     from_torch(opt, structure)
 
 
+def test_to_torch_writes_steps_up_to_float32s_exact_range():
+  """PyTorch's Adam ``step`` (the updates done) is ORT's count minus one, a float32 on fused and
+  capturable paths: 2**24 is written, 2**24 + 1 refused; a count of 0 (no update done before the
+  next, only without bias correction) has no PyTorch step and is refused."""
+  ps, structure = _params32()
+  opt = adamw(ps)
+  params = torch_params(opt, structure)
+
+  def state(count, **options):
+    return onnx_optax.ort_adamw(0.1, weight_decay=0.0, initial_count=count, **options).init(params)
+
+  to_torch(state(2**24 + 1), opt, params)
+  assert float(opt.state[ps[0]]["step"]) == 2**24
+  with pytest.raises(ValueError, match=r"has count 16777218, beyond 2\*\*24"):
+    to_torch(state(2**24 + 2), opt, params)
+  with pytest.raises(ValueError, match="count 0"):
+    to_torch(state(0, adam_mode=1, correct_bias=False), opt, params)
+
+
 def test_to_torch_refuses_before_writing():
   ps, structure = _params32()
   opt = adamw(ps)

@@ -341,7 +341,8 @@ def test_each_operation_charges_the_docstrings_line(platform):
   assert _close(c.div(a, b).v, -1.5) and _close(c.div(a, b).e, rounded(1.5, e_div, c.k_div))
   assert np.isinf(c.div(a, B(-2.0, 2.0)).e[()])  # The divisor's error reaches its value,
   assert np.isinf(c.div(B(0.0), B(-2.0, 2.0)).e[()])  # even for an exact 0 (not 0 / 0, not 0).
-  assert _close(c.div(B(0.0), b).e, tiny)  # Exact 0 / b is exact: only the underflow;
+  assert _close(c.div(B(3.0), b).e, rounded(1.5, 3 * 2e-6 / (2 * (2 - 2e-6)), c.k_div))  # b's error;
+  assert _close(c.div(B(0.0), b).e, tiny)  # exact 0 / b is exact: only the underflow;
   assert _close(c.div(B(0.0, 1e-6), b).e, rounded(0.0, 2 * 1e-6 / (2 * (2 - 2e-6)), c.k_div))  # not 0 +- e.
   assert _close(c.sqrt(B(4.0, 1e-6)).e, rounded(2.0, 1e-6 / 2, c.k_sqrt))
   assert _close(c.sqrt(B(0.0, 1e-6)).e, rounded(0.0, 1e-3, c.k_sqrt))  # sqrt(e) where the root is 0.
