@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import os
+import types
 import zlib
 from typing import Any
 
@@ -605,6 +606,7 @@ W0 = GOOD[2][0]
     # update_signal.
     ([*GOOD, np.float32(1)], {}, TypeError, "update_signal must be a bool scalar"),
     ([*GOOD, np.array([True, False])], {}, TypeError, "update_signal must be a bool scalar"),
+    ([*GOOD, types.SimpleNamespace(dtype=np.dtype(bool))], {}, TypeError, "update_signal must be a bool"),
     # Attributes.
     (GOOD, dict(adam_mode=2), ValueError, r"adam_mode must be one of \(0, 1\)"),
     (GOOD, dict(adam_mode="1"), ValueError, r"adam_mode must be one of \(0, 1\)"),

@@ -257,6 +257,19 @@ class Context:
       e = np.where((a.v == 0) & (a.e == 0) & (margin > 0), 0.0, e)
     return self._rounded(v, e, self.k_div)
 
+  def div_by_scalar(self, a: Bounded, s: Bounded) -> Bounded:
+    """``a / s`` for a per-update scalar ``s`` of the scalar context.
+
+    The implementation (``hyper_dtype`` set) multiplies by the reciprocal, a
+    scalar like the others: ``1 / s`` in the scalar context, rounded once to
+    ``dtype``, then one product (XLA rewrites a division by a scalar so). An
+    expectation divides.
+    """
+    if self.hyper_dtype is None:
+      return self.div(a, s)
+    scalar = _scalar(self)
+    return self.mul(a, self.to_elementwise(scalar.div(scalar.exact(1.0), s)))
+
   def sqrt(self, a: Bounded) -> Bounded:
     with np.errstate(divide="ignore", invalid="ignore"):
       root = np.sqrt(a.v)
@@ -518,10 +531,7 @@ def _ort_adamw(
   # The scalars below are computed in the scalar context and rounded once to d (for an
   # expectation, s is c and the rounding the identity).
   if adam_mode == 0:
-    if c.hyper_dtype is not None:  # The reciprocal is one of the scalars.
-      scaled = c.mul(M2_new, c.to_elementwise(s.div(s.exact(1.0), beta_correction)))
-    else:
-      scaled = c.div(M2_new, beta_correction)
+    scaled = c.div_by_scalar(M2_new, beta_correction)
     denominator = c.mul(c.to_elementwise(alpha_correction), c.add(c.sqrt(scaled), eps))
     step = c.div(c.mul(lr, M1_new), denominator)
     if weight_decay == 0:

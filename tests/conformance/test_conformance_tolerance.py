@@ -343,7 +343,16 @@ def test_each_operation_charges_the_docstrings_line(platform):
   assert np.isinf(c.div(B(0.0), B(-2.0, 2.0)).e[()])  # even for an exact 0 (not 0 / 0, not 0).
   assert _close(c.div(B(3.0), b).e, rounded(1.5, 3 * 2e-6 / (2 * (2 - 2e-6)), c.k_div))  # b's error;
   assert _close(c.div(B(0.0), b).e, tiny)  # exact 0 / b is exact: only the underflow;
-  assert _close(c.div(B(0.0, 1e-6), b).e, rounded(0.0, 2 * 1e-6 / (2 * (2 - 2e-6)), c.k_div))  # not 0 +- e.
+  assert _close(c.div(B(0.0, 1.0), b).e, rounded(0.0, 2 * 1.0 / (2 * (2 - 2e-6)), c.k_div))  # not 0 +- e.
+  # A division by a per-update scalar: the reciprocal in the scalar context, rounded to d, and a
+  # product; an expectation divides.
+  sc, s_b = c.scalar, B(-2.0, 2e-9)
+  e_quotient = 2e-9 / (2 * (2 - 2e-9))  # 1 / s_b: (|1| e_b) / (|b| (|b| - e_b))
+  e_reciprocal = e_quotient + sc.k_div * sc.u * (0.5 + e_quotient) + sc.tiny  # in the scalar dtype
+  e_r = rounded(0.5, e_reciprocal)  # rounded once to d
+  assert _close(c.div_by_scalar(a, s_b).e, rounded(1.5, 3 * e_r + 0.5 * 1e-6 + 1e-6 * e_r))
+  ref = tolerance.reference_context()
+  assert _close(ref.div_by_scalar(a, s_b).e, ref.div(a, s_b).e[()])
   assert _close(c.sqrt(B(4.0, 1e-6)).e, rounded(2.0, 1e-6 / 2, c.k_sqrt))
   assert _close(c.sqrt(B(0.0, 1e-6)).e, rounded(0.0, 1e-3, c.k_sqrt))  # sqrt(e) where the root is 0.
   s = c.scalar
