@@ -287,6 +287,8 @@ def _params():
     (lambda: keras.optimizers.AdamW(), TypeError, r"AdamW decays the weights before the step"),
     (lambda: keras.optimizers.SGD(), TypeError, r"no onnx_optax rule is .*SGD.*keras.optimizers.Adam"),
     (lambda: type("MyAdam", (keras.optimizers.Adam,), {})(), TypeError, "subclasses keras.optimizers.Adam"),
+    # Named Adam, but not a Keras backend's own class.
+    (lambda: type("Adam", (keras.optimizers.Adam,), {})(), TypeError, "subclasses keras.optimizers.Adam"),
     (lambda: keras.optimizers.Adam(amsgrad=True), ValueError, r"amsgrad=True: AMSGrad"),
     (lambda: keras.optimizers.Adam(weight_decay=0.01), ValueError, r"weight_decay=0.01: Keras decays"),
     (lambda: keras.optimizers.Adam(clipnorm=1.0), ValueError, r"clipnorm=1.0"),
