@@ -344,8 +344,11 @@ def test_refuses_mismatched_params():
     from_keras(opt, [params[0], jnp.zeros((4, 2)), *params[2:]])
   with pytest.raises(ValueError, match=r"params\[2\] has dtype float16 .* has dtype float32"):
     from_keras(opt, [*params[:2], jnp.zeros((), jnp.float16), params[3]])
-  with pytest.raises(ValueError, match="params has 3 leaves but the Keras optimizer has 4"):
+  with pytest.raises(ValueError, match="params has 3 leaves but the Keras optimizer has 4.*in its order"):
     from_keras(opt, params[:3])
+  shape_only = __import__("types").SimpleNamespace(shape=params[1].shape)  # no dtype: not an array
+  with pytest.raises(TypeError, match=r"params\[1\] must be an array"):
+    from_keras(opt, [params[0], shape_only, *params[2:]])
 
 
 def test_to_keras_refuses_before_writing():

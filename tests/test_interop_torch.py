@@ -876,9 +876,12 @@ def test_options_are_keyword_only():
     assert inspect.Parameter.POSITIONAL_ONLY not in kinds, function
   assert inspect.signature(from_torch).parameters["learning_rate"].kind == inspect.Parameter.KEYWORD_ONLY
   from onnx_optax.interop import _common
+  from onnx_optax.interop import torch as bridge
 
-  parameters = inspect.signature(_common.check_leaves).parameters
-  assert {parameters[n].kind for n in ("argument", "order")} == {inspect.Parameter.KEYWORD_ONLY}
+  checks = ((_common.check_leaves, ("argument", "order")), (bridge._check_group, ("rate_given",)))
+  for function, names in checks:
+    parameters = inspect.signature(function).parameters
+    assert {parameters[n].kind for n in names} == {inspect.Parameter.KEYWORD_ONLY}, function
 
 
 def test_adagrad_steps_up_to_int32s_maximum_are_carried():

@@ -264,6 +264,7 @@ def test_float64_one_minus_power_is_one_pow_ulp_and_a_subtraction():
   for beta, T in ((0.9, 5), (0.999, 3), (0.5, 40)):
     b = ref.one_minus_power(beta, T)
     power = beta**T
+    assert float(b.v[()]) == 1 - power
     pow_error = 2 * u * power
     want = pow_error + u * (abs(b.v[()]) + pow_error) + ref.tiny
     assert float(b.e[()]) == pytest.approx(want, rel=1e-12, abs=0)  # approx's default abs is 1e-12.
@@ -315,8 +316,12 @@ def test_a_decay_that_rounds_to_one_in_float32_has_a_finite_bound():
   condition number is its limit 1 (not ``0 / 0``); the computed ``1 - beta**T`` is 0, off by
   the exact value, which the bound charges."""
   beta = 1 - 2.0**-30
-  b = tolerance.implementation_context(np.float32).scalar.one_minus_power(beta, 3)
-  assert np.isfinite(b.e[()]) and b.e[()] >= 1 - beta**3
+  s = tolerance.implementation_context(np.float32).scalar
+  b = s.one_minus_power(beta, 3)
+  v = float(b.v[()])  # 1 - beta**3, computed 0: e0 = v, condition 1, k = 2 K + 2
+  want = v + (2 * tolerance.K_TRANSCENDENTAL + 2) * U32 * (v + v) + s.tiny
+  assert v == pytest.approx(1 - beta**3, rel=1e-9, abs=0)
+  assert float(b.e[()]) == pytest.approx(want, rel=1e-12, abs=0)
 
 
 def _close(got, want):
@@ -428,6 +433,7 @@ def test_the_evaluators_one_minus_is_rounded_to_float32_exactly():
   for alpha in (0.9, 0.999, 0.3):
     v = 1.0 - alpha
     assert float(ev.one_minus(alpha).e[()]) == abs(float(np.float32(v)) - v)
+    assert float(ev.one_minus(alpha).v[()]) == v
     assert float(ref.one_minus(alpha).e[()]) == pytest.approx(ref.u * abs(v) + ref.tiny, rel=1e-12, abs=0)
   assert float(ev.one_minus(0.75).e[()]) == 0.0  # 0.25: exact in float32
 
