@@ -987,3 +987,27 @@ def test_sgd_with_momentum_one_carries_its_buffer():
     params, _ = jax_steps(tx, state, params, grads[N:])
     for x, p in zip(jax.tree.leaves(params), ps_ref):
       np.testing.assert_allclose(x, p.detach().numpy(), rtol=1e-12)
+
+
+def test_carried_state_is_placed_like_the_parameters():
+  """Parameters sharded over two devices: the state ``from_torch`` builds is sharded alike
+  (``_common.put_like``), not left on the default device. In a fresh interpreter with two CPU
+  devices (the device count is fixed when JAX starts)."""
+  code = textwrap.dedent("""
+      import os
+      os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+      import jax, jax.numpy as jnp, numpy as np, torch
+      from jax.sharding import Mesh, NamedSharding, PartitionSpec
+      from onnx_optax.interop import from_torch
+      sharding = NamedSharding(Mesh(np.array(jax.devices()), ("d",)), PartitionSpec("d"))
+      p = torch.nn.Parameter(torch.arange(4.0))
+      opt = torch.optim.SGD([p], lr=0.1, momentum=0.9)
+      p.grad = torch.ones(4)
+      opt.step()
+      params = [jax.device_put(jnp.arange(4.0, dtype=jnp.float32), sharding)]
+      _, state = from_torch(opt, params)
+      (buffer,) = [x for x in jax.tree.leaves(state) if getattr(x, "shape", ()) == (4,)]
+      print(buffer.sharding == sharding, len(buffer.sharding.device_set))
+  """)
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+  assert out.stdout.split() == ["True", "2"], out

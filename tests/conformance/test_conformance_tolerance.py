@@ -220,6 +220,9 @@ def test_model_tracks_the_spec_values(rule, dtype, context):
   grid += [replace(c, hyper={**c.hyper, "weight_decay": 1.0}) for c in grid if "weight_decay" in c.hyper]
   post = "norm_coefficient_post"
   grid += [replace(c, hyper={**c.hyper, post: 1.0}) for c in grid if post in c.hyper]
+  # The first bias-corrected update (T = 1) and the largest count, whose float(T) rounds in
+  # float32, for every case at the default T.
+  grid += [replace(c, T=T) for c in grid if c.T == 5 for T in (1, 2**31 - 1)]
   checked = 0
   for case in grid:
     for got, want, size_x in _model_and_expectation(case, CONTEXTS[context]):
@@ -301,14 +304,28 @@ def test_float32_one_minus_power_charges_what_the_docstring_says(beta, T):
   ``|x e^x / expm1(x)|``, and ``K_TRANSCENDENTAL`` u for ``expm1``."""
   s = tolerance.implementation_context(np.float32).scalar
   b = s.one_minus_power(beta, T)
-  v = 1 - beta**T
-  e0 = abs((1 - float(np.float32(beta)) ** T) - v)
-  x = T * np.log(float(np.float32(beta)))
+  x, x_exact = T * np.log(float(np.float32(beta))), T * np.log(beta)
+  v = -np.expm1(x_exact)  # 1 - beta**T
+  e0 = abs(-np.expm1(x) - v)  # the rounding of beta to float32, through the power
   condition = abs(x * np.exp(x) / np.expm1(x))
   k = (tolerance.K_TRANSCENDENTAL + 2) * condition + tolerance.K_TRANSCENDENTAL
   want = e0 + k * U32 * (abs(v) + e0) + s.tiny
   assert float(b.v[()]) == pytest.approx(v, rel=1e-12, abs=0)
-  assert float(b.e[()]) == pytest.approx(want, rel=1e-6, abs=0)
+  assert float(b.e[()]) == pytest.approx(want, rel=1e-12, abs=0)
+
+
+def test_transcendental_allowance_is_two_ulps():
+  """``K_TRANSCENDENTAL``: two ulps (4 u) for each of XLA's float32 ``log`` and ``expm1``, as
+  documented; XLA's ``log`` is measured within it here (its ``expm1`` is not: see
+  docs/mutation.md, "A finding")."""
+  import jax
+  import jax.numpy as jnp
+
+  assert tolerance.K_TRANSCENDENTAL == 4.0
+  x = np.concatenate([np.linspace(1e-6, 1, 20001), np.linspace(1, 1e3, 20001)]).astype(np.float32)
+  want = np.log(x.astype(np.float64))
+  ulp = np.spacing(np.abs(want).astype(np.float32)).astype(np.float64)
+  assert np.max(np.abs(np.asarray(jax.jit(jnp.log)(x), np.float64) - want) / ulp) <= 2
 
 
 def test_a_decay_that_rounds_to_one_in_float32_has_a_finite_bound():
@@ -449,3 +466,14 @@ def test_onnx_adam_post_decay_adds_u_to_x():
   assert X_new.e[0] >= U.e[0] + impl.u * abs(X_new.v[0])
   X_new, _, _, U = tolerance.evaluate("adam", tolerance.reference_context(), 0.1, 3, X, G, [V, H], **hyper)
   assert U.e[0] >= X_new.e[0]
+
+
+def test_the_update_count_is_not_a_received_hyperparameter():
+  """``T`` is an integer the rule converts itself: the model's exact value is ``T``, not ``T``
+  rounded to the received float32 (2**31 - 1 would be 2**31), and its conversion is charged."""
+  c = tolerance.implementation_context(np.float32, received_dtype=np.float32)
+  X, G, H, T = np.array([0.0]), np.array([1.0]), np.array([0.0]), 2**31 - 1
+  hyper = dict(decay_factor=0.5, epsilon=0.0, norm_coefficient=0.0)
+  U = tolerance.evaluate("adagrad", c, 0.5, T, X, G, [H], **hyper)[-1]
+  r = float(np.float32(0.5)) / (1 + T * float(np.float32(0.5)))
+  assert float(U.v[0]) == pytest.approx(-r, rel=1e-13, abs=0)
