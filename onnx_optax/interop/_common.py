@@ -282,7 +282,7 @@ def negated(tx: optax.GradientTransformation, maximize: bool) -> optax.GradientT
 
 def learning_rates(learning_rate: Any, n_groups: int) -> list[Any]:
   """``learning_rate`` as one entry per param group (None: read the optimizer's)."""
-  if learning_rate is None or callable(learning_rate) or not isinstance(learning_rate, Sequence):
+  if callable(learning_rate) or not isinstance(learning_rate, Sequence):  # None is no Sequence
     return [learning_rate] * n_groups
   if len(learning_rate) != n_groups:
     raise ValueError(
