@@ -247,13 +247,14 @@ def _lines_changed(repo: str, rev: str, commit: str, path: str) -> set[int]:
 
 def changed_since(session: str, repo: str, commit: str, spec: str) -> None:
   """Skips the pending mutants whose lines are all unchanged since their module's REV."""
-  default, revs = None, {}
+  default: str | None = None
+  revs: dict[str, str] = {}
   for word in spec.split():
-    path, _, rev = word.rpartition("=")
+    path, _, given = word.rpartition("=")
     if path:
-      revs[path] = rev
+      revs[path] = given
     else:
-      default = rev
+      default = given
   changed: dict[str, set[int] | None] = {}
   kept: collections.Counter[str] = collections.Counter()
   with use_db(session, WorkDB.Mode.open) as db:
@@ -262,8 +263,8 @@ def changed_since(session: str, repo: str, commit: str, spec: str) -> None:
       (m,) = item.mutations
       path = str(m.module_path)
       if path not in changed:
-        rev = revs.get(path, default)
-        changed[path] = None if rev is None else _lines_changed(repo, rev, commit, path)
+        since = revs.get(path, default)
+        changed[path] = None if since is None else _lines_changed(repo, since, commit, path)
       lines = changed[path]
       if lines is None or any(row in lines for row in range(m.start_pos[0], m.end_pos[0] + 1)):
         kept[path] += 1
@@ -277,8 +278,8 @@ def changed_since(session: str, repo: str, commit: str, spec: str) -> None:
       ),
     )
   for path in sorted(changed):
-    rev = revs.get(path, default)
-    print(f"{path}: {kept[path]} mutants on lines changed since {rev or '(all judged)'}")
+    since = revs.get(path, default)
+    print(f"{path}: {kept[path]} mutants on lines changed since {since or '(all judged)'}")
   print(f"skipped {len(unchanged):5d}: line unchanged since the module's last complete run")
 
 
