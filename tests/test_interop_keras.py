@@ -313,19 +313,6 @@ def test_refusals(make, error, match):
     assert not opt.built  # refused before building
 
 
-def test_options_are_keyword_only():
-  """``from_keras(optimizer, params, learning_rate=...)``, ``to_keras(state, optimizer, params,
-  variables=...)``: an option passed by position would be taken for something else; the
-  leading arguments may be named."""
-  import inspect
-
-  for function in (from_keras, to_keras):
-    kinds = {p.kind for p in inspect.signature(function).parameters.values()}
-    assert inspect.Parameter.POSITIONAL_ONLY not in kinds, function
-  assert inspect.signature(from_keras).parameters["learning_rate"].kind == inspect.Parameter.KEYWORD_ONLY
-  assert inspect.signature(to_keras).parameters["variables"].kind == inspect.Parameter.KEYWORD_ONLY
-
-
 def test_options_equal_to_the_neutral_ones_are_accepted():
   """``amsgrad=np.False_`` or ``use_ema=0`` (what a config file or NumPy gives) is the neutral
   option, not a refusal: options are compared by value."""

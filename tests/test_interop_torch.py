@@ -866,22 +866,9 @@ def test_torch_params_and_to_torch_refuse_what_from_torch_refuses():
     torch_params(opt, [structure["p0"], structure["p1"], structure["p2"]])
 
 
-def test_options_are_keyword_only():
-  """``from_torch(optimizer, params, learning_rate=...)``: a schedule passed by position would be
-  taken for something else; the leading arguments may be named."""
-  import inspect
-
-  for function in (from_torch, to_torch, torch_params):
-    kinds = {p.kind for p in inspect.signature(function).parameters.values()}
-    assert inspect.Parameter.POSITIONAL_ONLY not in kinds, function
-  assert inspect.signature(from_torch).parameters["learning_rate"].kind == inspect.Parameter.KEYWORD_ONLY
-  from onnx_optax.interop import _common
-  from onnx_optax.interop import torch as bridge
-
-  checks = ((_common.check_leaves, ("argument", "order")), (bridge._check_group, ("rate_given",)))
-  for function, names in checks:
-    parameters = inspect.signature(function).parameters
-    assert {parameters[n].kind for n in names} == {inspect.Parameter.KEYWORD_ONLY}, function
+def _counts(state):
+  """The ``count`` of every rule state in a carried state tree."""
+  return [int(s.count) for s in jax.tree.leaves(state, is_leaf=lambda s: hasattr(s, "count"))]
 
 
 def test_adagrad_steps_up_to_int32s_maximum_are_carried():
@@ -892,7 +879,7 @@ def test_adagrad_steps_up_to_int32s_maximum_are_carried():
   for p in ps:
     opt.state[p]["step"] = torch.tensor(2.0**31 - 1, dtype=torch.float64)
   _, state = from_torch(opt, structure)
-  counts = [int(s.count) for s in jax.tree.leaves(state, is_leaf=lambda s: hasattr(s, "count"))]
+  counts = _counts(state)
   assert counts and set(counts) == {2**31 - 1}
 
 
@@ -956,7 +943,7 @@ def test_plain_sgd_state_is_a_first_step_state():
   opt = sgd_plain(ps)
   torch_steps(opt, ps, gradients(3, np.float32))
   _, state = from_torch(opt, structure)
-  counts = [int(s.count) for s in jax.tree.leaves(state, is_leaf=lambda s: hasattr(s, "count"))]
+  counts = _counts(state)
   assert counts and set(counts) == {0}
 
 

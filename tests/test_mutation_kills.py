@@ -27,6 +27,8 @@ import onnx_optax._checks
 import onnx_optax.interop
 import onnx_optax.onnx
 from onnx_optax import reference, rules
+from onnx_optax.conformance import tolerance
+from onnx_optax.interop import torch as torch_bridge
 
 # name -> (transform, reference key, hyperparameters, state class)
 RULES = {
@@ -468,6 +470,16 @@ KEYWORD_ONLY = {
   onnx_optax.interop.from_torch: ["learning_rate"],
   onnx_optax.interop.from_keras: ["learning_rate"],
   onnx_optax.interop.to_keras: ["variables"],
+  onnx_optax.interop.to_torch: [],  # no option: only nothing positional-only
+  onnx_optax.interop.torch_params: [],
+  onnx_optax.interop._common.check_leaves: ["argument", "order"],
+  torch_bridge._check_group: ["rate_given"],
+  tolerance._momentum: ["alpha", "beta", "mode", "norm_coefficient"],
+  tolerance._adagrad: ["decay_factor", "epsilon", "norm_coefficient"],
+  tolerance._adam: ["alpha", "beta", "epsilon", "norm_coefficient", "norm_coefficient_post"],
+  tolerance._directml_adam: ["beta1", "beta2", "epsilon"],
+  tolerance._ort_adamw: ["alpha", "beta", "epsilon", "weight_decay", "adam_mode", "correct_bias"],
+  tolerance._ort_sgd: [],
   reference.momentum: ["alpha", "beta", "mode", "norm_coefficient", "dtype"],
   reference.adagrad: ["decay_factor", "epsilon", "norm_coefficient", "dtype"],
   reference.adam: ["alpha", "beta", "epsilon", "norm_coefficient", "norm_coefficient_post", "dtype"],
@@ -483,7 +495,7 @@ def test_hyperparameters_are_keyword_only(function):
 
   parameters = inspect.signature(function).parameters
   kinds = {name: p.kind for name, p in parameters.items()}
-  assert {kinds[n] for n in KEYWORD_ONLY[function]} == {inspect.Parameter.KEYWORD_ONLY}
+  assert all(kinds[n] == inspect.Parameter.KEYWORD_ONLY for n in KEYWORD_ONLY[function])
   assert inspect.Parameter.POSITIONAL_ONLY not in kinds.values()
 
 

@@ -48,6 +48,8 @@ PYTEST=(python -m pytest -x -q -p no:cacheprovider --no-header)
 FAST_TESTS=${FAST_TESTS:-"tests/test_bad_input.py tests/test_transforms.py tests/test_directml.py"}
 CONFORMANCE=(python -m onnx_optax.conformance --platform cpu --no-large --no-onnx --quiet)
 caught() { echo "JUDGE: caught in stage $1"; exit "$1"; }
+# The keyword-only signatures of every module, in one table (tests/test_mutation_kills.py).
+KEYWORDS=(tests/test_mutation_kills.py::test_hyperparameters_are_keyword_only)
 
 core() {
   "${PYTEST[@]}" tests/test_mutation_kills.py onnx_optax/rules.py onnx_optax/transforms.py \
@@ -68,23 +70,23 @@ onnx_interface() {
 }
 tolerance() {
   "${PYTEST[@]}" tests/conformance/test_conformance_tolerance.py onnx_optax/conformance/tolerance.py \
-    || caught 1
+    "${KEYWORDS[@]}" || caught 1
   # shellcheck disable=SC2086
   "${CONFORMANCE[@]}" ${CONFORMANCE_ARGS:-} || caught 2
   "${PYTEST[@]}" tests/conformance/test_conformance_teeth.py || caught 3
 }
 interop_torch() {
   "${PYTEST[@]}" tests/test_interop_torch.py tests/test_interop_torch_adam.py onnx_optax/interop/torch.py \
-    || caught 1
+    "${KEYWORDS[@]}" || caught 1
   "${PYTEST[@]}" tests/test_bad_input.py -k torch || caught 2
 }
 interop_keras() {
-  "${PYTEST[@]}" tests/test_interop_keras.py onnx_optax/interop/keras.py || caught 1
+  "${PYTEST[@]}" tests/test_interop_keras.py onnx_optax/interop/keras.py "${KEYWORDS[@]}" || caught 1
   "${PYTEST[@]}" tests/test_bad_input.py -k keras || caught 2
 }
 interop() {
   "${PYTEST[@]}" tests/test_interop_torch.py tests/test_interop_torch_adam.py tests/test_interop_keras.py \
-    onnx_optax/interop/ || caught 1
+    onnx_optax/interop/ "${KEYWORDS[@]}" || caught 1
   "${PYTEST[@]}" tests/test_bad_input.py -k "torch or keras" || caught 2
 }
 
