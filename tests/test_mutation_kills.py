@@ -1,6 +1,6 @@
 """Fast checks that every term of every rule and of the transform layer matters.
 
-Written for the mutation run (benchmarks/mutation, docs/mutation.md): its judge
+Written for the mutation run (tools/mutation, docs/mutation.md): its judge
 runs this file first, so that a mutant of ``rules.py``, ``transforms.py`` or
 ``reference.py`` is usually killed here in seconds, before the longer tests and
 the conformance command. The checks stand on their own as tests too.
