@@ -87,3 +87,28 @@ def test_an_operator_tensor_with_a_shape_but_no_dtype_is_not_an_array():
   X = np.ones(2, np.float32)
   with pytest.raises(TypeError, match=r"X_1 must be an array, got Float32DType"):
     ox.adagrad(np.float32(0.1), np.int64(0), np.dtype("float32"), X, X)
+
+
+@pytest.mark.parametrize("x64", [False, True], ids=["32-bit", "x64"])
+def test_ort_step_is_int64_or_int32_in_either_mode_and_no_other_integer(x64):
+  """ONNX Runtime's ``step`` is int64; an int32 array is accepted too, in JAX's default 32-bit mode
+  (which holds an int64 as int32) and under ``jax.enable_x64`` alike (docs/onnx.md); int8 and
+  uint64 are not ONNX Runtime's type and are refused, naming ``step``."""
+  import jax
+
+  from onnx_optax import onnx as ox
+
+  weights = [np.array([1.0, 2.0], np.float32)]
+  gradients = [np.array([0.5, -0.5], np.float32)]
+  zeros = [np.zeros(2, np.float32)]
+  with jax.enable_x64(x64):
+    # ONNX Runtime's AdamW, mode 0, at step 1 without decay: the first Adam step is lr * sign(g).
+    for step in (np.int64(1), np.int32(1), np.array([1], np.int32), 1):
+      flag, W, _, _ = ox.adamw_optimizer(
+        np.float32(0.1), step, weights, gradients, zeros, zeros, adam_mode=0, weight_decay=0.0
+      )
+      assert bool(flag)
+      np.testing.assert_allclose(np.asarray(W[0]), [0.9, 2.1], rtol=1e-6)
+    for step in (np.int8(1), np.uint64(1), np.array(1, np.int16)):
+      with pytest.raises(TypeError, match=r"^step must be an int64 scalar \(ONNX Runtime's step is int64\)"):
+        ox.adamw_optimizer(np.float32(0.1), step, weights, gradients, zeros, zeros)
