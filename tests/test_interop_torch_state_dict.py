@@ -375,3 +375,23 @@ def test_state_is_sharded_like_the_parameters():
   """)
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
   assert out.stdout.split("\n")[:2] == ["True [2, 2] True"] * 2, out
+
+
+def test_bfloat16_state_round_trips_bit_for_bit():
+  """A bfloat16 model's SGD state, saved and resumed: the buffer arrives bit for bit and goes back so."""
+  import ml_dtypes
+
+  p = torch.nn.Parameter(torch.randn(5, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16))
+  opt = torch.optim.SGD([p], lr=0.1, momentum=0.9)
+  p.grad = torch.randn(5, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+  opt.step()
+  saved = opt.state_dict()
+  params = [jnp.asarray(p.detach().float().numpy().astype(ml_dtypes.bfloat16))]
+  _, state = from_torch_state_dict(saved, params)
+  assert state.v[0].dtype == jnp.bfloat16
+  np.testing.assert_array_equal(
+    np.asarray(state.v[0], np.float32), saved["state"][0]["momentum_buffer"].float().numpy()
+  )
+  back = to_torch_state_dict(state, saved)
+  assert torch.equal(back["state"][0]["momentum_buffer"], saved["state"][0]["momentum_buffer"])
+  assert back["state"][0]["momentum_buffer"].dtype == torch.bfloat16
