@@ -281,6 +281,12 @@ def test_refuses_what_it_cannot_place():
     bad_step = {**saved, "state": {**saved["state"], 1: {**saved["state"][1], "step": torch.tensor(2.5)}}}
     with pytest.raises(ValueError, match=r"state_dict\['state'\]\[1\]\['step'\] is 2.5, not a count"):
       from_torch_state_dict(bad_step, params)
+    no_moment = {
+      **saved,
+      "state": {**saved["state"], 2: {k: v for k, v in saved["state"][2].items() if k != "exp_avg_sq"}},
+    }
+    with pytest.raises(ValueError, match=r"state_dict\['state'\]\[2\] has no \['exp_avg_sq'\]"):
+      from_torch_state_dict(no_moment, params)
     amsgrad = {
       **saved,
       "state": {**saved["state"], 1: {**saved["state"][1], "max_exp_avg_sq": saved["state"][1]["exp_avg"]}},

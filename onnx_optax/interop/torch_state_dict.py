@@ -291,6 +291,12 @@ def _kind(groups: list[dict], optimizer: Any, argument: str) -> str:
 def _check_entry(kind: str, key: Any, entry: Mapping[str, Any], shape: tuple, dtype: str, path: str) -> None:
   """A state entry's tensors have the parameter's shape and dtype; its ``step`` is a count."""
   where = f"state_dict['state'][{key!r}]"
+  missing = sorted(_ENTRY[kind] - {"momentum_buffer"} - set(entry)) if entry else []
+  if missing:
+    raise ValueError(
+      f"{where} has no {missing}: torch.optim.{kind} keeps {sorted(_ENTRY[kind])} for every "
+      f"parameter it has stepped (a truncated or edited checkpoint)"
+    )
   unknown = sorted(set(entry) - _ENTRY[kind])
   if unknown:
     raise ValueError(
