@@ -46,9 +46,11 @@ from onnx_optax.conformance.check import CaseResult
 
 __all__ = [
   "BACKEND_CASES",
+  "backend_case_rule",
   "backend_cases",
   "evaluator_cases",
   "evaluator_casts_to_float32",
+  "node_rule",
   "run_backend_case",
   "run_evaluator_case",
 ]
@@ -102,6 +104,17 @@ def _rule(op_type: str, attrs: dict[str, Any]) -> str:
   if op_type == "Momentum":
     return f"momentum_{attrs['mode']}"
   return op_type.lower()
+
+
+def node_rule(node: Any) -> str:
+  """The suite rule (a name of ``cases.RULES``) a node of ONNX's training operators computes."""
+  return _rule(node.op_type, attributes(node))
+
+
+def backend_case_rule(case: Any) -> tuple[str, str]:
+  """``(rule, dtype)`` of one of ONNX's backend test cases, read without running it (for filters)."""
+  (_, _, *tensors), _ = case.data_sets[0]
+  return node_rule(case.model.graph.node[0]), str(np.asarray(tensors[0]).dtype)
 
 
 def _split(op_type: str, tensors: list[np.ndarray]) -> tuple[list, list, list[list]]:

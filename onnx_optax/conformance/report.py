@@ -20,7 +20,7 @@ from onnx_optax.conformance import cases as cases_lib
 from onnx_optax.conformance import check
 from onnx_optax.conformance.check import CaseResult
 
-__all__ = ["format_markdown", "format_table", "run"]
+__all__ = ["format_markdown", "format_table", "run", "verdict", "write_json", "write_markdown"]
 
 NO_FLOAT64 = "skipped: TPUs have no float64 arithmetic"
 
@@ -148,12 +148,16 @@ def run(
 
       backend = refs.backend_cases()
       for name in refs.BACKEND_CASES:
+        rule, dtype = refs.backend_case_rule(backend[name])
+        if rule not in rules or dtype not in dtypes:
+          continue
         r = refs.run_backend_case(name, platform, backend)
         report["onnx_rows"].append(
           dict(
             platform=platform,
             source="onnx backend test case",
             name=name,
+            rule=rule,
             dtype=r.dtype,
             worst=r.worst,
             unchecked=r.unchecked,
@@ -162,6 +166,9 @@ def run(
           )
         )
       for label, node, inputs in refs.evaluator_cases():
+        rule = refs.node_rule(node)
+        if rule not in rules or "float64" not in dtypes:
+          continue
         if not check.has_float64(platform):
           report["skipped"].append(dict(platform=platform, rule=label, dtype="float64", reason=NO_FLOAT64))
           continue
@@ -171,6 +178,7 @@ def run(
             platform=platform,
             source="onnx ReferenceEvaluator",
             name=r.name,
+            rule=rule,
             dtype="float64",
             worst=r.worst,
             unchecked=r.unchecked,
@@ -180,8 +188,27 @@ def run(
         )
       log(f"{platform} onnx references: done")
   report["seconds"] = round(time.perf_counter() - start, 1)
-  report["passed"] = all(r["passed"] for r in report["rows"] + report["onnx_rows"])
+  checked = report["rows"] + report["onnx_rows"]
+  report["checked"] = sum(r["cases"] for r in report["rows"]) + len(report["onnx_rows"])
+  report["passed"] = bool(checked) and all(r["passed"] for r in checked)
+  report["verdict"] = verdict(report)
   return report
+
+
+#: The verdicts of a run, in the words the report prints.
+PASSED, FAILED, NOTHING_CHECKED = "PASSED", "FAILED", "NOTHING CHECKED"
+
+
+def verdict(report: dict[str, Any]) -> str:
+  """``PASSED`` (cases checked, all passed), ``FAILED`` (one failed) or ``NOTHING CHECKED``.
+
+  A run that checked no case (every row skipped: ``--dtype float64`` on a
+  device without float64) has no verdict to give: it never reads as passed.
+  """
+  rows = report["rows"] + report["onnx_rows"]
+  if not rows:
+    return NOTHING_CHECKED
+  return PASSED if all(r["passed"] for r in rows) else FAILED
 
 
 def _mark(passed: bool) -> str:
@@ -222,7 +249,10 @@ def format_table(report: dict[str, Any]) -> str:
       )
   for s in report["skipped"]:
     lines.append(f"{s['platform']} {s['rule']} {s['dtype']}: {s['reason']}")
-  lines.append(f"{'PASSED' if report['passed'] else 'FAILED'} in {report['seconds']} s")
+  if report["verdict"] == NOTHING_CHECKED:
+    lines.append(f"{NOTHING_CHECKED}: every selected case was skipped ({report['seconds']} s)")
+  else:
+    lines.append(f"{report['verdict']}: {report['checked']} cases checked in {report['seconds']} s")
   return "\n".join(lines)
 
 
@@ -238,7 +268,7 @@ def format_markdown(report: dict[str, Any], command: str = "python -m onnx_optax
     f"Python {report['python']}",
     f"- Host: {report['host']}",
     f"- Command: `{command}` ({report['seconds']} s)",
-    f"- Result: **{'PASSED' if report['passed'] else 'FAILED'}**",
+    f"- Result: **{report['verdict']}** ({report['checked']} cases checked)",
     "",
     "`worst` is the largest `|got - expected| / tolerance` over every case and element "
     "(expected: the float64 NumPy reference; tolerance: the rounding-error bound of "
@@ -283,7 +313,17 @@ def format_markdown(report: dict[str, Any], command: str = "python -m onnx_optax
   return "\n".join(out) + "\n"
 
 
+def write_markdown(
+  report: dict[str, Any], path: str, command: str = "python -m onnx_optax.conformance"
+) -> None:
+  """Writes :func:`format_markdown` to ``path``."""
+  text = format_markdown(report, command)
+  with open(path, "w") as f:
+    f.write(text)
+
+
 def write_json(report: dict[str, Any], path: str) -> None:
+  """Writes the report as JSON to ``path``."""
   with open(path, "w") as f:
     json.dump(report, f, indent=1, default=float)
     f.write("\n")
