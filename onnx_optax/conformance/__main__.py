@@ -3,7 +3,7 @@
 Usage::
 
     python -m onnx_optax.conformance [--platform cpu|gpu|tpu] [--json FILE]
-        [--markdown FILE] [--rule RULE] [--dtype DTYPE] [--no-onnx] [--no-large]
+        [--markdown FILE] [--rule RULE] [--dtype DTYPE] [--no-onnx] [--no-large] [--pinned]
 
 Exit codes (one per outcome, :data:`EXIT_CODES`):
 
@@ -99,6 +99,12 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--no-onnx", action="store_true", help="skip ONNX's backend cases and evaluator")
   parser.add_argument("--no-large", action="store_true", help="skip the 10^6-element cases")
   parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+  parser.add_argument(
+    "--pinned",
+    action="store_true",
+    help="charge the documented constants (k = 1 on CPU, K_TRANSCENDENTAL for log and expm1) instead "
+    "of the device's measured arithmetic and scalars; for comparison only",
+  )
   args = parser.parse_args(argv)  # Exits 2 (USAGE) on an unknown option or value.
 
   for flag, path in (("--json", args.json), ("--markdown", args.markdown)):
@@ -120,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     rules=args.rule or RULES,
     dtypes=args.dtype or DTYPES,
     log=log,
+    pinned=args.pinned,
   )
   print(report.format_table(result), flush=True)
   command = "python -m onnx_optax.conformance " + shlex.join(argv if argv is not None else sys.argv[1:])

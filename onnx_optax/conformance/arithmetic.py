@@ -52,7 +52,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-__all__ = ["OPS", "DeviceArithmetic", "OpError", "clear", "grid_operands", "measure", "sweep"]
+__all__ = ["OPS", "DeviceArithmetic", "OpError", "clear", "grid_operands", "measure", "summary", "sweep"]
 
 #: The element-wise operations of the rules, and the scalar ones (``log``, ``expm1``).
 ELEMENTWISE = ("div", "sqrt", "mul", "add")
@@ -136,15 +136,19 @@ class DeviceArithmetic:
 
   def summary(self) -> str:
     """One line: the largest error in ulp of each operation, per dtype, and the sample sizes."""
-    parts = []
-    for dtype in ("float32", "float64", "float16", "bfloat16"):
-      errs = [e for e in self.errors if e.dtype == dtype]
-      if errs:
-        ops = " ".join(f"{e.op} {e.ulp:.2f}" for e in errs)
-        parts.append(f"{dtype}: {ops} (n {min(e.n for e in errs)}-{max(e.n for e in errs)})")
-    flushed = [d for d in ("float32", "float64", "float16", "bfloat16") if self.flushes_operands(d)]
-    line = "; ".join(parts)
-    return f"{line}; subnormal operands read as 0: {', '.join(flushed) or 'none'}"
+    return summary(self.as_json())
+
+
+def summary(errors: list[dict[str, Any]]) -> str:
+  """:meth:`DeviceArithmetic.summary` of its JSON form (:meth:`DeviceArithmetic.as_json`)."""
+  parts = []
+  for dtype in ("float32", "float64", "float16", "bfloat16"):
+    errs = [e for e in errors if e["dtype"] == dtype]
+    if errs:
+      ops = " ".join(f"{e['op']} {e['ulp']:.2f}" for e in errs)
+      parts.append(f"{dtype} {ops} (n {min(e['n'] for e in errs)}-{max(e['n'] for e in errs)})")
+  flushed = sorted({e["dtype"] for e in errors if e["flushes_operands"] and e["op"] in ELEMENTWISE})
+  return f"{'; '.join(parts)}; subnormal operands read as 0: {', '.join(flushed) or 'none'}"
 
 
 def _name(dtype: Any) -> str:
@@ -275,7 +279,7 @@ def _op_error(op: str, dtype: str, operands: tuple[np.ndarray, ...], got: np.nda
     finite = np.isfinite(exact) & (np.abs(exact) <= float(info.max)) & np.isfinite(err)
     in_range = finite & ~sub_operand & (np.abs(exact) >= normal)
     below = finite & ~sub_operand & (np.abs(exact) < normal) & (exact != 0)
-    rel = np.where(in_range, err / u / np.where(in_range, np.abs(exact), 1.0), 0.0)
+    rel = np.where(in_range, err / np.where(in_range, np.abs(exact), 1.0) / u, 0.0)  # No overflow.
     e = np.floor(np.log2(np.where(in_range, np.abs(exact), 1.0)))
     ulp = np.where(in_range, err / np.exp2(e - nmant), 0.0)
     k = float(rel.max(initial=0.0))

@@ -340,7 +340,9 @@ class CaseResult:
   ``unchecked`` those whose tolerance is infinite (see :func:`compare`).
   A case with unchecked elements passes only with ``limit``: the
   documented limit of its dtype that makes them unavoidable
-  (:attr:`Case.unchecked_limit`).
+  (:attr:`Case.unchecked_limit`). ``scalar_error``: the largest measured
+  error of the case's per-update scalars on the device, in units of the
+  scalar dtype's unit roundoff (0 with the pinned model).
   """
 
   rule: str
@@ -355,6 +357,7 @@ class CaseResult:
   unchecked: int = 0
   limit: str | None = None
   wrong_dtypes: str = ""
+  scalar_error: float = 0.0
 
   @property
   def passed(self) -> bool:
@@ -514,6 +517,11 @@ def run_case(case: Case, platform: str = "cpu", pinned: bool | None = None) -> C
   if pinned:
     return check_outputs(case, platform, got_x, got_state, count, inputs, got_u)
   measured = scalars_lib.measure_case(case, platform)
-  return check_outputs(
+  result = check_outputs(
     case, platform, got_x, got_state, count, inputs, got_u, arithmetic_lib.measure(platform), measured
   )
+  u = tolerance.unit_roundoff(received_dtype(case.dtype, case.state_dtype))
+  with np.errstate(divide="ignore", invalid="ignore"):
+    relative = [float(b.e / (u * abs(b.v))) for b in measured.values() if b.v != 0]
+  result.scalar_error = max(relative, default=0.0)
+  return result

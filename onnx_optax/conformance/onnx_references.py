@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from onnx_optax.conformance import check, tolerance
+from onnx_optax.conformance import arithmetic, check, scalars, tolerance
 from onnx_optax.conformance.check import CaseResult
 
 __all__ = [
@@ -149,7 +149,15 @@ def _check(
   except Exception as e:  # noqa: BLE001 -- reported as a failure.
     return CaseResult(rule, dtype, label, platform, float("inf"), "", error=repr(e))
   base = "momentum" if rule.startswith("momentum") else rule
-  impl = tolerance.implementation_context(np.dtype(dtype), platform)
+  if check.PINNED:
+    impl = tolerance.implementation_context(np.dtype(dtype), platform)
+  else:
+    # The device's arithmetic and the node's scalars as the device computes them, their error
+    # against the Python floats themselves (received float64: the rounding to float32 included).
+    measured = scalars.measure(rule, platform, R, T, hyper, x64=dtype == "float64", received=np.float64)
+    impl = tolerance.implementation_context(
+      np.dtype(dtype), platform, arithmetic=arithmetic.measure(platform), scalars=measured
+    )
   n = len(X)
   got = list(got_x) + [x for block in got_state for x in block]
   worst, where, loose, unchecked = 0.0, "", 0, 0

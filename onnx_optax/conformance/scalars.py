@@ -4,7 +4,9 @@ Each rule computes some scalars once per update from its hyperparameters
 and ``T``: the bias corrections ``1 - beta^T`` (as ``-expm1(T log beta)``),
 ``R_adjusted``, DirectML's ``LearningRate * Alpha``, Adagrad's decayed rate,
 ORT AdamW's ``lr_corrected``, ``1 / beta_correction`` and
-``lr * weight_decay``, the decays' ``1 - beta``. Their accuracy depends on
+``lr * weight_decay``, the decays' ``1 - beta``, and the learning rate
+``R`` itself (``"R"`` in every formula: a schedule computes it on the
+device). Their accuracy depends on
 the device's ``log``, ``expm1``, square root and division, which no standard
 fixes. So the runner does not assume it: :func:`measure` evaluates the
 spec's formula of each scalar **in this module's own code** (never by
@@ -104,16 +106,17 @@ def _one_minus_power(o: Any, beta: Any, T: Any) -> Any:
 
 
 def _momentum(o: Any, R: Any, T: Any, h: dict[str, Any], raw: Mapping[str, Any]) -> dict[str, Any]:
-  return {}  # beta_adjusted = T > 0 ? beta : 1 is a choice, not arithmetic.
+  return {"R": R}  # beta_adjusted = T > 0 ? beta : 1 is a choice, not arithmetic.
 
 
 def _adagrad(o: Any, R: Any, T: Any, h: dict[str, Any], raw: Mapping[str, Any]) -> dict[str, Any]:
-  return {"r": R / (1 + T * h["decay_factor"])}
+  return {"R": R, "r": R / (1 + T * h["decay_factor"])}
 
 
 def _adam(o: Any, R: Any, T: Any, h: dict[str, Any], raw: Mapping[str, Any]) -> dict[str, Any]:
   R_adjusted = R * o.sqrt(_one_minus_power(o, h["beta"], T)) / _one_minus_power(o, h["alpha"], T)
   out = {
+    "R": R,
     "R_adjusted": o.where(T > 0, R_adjusted, R),
     "one_minus_alpha": 1 - h["alpha"],
     "one_minus_beta": 1 - h["beta"],
@@ -125,11 +128,16 @@ def _adam(o: Any, R: Any, T: Any, h: dict[str, Any], raw: Mapping[str, Any]) -> 
 
 def _directml_adam(o: Any, R: Any, T: Any, h: dict[str, Any], raw: Mapping[str, Any]) -> dict[str, Any]:
   Alpha = o.sqrt(_one_minus_power(o, h["beta2"], T)) / _one_minus_power(o, h["beta1"], T)
-  return {"step_size": R * Alpha, "one_minus_beta1": 1 - h["beta1"], "one_minus_beta2": 1 - h["beta2"]}
+  return {
+    "R": R,
+    "step_size": R * Alpha,
+    "one_minus_beta1": 1 - h["beta1"],
+    "one_minus_beta2": 1 - h["beta2"],
+  }
 
 
 def _ort_adamw(o: Any, R: Any, T: Any, h: dict[str, Any], raw: Mapping[str, Any]) -> dict[str, Any]:
-  out = {"one_minus_alpha": 1 - h["alpha"], "one_minus_beta": 1 - h["beta"]}
+  out = {"R": R, "one_minus_alpha": 1 - h["alpha"], "one_minus_beta": 1 - h["beta"]}
   if raw["correct_bias"]:
     alpha_correction = _one_minus_power(o, h["alpha"], T)
     beta_correction = _one_minus_power(o, h["beta"], T)
@@ -144,7 +152,7 @@ def _ort_adamw(o: Any, R: Any, T: Any, h: dict[str, Any], raw: Mapping[str, Any]
 
 
 def _ort_sgd(o: Any, R: Any, T: Any, h: dict[str, Any], raw: Mapping[str, Any]) -> dict[str, Any]:
-  return {}  # lr itself.
+  return {"R": R}
 
 
 #: Each rule's per-update scalars (by its name in :mod:`onnx_optax.reference`): the one place

@@ -248,6 +248,16 @@ class Context:
       )
     return self.measured[name]
 
+  def rate(self, R: float) -> Bounded:
+    """The learning rate as the element-wise arithmetic gets it, rounded to ``dtype``.
+
+    A Python float (:meth:`const`), or a schedule's value computed on the
+    device: with :attr:`measured`, its measured error (scalar ``"R"``) where
+    there is one, rounded once to ``dtype``.
+    """
+    measured = self.value("R", lambda: Bounded(self.exact_hyper(R)))
+    return self.const(R) if not np.any(measured.e) else self.to_elementwise(measured)
+
   def one_minus(self, value: float, name: str | None = None) -> Bounded:
     """``1 - value`` for a Python-float hyperparameter (a decay), as this context computes it.
 
@@ -553,7 +563,7 @@ def _scalar(c: Context) -> Context:
 def _momentum(c: Context, R, T, X, G, V, *, alpha, beta, mode, norm_coefficient):
   s = _scalar(c)
   beta_adjusted = c.to_elementwise(s.const(beta if T > 0 else 1.0))
-  R_, alpha_, nc = c.const(R), c.const(alpha), c.const(norm_coefficient)
+  R_, alpha_, nc = c.rate(R), c.const(alpha), c.const(norm_coefficient)
   X, G, V = c.exact(X), c.exact(G), c.exact(V)
   G_regularized = c.add(c.mul(nc, X), G)
   V_new = c.add(c.mul(alpha_, V), c.mul(beta_adjusted, G_regularized))
@@ -650,7 +660,7 @@ def _ort_adamw(
     alpha_correction, beta_correction = _ort_correction(c, alpha, T), _ort_correction(c, beta, T)
   elif adam_mode == 0:
     raise ValueError("adam_mode=0 needs correct_bias: ONNX Runtime refuses it without")
-  alpha_, beta_, eps, lr = c.const(alpha), c.const(beta), c.const(epsilon), c.const(R)
+  alpha_, beta_, eps, lr = c.const(alpha), c.const(beta), c.const(epsilon), c.rate(R)
   X, G, M1, M2 = c.exact(X), c.exact(G), c.exact(M1), c.exact(M2)
   M1_new = c.add(c.mul(alpha_, M1), c.mul(c.one_minus(alpha, "one_minus_alpha"), G))
   M2_new = c.add(c.mul(beta_, M2), c.mul(c.mul(c.one_minus(beta, "one_minus_beta"), G), G))
@@ -695,7 +705,7 @@ def _ort_adamw(
 def _ort_sgd(c: Context, R, T, X, G):
   """``W_new = W + (-lr * G)``: ``U = -lr * G`` (one rounding), then ``X + U``."""
   X, G = c.exact(X), c.exact(G)
-  step = c.mul(c.const(R), G)
+  step = c.mul(c.rate(R), G)
   X_new = c.finish(X, step)
   return X_new, c.update_of(X, X_new, step)
 
