@@ -39,12 +39,15 @@ the model:
   error;
 * scalars that depend on ``T`` (bias corrections, Adagrad's decayed rate,
   ``beta_adjusted``, ``R`` itself) are computed in the hyperparameter dtype
-  ``h`` (float32, float64 under x64) with their own bound, then rounded once
-  to ``d``. ``1 - beta**T`` is computed as ``-expm1(T*log(beta))``: the bound
-  takes the rounding of ``beta`` to ``h`` exactly (it matters: for
+  ``h`` (float32, float64 under x64), then rounded once to ``d``. Their error
+  is the one the runner *measured* for the case on the device
+  (:attr:`Context.measured`, :mod:`onnx_optax.conformance.scalars`). Without
+  a measurement (the pinned model, :func:`implementation_context` without
+  ``scalars``) it is an analytic bound in ``h``: ``1 - beta**T`` computed as
+  ``-expm1(T*log(beta))``, the rounding of ``beta`` to ``h`` taken exactly (for
   ``beta = 0.999`` and small ``T``, float32's ``beta`` moves ``1 - beta**T``
-  by about ``1000 u``), and allows ``K_TRANSCENDENTAL`` unit roundoffs
-  for each of ``log`` and ``expm1``;
+  by about ``1000 u``), and ``K_TRANSCENDENTAL`` unit roundoffs for each of
+  ``log`` and ``expm1``;
 * the decays' ``1 - alpha``, ``1 - beta`` (and ``1 - norm_coefficient_post``)
   are such scalars too (``rules._one_minus``): the decay is rounded to ``h``,
   subtracted there, and the difference rounded once to ``d``
@@ -64,16 +67,32 @@ What a platform may do and the bound still covers:
 
 * fuse ``a*b + c`` into an FMA (one rounding where the bound counts two),
   keep an intermediate in a wider type (XLA's excess precision for float16
-  and bfloat16: a rounding skipped), compute ``a / b`` as ``a * (1/b)``
-  (within ``k_div``);
-* approximate float32 division and square root (GPUs, TPUs): ``k_div`` and
-  ``k_sqrt`` are ``1`` on CPU (IEEE, correctly rounded) and ``1 + 3*u32/u``
-  elsewhere, i.e. up to 1.5 ulp of float32 on top of the final rounding to
-  ``d`` (float16/bfloat16 are computed in float32 and rounded);
-* flush subnormals to zero: ``tiny`` is the smallest normal number (XLA's
-  CPU flushes float32 and float64 results, TPUs every dtype), except for
-  float16 off TPUs (computed in float32, where float16's subnormals are
-  normal): half its smallest subnormal.
+  and bfloat16: a rounding skipped);
+* approximate division, square root, products and sums: ``k_div``,
+  ``k_sqrt``, ``k_mul``, ``k_add`` are the device's measured ones
+  (:mod:`onnx_optax.conformance.arithmetic`), never below the documented
+  floors: ``1`` on CPU and in float64 (IEEE), ``1 + 3*u32/u`` for division
+  and square root elsewhere, i.e. 1.5 ulp of float32 on top of the final
+  rounding to ``d`` (float16/bfloat16 are computed in float32 and rounded);
+* flush subnormal results to zero: ``tiny`` is at least the smallest normal
+  number (XLA's CPU flushes float32 and float64 results, TPUs every dtype),
+  except for float16 off TPUs (computed in float32, where float16's
+  subnormals are normal): half its smallest subnormal; more if measured;
+* read subnormal operands as zero (measured: XLA's CPU does in float32,
+  float64, bfloat16): an exact input below the smallest normal number is
+  then charged whole (:attr:`Context.flushes_operands`).
+
+**Measured and assumed.** Measured on the device under test, every run: the
+element-wise ``k`` and ``tiny`` (over a sweep of every binade, subnormals and
+the grid's own operands; a lower bound of the device's worst case, so the
+documented floor is kept), whether subnormal operands are read as zero, and
+each case's per-update scalars (their actual error). Assumed: the floors
+above (they only raise a measurement), the expectation's NumPy arithmetic on
+the host (IEEE float64, ``pow`` within one ulp; charged by its own bound),
+and that an operation rounds the same inside the rule's fused program as
+alone. Each assumption, if false, makes the bound too tight, so a correct
+rule fails; none can make a wrong rule pass. docs/conformance.md
+("Measured, not assumed") has the table.
 
 The reference's own bound uses the same rules in float64 with exact
 hyperparameters, ``1 - beta**T`` by ``pow`` (one ulp) and a subtraction,
