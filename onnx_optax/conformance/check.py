@@ -520,7 +520,11 @@ def run_case(case: Case, platform: str = "cpu", pinned: bool | None = None) -> C
   result = check_outputs(
     case, platform, got_x, got_state, count, inputs, got_u, arithmetic_lib.measure(platform), measured
   )
-  u = tolerance.unit_roundoff(received_dtype(case.dtype, case.state_dtype))
+  # The scalars' dtype: the hyperparameters' (float32 under a schedule, whose R is a float32).
+  scalar_dtype = (
+    np.float32 if case.schedule_steps is not None else received_dtype(case.dtype, case.state_dtype)
+  )
+  u = tolerance.unit_roundoff(scalar_dtype)
   with np.errstate(divide="ignore", invalid="ignore"):
     relative = [float(b.e / (u * abs(b.v))) for b in measured.values() if b.v != 0]
   result.scalar_error = max(relative, default=0.0)
