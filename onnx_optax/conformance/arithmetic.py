@@ -117,7 +117,13 @@ class DeviceArithmetic:
     return next((e for e in self.errors if e.op == op and e.dtype == name), None)
 
   def k(self, op: str, dtype: Any, floor: float) -> float:
-    """``max(measured k, floor)``: the unit roundoffs the bound allows ``op`` in ``dtype``."""
+    """``max(measured k, floor)``: the unit roundoffs the bound allows ``op`` in ``dtype``.
+
+    Example:
+      >>> d = DeviceArithmetic("gpu", (OpError("div", "float32", 40.0, 80.0, 0.0, False, 1000),))
+      >>> d.k("div", np.float32, 1.0), d.k("sqrt", np.float32, 1.0)
+      (80.0, 1.0)
+    """
     e = self.get(op, dtype)
     return floor if e is None else max(floor, e.k)
 
@@ -182,6 +188,11 @@ def sweep(
   """The operands measured for ``op`` in ``dtype`` (one array per operand), see the module docstring.
 
   ``extra``: operands to add (the grid's, one array per operand).
+
+  Example:
+    >>> a, b = sweep("div", "bfloat16")
+    >>> a.dtype.name, a.size == b.size, a.size > 100_000
+    ('bfloat16', True, True)
   """
   rng = np.random.default_rng(seed)
   d = _np(dtype)

@@ -172,7 +172,13 @@ def _floats(hyper: Mapping[str, Any]) -> dict[str, float]:
 
 
 def exact(rule: str, R: float, T: int, hyper: Mapping[str, Any]) -> dict[str, decimal.Decimal]:
-  """The scalars of ``rule`` (a suite or reference rule name) evaluated exactly, from the given values."""
+  """The scalars of ``rule`` (a suite or reference rule name) evaluated exactly, from the given values.
+
+  Example:
+    >>> s = exact("adam", 0.5, 1, dict(alpha=0.5, beta=0.75, norm_coefficient_post=0.0))
+    >>> float(s["R_adjusted"]), float(s["one_minus_beta"])
+    (0.5, 0.25)
+  """
   with decimal.localcontext(_DECIMAL):
     h = {k: decimal.Decimal(v) for k, v in _floats(hyper).items()}
     return FORMULAS[base_rule(rule)](_Exact(), decimal.Decimal(R), T, h, hyper)
