@@ -242,6 +242,7 @@ def tolerances(
   state_dtype: str | None = None,
   scalar_dtype: str | None = None,
   received_dtype: Any = None,
+  *,
   arithmetic: DeviceArithmetic | None = None,
   scalars: Mapping[str, tolerance.Bounded] | None = None,
 ) -> list[tuple[np.ndarray, ...]]:
@@ -266,8 +267,8 @@ def tolerances(
     state_dtype and numpy_dtype(state_dtype),
     scalar_dtype and numpy_dtype(scalar_dtype),
     received_dtype,
-    arithmetic,
-    scalars,
+    arithmetic=arithmetic,
+    scalars=scalars,
   )
   ref = tolerance.reference_context(received_dtype=received_dtype)
   ref_u = tolerance.reference_context(EXTENDED, received_dtype=received_dtype)
@@ -388,6 +389,7 @@ def check_outputs(
   got_count: int | None,
   inputs=None,
   got_u=None,
+  *,
   arithmetic: DeviceArithmetic | None = None,
   scalars: Mapping[str, tolerance.Bounded] | None = None,
 ) -> CaseResult:
@@ -427,8 +429,8 @@ def check_outputs(
     case.state_dtype,
     scalar_dtype,
     received_in,
-    arithmetic,
-    scalars,
+    arithmetic=arithmetic,
+    scalars=scalars,
   )
   names = OUTPUT_NAMES[case.base_rule]
   worst, where, loose, unchecked = 0.0, "", 0, 0
@@ -518,7 +520,15 @@ def run_case(case: Case, platform: str = "cpu", pinned: bool | None = None) -> C
     return check_outputs(case, platform, got_x, got_state, count, inputs, got_u)
   measured = scalars_lib.measure_case(case, platform)
   result = check_outputs(
-    case, platform, got_x, got_state, count, inputs, got_u, arithmetic_lib.measure(platform), measured
+    case,
+    platform,
+    got_x,
+    got_state,
+    count,
+    inputs,
+    got_u,
+    arithmetic=arithmetic_lib.measure(platform),
+    scalars=measured,
   )
   # The scalars' dtype: the hyperparameters' (float32 under a schedule, whose R is a float32).
   scalar_dtype = (

@@ -456,6 +456,7 @@ def implementation_context(
   state_dtype: Any = None,
   hyper_dtype: Any = None,
   received_dtype: Any = None,
+  *,
   arithmetic: DeviceArithmetic | None = None,
   scalars: Mapping[str, Bounded] | None = None,
 ) -> Context:
