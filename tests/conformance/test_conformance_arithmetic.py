@@ -166,8 +166,8 @@ _NAMES = {
 def test_measured_error_covers_the_rules_own_scalars(rule, dtype):
   """For every scalar the model reads, the rule's own value lies within the measured error of the exact one.
 
-  The runner never calls the rule; this test does, to show that what the
-  runner measures is what the rule computes (on this CPU, bit for bit).
+  The runner never calls the rule; this test does, to show that the error the
+  runner measures covers what the rule computes.
   """
   checked = 0
   for case in grid.cases(rule, dtype, large=False):
