@@ -90,6 +90,7 @@ def adam_optimizer(
     beta2=_checks.decay("beta2", beta2),
     epsilon=_checks.epsilon("epsilon", epsilon),
   )
+  _checks.second_moment_decay_at_one("beta2", beta2, epsilon)
   X, M, V, G = _checks.block(
     ("input_parameters", "input_first_moment", "input_second_moment", "gradient"),
     (input_parameters, input_first_moment, input_second_moment, gradient),

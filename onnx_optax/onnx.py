@@ -244,6 +244,7 @@ def adam(
     norm_coefficient=_checks.coefficient("norm_coefficient", norm_coefficient),
     norm_coefficient_post=_checks.parameter_decay("norm_coefficient_post", norm_coefficient_post),
   )
+  _checks.second_moment_decay_at_one("beta", beta, epsilon)
 
   def rule(R, T, X, G, V, H):
     return rules.adam(R, T, X, G, V, H, **hyper)
@@ -432,6 +433,9 @@ def adamw_optimizer(
   )
   correct_bias = _choice("correct_bias", correct_bias, (0, 1))
   adam_mode = _choice("adam_mode", adam_mode, (0, 1))
+  _checks.second_moment_decay_at_one(
+    "beta", beta, epsilon, always=_checks.ORT_ADAMW_MODE0_BETA_ONE if adam_mode == 0 else ""
+  )
   lr = _checks.one_element_float("lr", lr)
   flag_shape = tuple(getattr(step, "shape", ()))
   step = _checks.int64_step(
