@@ -46,6 +46,7 @@ def hyperparameter(
   """
   if isinstance(value, bool) or isinstance(value, (str, bytes)) or value is None:
     raise TypeError(f"{name} must be a real number, got {value!r}")
+  wide_enough(name, value)  # NumPy scalars and arrays, concrete or traced: the dtype is static.
   if isinstance(value, numbers.Number):
     if isinstance(value, numbers.Complex) and not isinstance(value, numbers.Real):
       raise TypeError(f"{name} must be a real number, got complex {value!r}")
@@ -57,7 +58,6 @@ def hyperparameter(
       raise TypeError(f"{name} must be a scalar, got an array of shape {tuple(shape)}")
     if dtype == np.bool_ or not (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)):
       raise TypeError(f"{name} must be a real number, got an array of dtype {dtype}")
-    wide_enough(name, value)
     if is_traced(value):
       return value
   try:
