@@ -177,7 +177,8 @@ def _sqrt(H: Array) -> Array:
   far (a dead unit, an unused embedding row). There ``d Sqrt(H)`` is
   infinite, a zero cotangent makes inf * 0 = NaN, and that NaN poisons every
   meta-gradient (``jax.grad`` through updates w.r.t. a hyperparameter). 0 is a
-  subgradient of ``|G| = Sqrt(G^2)``. The value is ``jnp.sqrt(H)``: the rule
+  subgradient of ``|G| = Sqrt(G^2)``, at every order (Hessians through an
+  update are finite too). The value is ``jnp.sqrt(H)``: the rule
   changes only the derivative, so a step that is not differentiated costs
   one square root per element and nothing more. Within :func:`_plain_sqrt`
   (a caller that supplies the derivative itself) it is ``jnp.sqrt(H)``.
@@ -195,7 +196,12 @@ def _safe_sqrt(H: Array) -> Array:
 def _safe_sqrt_jvp(primals, tangents):
   (H,) = primals
   (H_dot,) = tangents
-  root = jnp.sqrt(H)
+  # The root is the safe one again, so that the derivative of this rule (a
+  # second derivative, a Hessian-vector product) differentiates it as 0 at
+  # H = 0 too: with jnp.sqrt, d root = inf there, times the 0 cotangent of
+  # the unused branch, is NaN, and every second derivative through the
+  # update would be NaN. The same holds at every order.
+  root = _safe_sqrt(H)
   zero = H == 0
   # The tangent is linear in H_dot (so that it transposes) and has no 0/0
   # on either branch: the cotangent of the unused branch is 0 / 2, not 0 / 0.
