@@ -235,7 +235,9 @@ def adam(
   ``(X_1_final.., V_1_new.., H_1_new..)``; the formula is
   :func:`onnx_optax.rules.adam`'s (``R_adjusted * V_new / H_sqrt`` in the
   schema text's order). With a non-zero ``norm_coefficient_post`` the output
-  is ``X + (X_final - X)``, within one rounding of ``X_final``.
+  is ``X + (X_final - X)``: ``X_final`` to the bit where the two are within a
+  factor of two of each other, and within one ulp of ``max(|X|, |X_final|)``
+  in general.
   """
   hyper = dict(
     alpha=_checks.decay("alpha", alpha, below_one=True),

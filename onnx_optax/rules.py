@@ -497,8 +497,8 @@ def adam(
     no additive ``U`` can reproduce the multiplication exactly: ``U`` is
     ``X_final - X``, and ``X + U`` equals ``X_final`` to the bit whenever
     ``X_final`` and ``X`` are within a factor of two of each other (Sterbenz'
-    lemma makes the subtraction exact), and is within one rounding of it
-    otherwise.
+    lemma makes the subtraction exact), and in general within one ulp of
+    ``max(|X|, |X_final|)`` (the subtraction's rounding and the addition's).
   """
   s = adam_scalars(
     R,
@@ -731,7 +731,8 @@ def ort_adamw_elementwise(
   Returns ``(U, M1_new, M2_new)``. Without weight decay (``s.weight_decay``
   None) ``U`` is the negated step and ``X + U`` is ``W_new`` to the bit;
   otherwise ``U = W_new - X``, exact whenever ``W_new`` and ``X`` are within
-  a factor of two of each other (Sterbenz), within one rounding otherwise.
+  a factor of two of each other (Sterbenz), within one ulp of
+  ``max(|X|, |W_new|)`` in general.
   """
   if adam_mode not in ADAM_MODES:
     raise ValueError(f"adam_mode must be 0 or 1, got {adam_mode!r}")

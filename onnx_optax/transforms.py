@@ -198,7 +198,11 @@ def _transform(
 
     T = state.count
     # A schedule's value is a hyperparameter received as an array: at least float32.
-    R = _checks.wide_enough("learning_rate", learning_rate(T - initial_count)) if callable(learning_rate) else learning_rate
+    R = (
+      _checks.wide_enough("learning_rate", learning_rate(T - initial_count))
+      if callable(learning_rate)
+      else learning_rate
+    )
     s = scalars(R, T)
     grads, treedef = jax.tree.flatten(updates)
     xs = treedef.flatten_up_to(params) if uses_params else [None] * len(grads)
@@ -473,7 +477,9 @@ def adam(
       X_final       = (1 - norm_coefficient_post) * X_new
 
   ``optax.apply_updates(params, updates)`` is ``X_final`` to the bit when
-  ``norm_coefficient_post`` is 0, and within one rounding of it otherwise
+  ``norm_coefficient_post`` is 0, and otherwise to the bit where ``X`` and
+  ``X_final`` are within a factor of two, within one ulp of
+  ``max(|X|, |X_final|)`` in general
   (see :func:`onnx_optax.rules.adam`).
 
   Note the spec's ``T``: the first update (``T = 0``) has no bias correction
@@ -675,7 +681,9 @@ def ort_adamw(
         W_new = W - lr * weight_decay * W
 
   ``optax.apply_updates(params, updates)`` is ``W_new`` to the bit when
-  ``weight_decay`` is 0, and within one rounding of it otherwise (see
+  ``weight_decay`` is 0, and otherwise to the bit where ``X`` and ``W_new``
+  are within a factor of two, within one ulp of ``max(|X|, |W_new|)`` in
+  general (see
   :func:`onnx_optax.rules.ort_adamw_elementwise`).
 
   **Not** ``optax.adamw``, although mode 0 is the same rule in exact

@@ -323,7 +323,9 @@ def test_options_equal_to_the_neutral_ones_are_accepted():
   to_keras(state, opt, params, variables=variables)
 
 
-@pytest.mark.parametrize("option", [dict(weight_decay=0.0), dict(loss_scale_factor=1.0), dict(weight_decay=0)])
+@pytest.mark.parametrize(
+  "option", [dict(weight_decay=0.0), dict(loss_scale_factor=1.0), dict(weight_decay=0)]
+)
 def test_keras_no_op_options_are_accepted_and_change_nothing(option):
   """``weight_decay=0.0`` and ``loss_scale_factor=1.0`` leave Keras's step alone, so the bridge takes them.
 
