@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import pathlib
 import re
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -33,7 +34,7 @@ MOMENTUM = dict(alpha=0.9, beta=0.9, mode="standard", norm_coefficient=0.0)
 ONES, ZEROS = np.ones(3, np.float32), np.zeros(3, np.float32)
 
 #: kind (the table's first column) -> (rule, argument, extra keyword arguments) of that kind.
-KINDS = {
+KINDS: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
   "learning rate": [
     (r, "learning_rate", {}) for r in ("momentum", "adagrad", "adam", "directml_adam", "ort_adamw")
   ],
