@@ -327,13 +327,13 @@ def decays_representable(
   for path, leaf in _leaves(params):
     stored = jnp.dtype(state_dtype or leaf.dtype)
     computed = jnp.promote_types(leaf.dtype, stored)
-    for dtype, where in ((computed, "computed"), (stored, "stored")):
+    for dtype, where in ((computed, "is computed in"), (stored, "stores its state in")):
       for name, value in concrete.items():
         # NumPy, not jnp: init may run under jit, where jnp would trace it.
         if float(np.asarray(value, dtype=dtype)) == 1.0 or float(np.asarray(1 - value, dtype=dtype)) == 0.0:
           one = f" or pass {name}=1.0 if that is what you mean" if name in may_be_one else ""
           raise ValueError(
-            f"{name}={value} rounds to 1.0 in {dtype}, the dtype the state of params{path} is {where} in, "
+            f"{name}={value} rounds to 1.0 in {dtype}, the dtype params{path} {where}, "
             f"so the moment would never decay; keep the state in float32 (state_dtype=jnp.float32){one}"
           )
 

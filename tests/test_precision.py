@@ -145,7 +145,8 @@ def test_a_state_dtype_in_which_a_decay_rounds_to_1_is_refused(make, name):
   """float32 parameters, bfloat16 state (optax's mu_dtype habit): 0.999 is 1.0 in bfloat16."""
   params = {"w": jnp.ones(3, jnp.float32)}
   with pytest.raises(
-    ValueError, match=rf"{name}=0.999 rounds to 1.0 in bfloat16, .* stored in.*state_dtype=jnp.float32"
+    ValueError,
+    match=rf"{name}=0.999 rounds to 1.0 in bfloat16, the dtype params\['w'\] stores its state in.*state_dtype=jnp.float32",
   ):
     make(jnp.bfloat16).init(params)
   make(jnp.float32).init(params)  # the fix
