@@ -407,7 +407,10 @@ def adamw_optimizer(
     weights, gradients, momentums_1, momentums_2: the sequences.
     update_signal: optional bool scalar; False skips the update: every
       tensor is returned as it was and ``updated_flag`` is False.
-    alpha, beta: the moments' decays (PyTorch's ``betas``).
+    alpha, beta: the moments' decays (PyTorch's ``betas``): ``alpha`` in
+      ``[0, 1)``; ``beta`` in ``[0, 1)`` with ``adam_mode=0`` (at 1,
+      ``M2 / (1 - beta^step)`` is 0/0), in ``[0, 1]`` with ``adam_mode=1``
+      (1 and ``epsilon = 0``: refused, every step is 0/0).
     epsilon: added to the root of the second moment.
     weight_decay: the decoupled weight decay.
     correct_bias: 1 (bias corrections) or 0 (with ``adam_mode = 1`` only, as ONNX Runtime).
