@@ -186,6 +186,13 @@ def test_ort_adamw_beta_one_in_mode_0_is_refused_with_the_reason():
     onnx_optax.ort_adamw(0.1, beta=1.0, adam_mode=1, weight_decay=0.0), jnp.ones(2), jnp.ones(2), 3
   )
   assert all(np.array_equal(x, np.ones(2)) for x in out)
+  # Without bias correction, lr * M1 / epsilon at every update (the table's words), in float64.
+  with jax.enable_x64(True):
+    tx = onnx_optax.ort_adamw(0.1, beta=1.0, adam_mode=1, correct_bias=False, weight_decay=0.0, epsilon=1e-4)
+    out = _updates(tx, jnp.array([1.0, -1.0]), jnp.zeros(2), 2)
+    M1 = [0.1 * np.array([1.0, -1.0]), (0.9 * 0.1 + 0.1) * np.array([1.0, -1.0])]
+    np.testing.assert_allclose(out[0], -0.1 * M1[0] / 1e-4, rtol=1e-12)
+    np.testing.assert_allclose(out[1], out[0] - 0.1 * M1[1] / 1e-4, rtol=1e-12)
 
 
 @pytest.mark.parametrize(
