@@ -146,7 +146,8 @@ def test_a_state_dtype_in_which_a_decay_rounds_to_1_is_refused(make, name):
   params = {"w": jnp.ones(3, jnp.float32)}
   with pytest.raises(
     ValueError,
-    match=rf"{name}=0.999 rounds to 1.0 in bfloat16, the dtype params\['w'\] stores its state in.*state_dtype=jnp.float32",
+    match=rf"{name}=0.999 rounds to 1.0 in bfloat16, the dtype params\['w'\] stores its state in"
+    r".*state_dtype=jnp.float32",
   ):
     make(jnp.bfloat16).init(params)
   make(jnp.float32).init(params)  # the fix
