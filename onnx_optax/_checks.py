@@ -46,6 +46,7 @@ def hyperparameter(
   """
   if isinstance(value, bool) or isinstance(value, (str, bytes)) or value is None:
     raise TypeError(f"{name} must be a real number, got {value!r}")
+  wide_enough(name, value)  # NumPy scalars and arrays, concrete or traced: the dtype is static.
   if isinstance(value, numbers.Number):
     if isinstance(value, numbers.Complex) and not isinstance(value, numbers.Real):
       raise TypeError(f"{name} must be a real number, got complex {value!r}")
@@ -71,6 +72,31 @@ def hyperparameter(
   if maximum is not None and (x > maximum or (maximum_exclusive and x == maximum)):
     bound = f"< {maximum}" if maximum_exclusive else f"<= {maximum}"
     raise ValueError(f"{name} must be {bound}, got {x}{because}")
+  return value
+
+
+def wide_enough(name: str, value: Any) -> Any:
+  """A float hyperparameter array must be at least float32; returns it unchanged.
+
+  The rules compute their scalars (bias corrections, ``1 - beta``) in the
+  dtype the hyperparameters arrive in, float32 at least, and round them once
+  to the compute dtype (docs/spec.md, Dtypes). A hyperparameter that arrives
+  already rounded to float16 or bfloat16 is another number: bfloat16 holds
+  0.999 as 1.0 and float16 holds 1e-8 as 0, so the rule would run another
+  algorithm, silently. ``optax.inject_hyperparams`` does exactly this by
+  default: it casts every float hyperparameter to the parameters' dtype.
+  The dtype is static, so this is checked under ``jax.jit`` too.
+  """
+  dtype = getattr(value, "dtype", None)
+  if dtype is not None and jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32:
+    raise TypeError(
+      f"{name} arrived as a {dtype} array, rounded before the rule could compute with it "
+      f"(bfloat16 holds 0.999 as 1.0, float16 holds 1e-8 as 0); the rules compute their scalars in "
+      f"float32 at least. optax.inject_hyperparams casts float hyperparameters to the parameters' "
+      f"dtype unless told otherwise: pass hyperparam_dtype=jnp.float32, as in "
+      f"optax.inject_hyperparams(onnx_optax.adam, hyperparam_dtype=jnp.float32)(...); "
+      f"elsewhere pass a Python float or a float32 array"
+    )
   return value
 
 
@@ -276,29 +302,71 @@ def same_trees(updates: Any, others: dict[str, Any]) -> None:
         )
 
 
-def decays_representable(decays: dict[str, Any], params: Any, state_dtype: Any) -> None:
-  """No decay rate below 1 rounds to 1 in the dtype a leaf is computed in.
+def decays_representable(
+  decays: dict[str, Any], params: Any, state_dtype: Any, may_be_one: Sequence[str] = ()
+) -> None:
+  """No decay rate below 1 rounds to 1, nor its ``1 - decay`` to 0, where a leaf is computed or stored.
 
   The rules multiply the state by the decay rounded to the compute dtype
   (the wider of the parameter's and the state's). bfloat16 has 8
   significant bits: ``beta = 0.999`` rounds to 1.0, so Adam's second moment
   would never decay and become a running sum: a different algorithm,
-  silently. (float16 rounds 0.9999 to 1.0.) A concrete rate is checked; a
-  traced one cannot be.
+  silently. (float16 rounds 0.9999 to 1.0.)
+
+  The new state is then rounded to the state's dtype. Where the decay rounds
+  to 1 in that dtype, ``decay * V`` rounds back to ``V`` whenever the
+  gradient's share is small: a float32 computation stored in bfloat16 with
+  ``beta = 0.999`` forgets nothing either (``V`` stalls at a running sum's
+  value). So the state dtype gets the same check. A concrete rate is
+  checked; a traced one cannot be. ``may_be_one``: the rates whose range
+  includes 1, for which the message offers ``1.0`` as the other fix.
   """
   concrete = {name: float(v) for name, v in decays.items() if not is_traced(v) and 0 <= float(v) < 1}
   if not concrete:
     return
   for path, leaf in _leaves(params):
-    dtype = jnp.promote_types(leaf.dtype, state_dtype or leaf.dtype)
-    for name, value in concrete.items():
-      # NumPy, not jnp: init may run under jit, where jnp would trace it.
-      if float(np.asarray(value, dtype=dtype)) == 1.0:
-        raise ValueError(
-          f"{name}={value} rounds to 1.0 in {dtype}, the dtype params{path} is computed in, "
-          f"so the moment would never decay; keep the state in float32 (state_dtype=jnp.float32) "
-          f"or pass {name}=1.0 if that is what you mean"
-        )
+    stored = jnp.dtype(state_dtype or leaf.dtype)
+    computed = jnp.promote_types(leaf.dtype, stored)
+    for dtype, where in ((computed, "is computed in"), (stored, "stores its state in")):
+      for name, value in concrete.items():
+        # NumPy, not jnp: init may run under jit, where jnp would trace it.
+        if float(np.asarray(value, dtype=dtype)) == 1.0 or float(np.asarray(1 - value, dtype=dtype)) == 0.0:
+          one = f" or pass {name}=1.0 if that is what you mean" if name in may_be_one else ""
+          raise ValueError(
+            f"{name}={value} rounds to 1.0 in {dtype}, the dtype params{path} {where}, "
+            f"so the moment would never decay; keep the state in float32 (state_dtype=jnp.float32){one}"
+          )
+
+
+def second_moment_decay_at_one(name: str, value: Any, epsilon: Any, *, always: str = "") -> None:
+  """Refuses a second-moment decay of 1 where it gives NaN whatever the gradients.
+
+  At ``beta = 1`` the second moment keeps its initial 0 (``beta * H + 0 *
+  G^2``) and the bias correction ``1 - beta^T`` is 0. With ``epsilon = 0``
+  every step of the Adams divides by ``Sqrt(0) + 0``: 0/0. ``always``: the
+  reason when 1 gives NaN with every epsilon (ONNX Runtime's AdamW in mode 0
+  divides ``M2`` by the correction, ``0 * (1 / 0)``). Traced values are not
+  checked.
+  """
+  if is_traced(value) or float(value) != 1.0:
+    return
+  if always:
+    raise ValueError(f"{name}=1.0 {always}; use {name} < 1 ({_RANGES})")
+  if not is_traced(epsilon) and float(epsilon) == 0.0:
+    raise ValueError(
+      f"{name}=1.0 with epsilon=0: from a zero state the second moment never leaves 0 (its decay "
+      f"keeps all of it and adds 0 * G^2), so every step divides by Sqrt(0) + 0 = 0 and is Inf or "
+      f"NaN; use epsilon > 0 or {name} < 1 ({_RANGES})"
+    )
+
+
+#: The reason ONNX Runtime's AdamW refuses ``beta = 1`` in mode 0 (:func:`second_moment_decay_at_one`).
+ORT_ADAMW_MODE0_BETA_ONE = (
+  "with adam_mode=0: from a zero state the second moment M2 never leaves 0 and its bias correction "
+  "1 - beta^step is 0, "
+  "so M2 / (1 - beta^step) is 0 / 0 and every parameter becomes NaN (PyTorch's AdamW refuses "
+  "betas[1] = 1 for the same reason)"
+)
 
 
 # -- operator arguments (the ONNX interface and DirectML's call) -----------------
@@ -333,7 +401,9 @@ def integer_scalar(
   if isinstance(value, bool) or isinstance(value, np.bool_):
     raise TypeError(f"{name} must be an integer scalar (ONNX: int64), got {value!r}")
   dtype: Any
-  if isinstance(value, numbers.Integral):
+  if isinstance(value, numbers.Integral) and not isinstance(value, np.integer):
+    # A Python int: JAX's int64 (int32 in the default mode). A NumPy integer
+    # keeps its own type below, as the JAX array of the same type does.
     dtype = jax.dtypes.canonicalize_dtype(np.int64)
   else:
     shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)

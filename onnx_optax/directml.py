@@ -19,13 +19,16 @@ Differences from DirectML, on purpose:
 * The training step is an integer scalar: shape ``()`` or DirectML's
   ``{1, 1, 1, 1}`` (any shape of ones). DirectML's text requires UINT32
   while its support table lists FLOAT32/FLOAT16; this follows the text.
-  It must be ``>= 1``: at ``T = 0`` the bias correction
+  Any integer type is read in its own type (``np.uint32(2**32 - 1)`` as a
+  uint32, as ``jnp.uint32`` is; a Python int as JAX's int64, int32 in the
+  default mode). It must be ``>= 1``: at ``T = 0`` the bias correction
   ``sqrt(1 - Beta2^0) / (1 - Beta1^0)`` is 0/0. A concrete 0 raises; a traced
   0 (under :func:`jax.jit`) gives NaN.
 * DirectML gives no defaults and no ranges. Every constant is required here,
   and the ranges of :func:`onnx_optax.directml_adam` are checked
   (``0 <= beta1 < 1``, ``0 <= beta2 <= 1``, ``epsilon >= 0``), outside of
-  which the result is not finite.
+  which the result is not finite; ``beta2 = 1`` with ``epsilon = 0`` is
+  refused too (the second moment stays 0: every step is 0/0).
 """
 
 from __future__ import annotations
@@ -67,7 +70,8 @@ def adam_optimizer(
     learning_rate: ``LearningRate``, the step size.
     beta1: ``Beta1``, the first moment's decay, in ``[0, 1)`` (DirectML calls
       0.9 typical).
-    beta2: ``Beta2``, the second moment's decay, in ``[0, 1]`` (typical: 0.999).
+    beta2: ``Beta2``, the second moment's decay, in ``[0, 1]`` (typical: 0.999);
+      1 is degenerate (every update is 0) and refused with ``epsilon = 0``.
     epsilon: ``Epsilon``, added to ``sqrt(V_new)``, ``>= 0`` (typical: 1e-8, or
       ``FLT_EPSILON`` for float32).
 
@@ -90,6 +94,7 @@ def adam_optimizer(
     beta2=_checks.decay("beta2", beta2),
     epsilon=_checks.epsilon("epsilon", epsilon),
   )
+  _checks.second_moment_decay_at_one("beta2", beta2, epsilon)
   X, M, V, G = _checks.block(
     ("input_parameters", "input_first_moment", "input_second_moment", "gradient"),
     (input_parameters, input_first_moment, input_second_moment, gradient),

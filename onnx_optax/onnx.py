@@ -235,7 +235,9 @@ def adam(
   ``(X_1_final.., V_1_new.., H_1_new..)``; the formula is
   :func:`onnx_optax.rules.adam`'s (``R_adjusted * V_new / H_sqrt`` in the
   schema text's order). With a non-zero ``norm_coefficient_post`` the output
-  is ``X + (X_final - X)``, within one rounding of ``X_final``.
+  is ``X + (X_final - X)``: ``X_final`` to the bit where the two are within a
+  factor of two of each other, and within one ulp of ``max(|X|, |X_final|)``
+  in general.
   """
   hyper = dict(
     alpha=_checks.decay("alpha", alpha, below_one=True),
@@ -244,6 +246,7 @@ def adam(
     norm_coefficient=_checks.coefficient("norm_coefficient", norm_coefficient),
     norm_coefficient_post=_checks.parameter_decay("norm_coefficient_post", norm_coefficient_post),
   )
+  _checks.second_moment_decay_at_one("beta", beta, epsilon)
 
   def rule(R, T, X, G, V, H):
     return rules.adam(R, T, X, G, V, H, **hyper)
@@ -404,7 +407,10 @@ def adamw_optimizer(
     weights, gradients, momentums_1, momentums_2: the sequences.
     update_signal: optional bool scalar; False skips the update: every
       tensor is returned as it was and ``updated_flag`` is False.
-    alpha, beta: the moments' decays (PyTorch's ``betas``).
+    alpha, beta: the moments' decays (PyTorch's ``betas``): ``alpha`` in
+      ``[0, 1)``; ``beta`` in ``[0, 1)`` with ``adam_mode=0`` (at 1,
+      ``M2 / (1 - beta^step)`` is 0/0), in ``[0, 1]`` with ``adam_mode=1``
+      (1 and ``epsilon = 0``: refused, every step is 0/0).
     epsilon: added to the root of the second moment.
     weight_decay: the decoupled weight decay.
     correct_bias: 1 (bias corrections) or 0 (with ``adam_mode = 1`` only, as ONNX Runtime).
@@ -432,6 +438,9 @@ def adamw_optimizer(
   )
   correct_bias = _choice("correct_bias", correct_bias, (0, 1))
   adam_mode = _choice("adam_mode", adam_mode, (0, 1))
+  _checks.second_moment_decay_at_one(
+    "beta", beta, epsilon, always=_checks.ORT_ADAMW_MODE0_BETA_ONE if adam_mode == 0 else ""
+  )
   lr = _checks.one_element_float("lr", lr)
   flag_shape = tuple(getattr(step, "shape", ()))
   step = _checks.int64_step(

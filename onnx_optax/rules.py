@@ -177,7 +177,8 @@ def _sqrt(H: Array) -> Array:
   far (a dead unit, an unused embedding row). There ``d Sqrt(H)`` is
   infinite, a zero cotangent makes inf * 0 = NaN, and that NaN poisons every
   meta-gradient (``jax.grad`` through updates w.r.t. a hyperparameter). 0 is a
-  subgradient of ``|G| = Sqrt(G^2)``. The value is ``jnp.sqrt(H)``: the rule
+  subgradient of ``|G| = Sqrt(G^2)``, at every order (Hessians through an
+  update are finite too). The value is ``jnp.sqrt(H)``: the rule
   changes only the derivative, so a step that is not differentiated costs
   one square root per element and nothing more. Within :func:`_plain_sqrt`
   (a caller that supplies the derivative itself) it is ``jnp.sqrt(H)``.
@@ -195,7 +196,16 @@ def _safe_sqrt(H: Array) -> Array:
 def _safe_sqrt_jvp(primals, tangents):
   (H,) = primals
   (H_dot,) = tangents
-  root = jnp.sqrt(H)
+  # The root is the safe one again, so that the derivative of this rule (a
+  # second derivative, a Hessian-vector product) differentiates it as 0 at
+  # H = 0 too: with jnp.sqrt, d root = inf there, times the 0 cotangent of
+  # the unused branch, is NaN, and every second derivative through the
+  # update would be NaN. The same holds at every order. A first derivative
+  # does not differentiate this rule: there _safe_sqrt(H) is jnp.sqrt(H),
+  # and the program is the one a plain root gives (a where-based root here
+  # would add operations to every first-order meta-gradient: 25% more
+  # optimized HLO on 100 leaves of ONNX Adam).
+  root = _safe_sqrt(H)
   zero = H == 0
   # The tangent is linear in H_dot (so that it transposes) and has no 0/0
   # on either branch: the cotangent of the unused branch is 0 / 2, not 0 / 0.
@@ -491,8 +501,8 @@ def adam(
     no additive ``U`` can reproduce the multiplication exactly: ``U`` is
     ``X_final - X``, and ``X + U`` equals ``X_final`` to the bit whenever
     ``X_final`` and ``X`` are within a factor of two of each other (Sterbenz'
-    lemma makes the subtraction exact), and is within one rounding of it
-    otherwise.
+    lemma makes the subtraction exact), and in general within one ulp of
+    ``max(|X|, |X_final|)`` (the subtraction's rounding and the addition's).
   """
   s = adam_scalars(
     R,
@@ -725,7 +735,8 @@ def ort_adamw_elementwise(
   Returns ``(U, M1_new, M2_new)``. Without weight decay (``s.weight_decay``
   None) ``U`` is the negated step and ``X + U`` is ``W_new`` to the bit;
   otherwise ``U = W_new - X``, exact whenever ``W_new`` and ``X`` are within
-  a factor of two of each other (Sterbenz), within one rounding otherwise.
+  a factor of two of each other (Sterbenz), within one ulp of
+  ``max(|X|, |W_new|)`` in general.
   """
   if adam_mode not in ADAM_MODES:
     raise ValueError(f"adam_mode must be 0 or 1, got {adam_mode!r}")

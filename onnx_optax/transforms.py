@@ -133,6 +133,7 @@ def _transform(
   minimum_count: int,
   read_params_for: tuple[Any, ...],
   decays: dict[str, Any],
+  may_be_one: tuple[str, ...] = (),
 ) -> optax.GradientTransformationExtraArgs:
   """Maps a rule over the leaves of a pytree.
 
@@ -153,7 +154,9 @@ def _transform(
     read_params_for: the coefficients that multiply ``X``; unless all are the
       Python number 0 the rule reads the parameters, else it gets ``X=None``.
     decays: the decay rates that the rule subtracts from 1 in the compute
-      dtype, checked at ``init`` not to round to 1 there.
+      dtype, checked at ``init`` not to round to 1 there nor in the state's dtype.
+    may_be_one: the decays whose range includes 1 (the message of that
+      check offers 1.0 for them).
   """
   learning_rate = _learning_rate(learning_rate)
   initial_count = _checks.count("initial_count", initial_count, minimum=minimum_count)
@@ -163,7 +166,7 @@ def _transform(
 
   def init_fn(params: optax.Params) -> NamedTuple:
     _checks.floating_leaves("params", params)
-    _checks.decays_representable(decays, params, state_dtype)
+    _checks.decays_representable(decays, params, state_dtype, may_be_one)
 
     def zeros(p):
       # A fresh buffer per field and leaf: donated states must not alias.
@@ -194,7 +197,12 @@ def _transform(
     _checks.same_trees(updates, trees)
 
     T = state.count
-    R = learning_rate(T - initial_count) if callable(learning_rate) else learning_rate
+    # A schedule's value is a hyperparameter received as an array: at least float32.
+    R = (
+      _checks.wide_enough("learning_rate", learning_rate(T - initial_count))
+      if callable(learning_rate)
+      else learning_rate
+    )
     s = scalars(R, T)
     grads, treedef = jax.tree.flatten(updates)
     xs = treedef.flatten_up_to(params) if uses_params else [None] * len(grads)
@@ -362,6 +370,7 @@ def momentum(
     minimum_count=0,
     read_params_for=(norm_coefficient,),
     decays={"alpha": hyper["alpha"]},
+    may_be_one=("alpha",),
   )
 
 
@@ -468,7 +477,9 @@ def adam(
       X_final       = (1 - norm_coefficient_post) * X_new
 
   ``optax.apply_updates(params, updates)`` is ``X_final`` to the bit when
-  ``norm_coefficient_post`` is 0, and within one rounding of it otherwise
+  ``norm_coefficient_post`` is 0, and otherwise to the bit where ``X`` and
+  ``X_final`` are within a factor of two, within one ulp of
+  ``max(|X|, |X_final|)`` in general
   (see :func:`onnx_optax.rules.adam`).
 
   Note the spec's ``T``: the first update (``T = 0``) has no bias correction
@@ -484,7 +495,10 @@ def adam(
   Args:
     learning_rate: ``R``, a float or an Optax schedule.
     alpha: first-moment decay, in ``[0, 1)`` (``alpha = 1`` divides by zero).
-    beta: second-moment decay, in ``[0, 1]``.
+    beta: second-moment decay, in ``[0, 1]``. ``beta = 1`` is legal but
+      degenerate: ``H`` stays 0, the first update is ``R * V_new / epsilon``
+      and every later one is 0 (``Sqrt(1 - beta^T) = 0``); refused with
+      ``epsilon = 0``, where every update is 0/0.
     epsilon: added to ``Sqrt(H_new)``, ``>= 0``.
     norm_coefficient: L2 coefficient added to the gradient.
     norm_coefficient_post: multiplicative decay of the new parameters.
@@ -507,6 +521,7 @@ def adam(
     norm_coefficient=_checks.coefficient("norm_coefficient", norm_coefficient),
     norm_coefficient_post=_checks.parameter_decay("norm_coefficient_post", norm_coefficient_post),
   )
+  _checks.second_moment_decay_at_one("beta", beta, epsilon)
 
   def scalars(R, T):
     return rules.adam_scalars(R, T, **hyper)
@@ -524,6 +539,7 @@ def adam(
     minimum_count=0,
     read_params_for=(norm_coefficient, norm_coefficient_post),
     decays={"alpha": hyper["alpha"], "beta": hyper["beta"]},
+    may_be_one=("beta",),
   )
 
 
@@ -562,7 +578,9 @@ def directml_adam(
   Args:
     learning_rate: ``LearningRate``, a float or an Optax schedule.
     beta1: first-moment decay, in ``[0, 1)``.
-    beta2: second-moment decay, in ``[0, 1]``.
+    beta2: second-moment decay, in ``[0, 1]``. ``beta2 = 1`` is legal but
+      degenerate: ``V`` stays 0 and ``Alpha = 0``, so every update is 0;
+      refused with ``epsilon = 0``, where every update is 0/0.
     epsilon: added to ``sqrt(V_new)``, ``>= 0``.
     initial_count: ``T`` at the first update, ``>= 1``.
     state_dtype: dtype of ``M`` and ``V``; default each parameter's dtype.
@@ -581,6 +599,7 @@ def directml_adam(
     beta2=_checks.decay("beta2", beta2),
     epsilon=_checks.epsilon("epsilon", epsilon),
   )
+  _checks.second_moment_decay_at_one("beta2", beta2, epsilon)
 
   def scalars(R, T):
     return rules.directml_adam_scalars(R, T, **hyper)
@@ -598,6 +617,7 @@ def directml_adam(
     minimum_count=1,
     read_params_for=(),
     decays={"beta1": hyper["beta1"], "beta2": hyper["beta2"]},
+    may_be_one=("beta2",),
   )
 
 
@@ -661,7 +681,9 @@ def ort_adamw(
         W_new = W - lr * weight_decay * W
 
   ``optax.apply_updates(params, updates)`` is ``W_new`` to the bit when
-  ``weight_decay`` is 0, and within one rounding of it otherwise (see
+  ``weight_decay`` is 0, and otherwise to the bit where ``X`` and ``W_new``
+  are within a factor of two, within one ulp of ``max(|X|, |W_new|)`` in
+  general (see
   :func:`onnx_optax.rules.ort_adamw_elementwise`).
 
   **Not** ``optax.adamw``, although mode 0 is the same rule in exact
@@ -690,7 +712,10 @@ def ort_adamw(
     learning_rate: ``lr``, a float or an Optax schedule (evaluated at the
       number of updates applied, 0 at the first).
     alpha: first-moment decay (PyTorch ``betas[0]``), in ``[0, 1)``.
-    beta: second-moment decay (PyTorch ``betas[1]``), in ``[0, 1]``.
+    beta: second-moment decay (PyTorch ``betas[1]``), in ``[0, 1)`` for
+      ``adam_mode=0`` (at 1, ``M2 / beta_correction`` is 0/0: NaN, and PyTorch
+      refuses it too), in ``[0, 1]`` for ``adam_mode=1``, where 1 makes every
+      update 0 (refused with ``epsilon = 0``: 0/0).
     epsilon: added to the root, ``>= 0`` (PyTorch ``eps``).
     weight_decay: decoupled decay coefficient, ``>= 0``. Non-zero needs the
       parameters: ``update(grads, state, params)``.
@@ -729,6 +754,9 @@ def ort_adamw(
     epsilon=_checks.epsilon("epsilon", epsilon),
     weight_decay=_checks.coefficient("weight_decay", weight_decay),
   )
+  _checks.second_moment_decay_at_one(
+    "beta", beta, epsilon, always=_checks.ORT_ADAMW_MODE0_BETA_ONE if adam_mode == 0 else ""
+  )
 
   def scalars(R, T):
     return rules.ort_adamw_scalars(R, T, **hyper, adam_mode=adam_mode, correct_bias=correct_bias)
@@ -746,6 +774,7 @@ def ort_adamw(
     minimum_count=1 if correct_bias else 0,
     read_params_for=(weight_decay,),
     decays={"alpha": hyper["alpha"], "beta": hyper["beta"]},
+    may_be_one=("beta",) if adam_mode == 1 else (),
   )
 
 

@@ -79,6 +79,34 @@ def test_one_call_equals_the_transforms_first_update():
 
 
 @pytest.mark.parametrize(
+  "step",
+  [
+    np.uint32(2**32 - 1),
+    np.uint8(200),
+    np.int16(7),
+    np.uint16(65535),
+    np.int32(2**31 - 1),
+    np.uint64(2**32 - 1),
+  ],
+)
+def test_every_integer_type_whose_value_fits(step):
+  """A NumPy integer scalar is read in its own type, as the JAX array of that type is.
+
+  ``np.uint32(2**32 - 1)`` (DirectML's own UINT32) was read as a Python int,
+  hence as int32, and refused with advice about x64; ``jnp.uint32`` of the
+  same value was accepted. Both now give the same outputs, which follow the
+  NumPy reference at that ``T``. (uint64 is held as uint32 in JAX's default
+  mode: its value fits.)
+  """
+  X, M, V, G = _inputs((3,), np.float32, np.random.default_rng(4))
+  ours = adam_optimizer(X, M, V, G, step, **HYPER)
+  as_jax = adam_optimizer(X, M, V, G, jnp.asarray(step), **HYPER)
+  for a, b in zip(ours, as_jax, strict=True):
+    np.testing.assert_array_equal(a, b)
+  _check(ours, X, M, V, G, int(step), HYPER, np.float32)
+
+
+@pytest.mark.parametrize(
   "step, error, match",
   [
     (0, ValueError, "training_step must be >= 1, got 0.*0/0"),

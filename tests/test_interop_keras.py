@@ -323,6 +323,27 @@ def test_options_equal_to_the_neutral_ones_are_accepted():
   to_keras(state, opt, params, variables=variables)
 
 
+@pytest.mark.parametrize(
+  "option", [dict(weight_decay=0.0), dict(loss_scale_factor=1.0), dict(weight_decay=0)]
+)
+def test_keras_no_op_options_are_accepted_and_change_nothing(option):
+  """``weight_decay=0.0`` and ``loss_scale_factor=1.0`` leave Keras's step alone, so the bridge takes them.
+
+  The carried run (3 steps in Keras with the option, 4 in JAX) ends at a
+  Keras run of 7 steps *with* the option, to the float32 bound.
+  """
+  x0, grads = initial(np.float32), gradients(7, np.float32)
+  records = keras_steps(keras.optimizers.Adam(**HYPER, **option), keras_variables(x0), grads)
+  variables = keras_variables(x0)
+  opt = keras.optimizers.Adam(**HYPER, **option)
+  keras_steps(opt, variables, grads[:3])
+  tx, state = from_keras(opt, [jnp.asarray(v.numpy()) for v in variables])
+  params, state = jax_steps(tx, state, [jnp.asarray(v.numpy()) for v in variables], grads[3:])
+  _, _, _, run64 = reference_run(np.float32, 7)
+  check_final(np.float32, params, state.m, state.v, records, run64)
+  to_keras(state, keras.optimizers.Adam(**HYPER, **option), params, variables=keras_variables(x0))
+
+
 def test_refuses_mismatched_params():
   variables, params = _params()
   opt = keras.optimizers.Adam()

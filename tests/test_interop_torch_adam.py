@@ -479,14 +479,16 @@ def test_refuses_tensor_hyperparameters(options, key):
 def test_refuses_betas_out_of_range_by_their_pytorch_name(betas, index):
   """``betas`` edited after construction (PyTorch checks them only then): refused under
   ``param_groups[0]['betas'][k]``, not under the transform's ``alpha``/``beta``. ``betas[0] = 1``
-  (the bias correction ``1 - beta1^t`` is 0) is refused, ``betas[1] = 1`` is not: PyTorch allows it."""
+  (the bias correction ``1 - beta1^t`` is 0) is refused; so is ``betas[1] = 1``, where PyTorch's
+  constructor refuses it and its step, edited in, gives NaN (``exp_avg_sq / (1 - 1^t)``)."""
   ps, structure = _params32()
   opt = torch.optim.AdamW(ps, lr=0.1)
   opt.param_groups[0]["betas"] = betas
   with pytest.raises(ValueError, match=rf"param_groups\[0\]\['betas'\]\[{index}\]"):
     from_torch(opt, structure)
   opt.param_groups[0]["betas"] = (0.9, 1.0)
-  from_torch(opt, structure)
+  with pytest.raises(ValueError, match=r"beta=1.0 with adam_mode=0.*PyTorch's AdamW refuses betas\[1\] = 1"):
+    from_torch(opt, structure)
 
 
 def test_refuses_complex_parameters():

@@ -27,6 +27,7 @@ per step.
 
 from __future__ import annotations
 
+import functools
 import operator
 import zlib
 
@@ -245,13 +246,18 @@ def test_injected_values_are_validated_when_concrete():
 
 
 def test_state_dtype_under_inject_hyperparams():
-  """inject_hyperparams takes every callable for a schedule, jnp.float32 included."""
+  """inject_hyperparams takes every callable for a schedule, jnp.float32 included.
+
+  (bfloat16 parameters: the hyperparameters are injected as float32, see
+  tests/test_precision.py.)
+  """
   params = {"w": jnp.ones(3, jnp.bfloat16)}
+  inject = functools.partial(optax.inject_hyperparams, hyperparam_dtype=jnp.float32)
   with pytest.raises(TypeError, match="static_args"):
-    optax.inject_hyperparams(onnx_optax.adam)(0.1, state_dtype=jnp.float32).init(params)
+    inject(onnx_optax.adam)(0.1, state_dtype=jnp.float32).init(params)
   for opt in (
-    optax.inject_hyperparams(onnx_optax.adam, static_args=("state_dtype",))(0.1, state_dtype=jnp.float32),
-    optax.inject_hyperparams(onnx_optax.adam)(0.1, state_dtype=jnp.dtype("float32")),
+    inject(onnx_optax.adam, static_args=("state_dtype",))(0.1, state_dtype=jnp.float32),
+    inject(onnx_optax.adam)(0.1, state_dtype=jnp.dtype("float32")),
   ):
     state = opt.init(params)
     assert "state_dtype" not in state.hyperparams

@@ -39,17 +39,20 @@ from onnx_optax.interop import _common
 __all__ = ["from_keras", "to_keras"]
 
 # Base-optimizer options that change the update and that no rule has, with
-# the value that leaves the update alone and what to do instead.
+# the values that leave the update alone and what to do instead. Keras's
+# weight_decay=0.0 subtracts x * 0 * lr (x itself for finite x), and its
+# loss_scale_factor=1.0 scales the loss by 1 and the gradients by 1 / 1: both
+# change nothing, as None does.
 _OPTIONS = (
   (
     "amsgrad",
-    False,
+    (False,),
     "AMSGrad keeps the maximum of the second moments; no onnx_optax rule "
     "does (optax.amsgrad is the nearest, with epsilon inside the bias correction)",
   ),
   (
     "weight_decay",
-    None,
+    (None, 0.0),
     "Keras decays the weights before the step (x -= lr * wd * x), "
     "decoupled from the gradient, which no onnx_optax rule does; "
     "optax.chain(onnx_optax.directml_adam(...), optax.add_decayed_weights(-lr * wd)) is the "
@@ -57,15 +60,15 @@ _OPTIONS = (
   ),
   (
     "clipnorm",
-    None,
+    (None,),
     "Keras clips each gradient's norm and the rules do not clip: clip in "
     "JAX before the transform, optax.chain(<per-leaf norm clipping>, tx)",
   ),
-  ("clipvalue", None, "clip in JAX with optax.chain(optax.clip(value), ...)"),
-  ("global_clipnorm", None, "clip in JAX with optax.chain(optax.clip_by_global_norm(norm), ...)"),
-  ("use_ema", False, "keep an average in JAX with optax.ema or a copy of the parameters"),
-  ("gradient_accumulation_steps", None, "accumulate in JAX with optax.MultiSteps"),
-  ("loss_scale_factor", None, "scale the loss and unscale the gradients yourself"),
+  ("clipvalue", (None,), "clip in JAX with optax.chain(optax.clip(value), ...)"),
+  ("global_clipnorm", (None,), "clip in JAX with optax.chain(optax.clip_by_global_norm(norm), ...)"),
+  ("use_ema", (False,), "keep an average in JAX with optax.ema or a copy of the parameters"),
+  ("gradient_accumulation_steps", (None,), "accumulate in JAX with optax.MultiSteps"),
+  ("loss_scale_factor", (None, 1.0), "scale the loss and unscale the gradients yourself"),
 )
 
 
@@ -279,9 +282,14 @@ def _check_optimizer(keras: Any, optimizer: Any) -> None:
       f"keras.optimizers.Adam (DirectML Adam)"
     )
   for name, neutral, instead in _OPTIONS:
-    value = getattr(optimizer, name, neutral)
-    if not (value is neutral or value == neutral):
+    value = getattr(optimizer, name, neutral[0])
+    if not any(_is_neutral(value, n) for n in neutral):
       raise ValueError(f"the optimizer has {name}={value!r}: {instead}")
+
+
+def _is_neutral(value: Any, neutral: Any) -> bool:
+  """``value`` is ``neutral`` or equal to it (options are compared by value: ``use_ema=0`` is ``False``)."""
+  return value is neutral or (value is not None and neutral is not None and bool(value == neutral))
 
 
 def _iterations(keras: Any, optimizer: Any) -> int:

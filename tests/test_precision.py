@@ -1,0 +1,179 @@
+"""Low precision never changes the algorithm silently: hyperparameters and state dtypes.
+
+Two ways a 16-bit dtype used to turn a rule into another one without a word:
+
+* ``optax.inject_hyperparams`` casts every float hyperparameter to the
+  parameters' dtype by default (``hyperparam_dtype=None``): with bfloat16
+  parameters ``beta = 0.999`` arrives as 1.0, with float16 ``epsilon = 1e-8``
+  as 0. The rules compute their scalars in float32 at least, so a float
+  hyperparameter array narrower than float32 is refused, with the fix
+  (``hyperparam_dtype=jnp.float32``), which these tests follow literally:
+  injected then equals plain, bit for bit, for every rule in bfloat16 and
+  float16, with and without a float32 state.
+* A ``state_dtype`` in which a decay rounds to 1: the state is computed in
+  float32 but stored in bfloat16, and ``0.999 * V`` rounds back to ``V``.
+  ``init`` refuses it as it refuses the same decay in the compute dtype.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from rule_configs import RULE_CONFIGS, static_args
+
+import onnx_optax
+from onnx_optax import onnx as ox
+
+DTYPES = [jnp.bfloat16, jnp.float16]
+
+
+def _params(dtype):
+  rng = np.random.default_rng(0)
+  return {"w": jnp.asarray(rng.normal(size=(3, 2)), dtype), "b": jnp.asarray(1 + rng.uniform(size=3), dtype)}
+
+
+def _grads(dtype, k):
+  rng = np.random.default_rng(k + 1)
+  # Non-zero everywhere: an injected norm_coefficient of 0 reads X, a static one does not, and
+  # 0 * X + (-0.0) is +0.0 where G = -0.0 (the only input where the two differ).
+  return {
+    "w": jnp.asarray(rng.normal(size=(3, 2)) + 3, dtype),
+    "b": jnp.asarray(rng.uniform(0.1, 1, size=3), dtype),
+  }
+
+
+def _run(tx, params, steps):
+  state = tx.init(params)
+  for k in range(steps):
+    updates, state = tx.update(_grads(params["w"].dtype, k), state, params)
+    params = optax.apply_updates(params, updates)
+  return params, state
+
+
+def _same(a, b):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+    assert x.dtype == y.dtype
+    np.testing.assert_array_equal(np.asarray(x, np.float64), np.asarray(y, np.float64))
+
+
+@pytest.mark.parametrize("state_dtype", [None, jnp.float32], ids=["own_state", "float32_state"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("name", sorted(RULE_CONFIGS))
+def test_injected_16_bit_hyperparameters_are_refused_and_the_fix_is_the_plain_transform(
+  name, dtype, state_dtype
+):
+  config = RULE_CONFIGS[name]
+  hyper = {**config.hyper, "state_dtype": state_dtype}
+  statics = static_args(config.hyper, "state_dtype")
+  params = _params(dtype)
+  with pytest.raises(TypeError, match=r"hyperparam_dtype=jnp\.float32"):
+    optax.inject_hyperparams(config.make, static_args=statics)(config.learning_rate, **hyper).init(params)
+  # The advice, followed literally.
+  injected = optax.inject_hyperparams(config.make, static_args=statics, hyperparam_dtype=jnp.float32)
+  got_params, got_state = _run(injected(config.learning_rate, **hyper), params, 4)
+  want_params, want_state = _run(config.make(config.learning_rate, **hyper), params, 4)
+  _same(got_params, want_params)
+  _same(got_state.inner_state, want_state)
+
+
+def test_the_issue_example_directml_in_bfloat16():
+  """The default hyperparameters (beta2 = 0.999) and a float32 state: refused as injected, and
+  with hyperparam_dtype the plain transform's result, where a bfloat16 beta2 froze the parameters."""
+  p, g = jnp.ones(2, jnp.bfloat16), jnp.array([0.5, -1.0], jnp.bfloat16)
+  inject = lambda **kw: optax.inject_hyperparams(onnx_optax.directml_adam, static_args=("state_dtype",), **kw)  # noqa: E731
+  with pytest.raises(TypeError, match=r"arrived as a bfloat16 array.*hyperparam_dtype=jnp\.float32"):
+    inject()(0.1, state_dtype=jnp.float32).init(p)
+
+  def run(tx):
+    x, s = p, tx.init(p)
+    for _ in range(3):
+      u, s = tx.update(g, s)
+      x = optax.apply_updates(x, u)
+    return x
+
+  got = run(inject(hyperparam_dtype=jnp.float32)(0.1, state_dtype=jnp.float32))
+  np.testing.assert_array_equal(got, run(onnx_optax.directml_adam(0.1, state_dtype=jnp.float32)))
+  # float64 evaluation of DirectML's formula: G constant, so M_new / sqrt(V_new) = sign(G) c_T.
+  x = np.ones(2)
+  m = v = np.zeros(2)
+  for T in (1, 2, 3):
+    m, v = 0.9 * m + 0.1 * np.array([0.5, -1.0]), 0.999 * v + 0.001 * np.array([0.25, 1.0])
+    x = x - 0.1 * np.sqrt(1 - 0.999**T) / (1 - 0.9**T) * m / (np.sqrt(v) + 1e-8)
+  np.testing.assert_allclose(np.asarray(got, np.float64), x, atol=2**-7)  # bfloat16 parameters
+  assert not np.array_equal(np.asarray(got, np.float64), np.ones(2))
+
+
+def test_a_schedule_of_16_bit_values_is_refused():
+  opt = onnx_optax.adam(lambda count: jnp.asarray(1e-3, jnp.bfloat16), state_dtype=jnp.float32)
+  params = jnp.ones(2, jnp.bfloat16)
+  with pytest.raises(TypeError, match=r"learning_rate arrived as a bfloat16 array"):
+    opt.update(params, opt.init(params))
+  # Traced: the dtype is static, so jit refuses it the same way.
+  with pytest.raises(TypeError, match=r"learning_rate arrived as a bfloat16 array"):
+    jax.jit(opt.update)(params, opt.init(params))
+
+
+def test_an_onnx_call_refuses_a_16_bit_R():
+  """ONNX's R is float or double; a float16 R would round every scalar of the rule."""
+  X = np.ones(2, np.float16)
+  with pytest.raises(TypeError, match=r"R arrived as a float16 array"):
+    ox.adam(np.float16(0.1), 1, X, X, X, X)
+  ox.adam(np.float32(0.1), 1, X, X, X, X)
+
+
+# -- the state's dtype against the decays --------------------------------------------
+
+
+@pytest.mark.parametrize(
+  "make, name",
+  [
+    (lambda sd: onnx_optax.directml_adam(1e-3, state_dtype=sd), "beta2"),
+    (lambda sd: onnx_optax.adam(1e-3, state_dtype=sd), "beta"),
+    (lambda sd: onnx_optax.ort_adamw(1e-3, state_dtype=sd), "beta"),
+    (
+      lambda sd: onnx_optax.momentum(
+        1e-3, alpha=0.999, beta=1.0, mode="standard", norm_coefficient=0.0, state_dtype=sd
+      ),
+      "alpha",
+    ),
+  ],
+)
+def test_a_state_dtype_in_which_a_decay_rounds_to_1_is_refused(make, name):
+  """float32 parameters, bfloat16 state (optax's mu_dtype habit): 0.999 is 1.0 in bfloat16."""
+  params = {"w": jnp.ones(3, jnp.float32)}
+  with pytest.raises(
+    ValueError,
+    match=rf"{name}=0.999 rounds to 1.0 in bfloat16, the dtype params\['w'\] stores its state in"
+    r".*state_dtype=jnp.float32",
+  ):
+    make(jnp.bfloat16).init(params)
+  make(jnp.float32).init(params)  # the fix
+
+
+def test_the_refused_bfloat16_state_would_have_stalled():
+  """What the refusal prevents, measured with a traced beta2 (which no check can read): V stalls.
+
+  G = 0.5 for 5,000 steps, then G = 0 for 1,000: the float64 moving average
+  is 0.25 (1 - 0.999^5000) = 0.2483, then 0.0913. A bfloat16 state stalls at
+  0.0625 and forgets nothing; the float32 state the message advises follows
+  float64.
+  """
+
+  def final_v(beta2, state_dtype):
+    opt = onnx_optax.directml_adam(1e-3, beta2=beta2, state_dtype=state_dtype)
+
+    def steps(state, G, n):
+      return jax.lax.scan(lambda s, _: (opt.update(jnp.full(1, G), s)[1], None), state, length=n)[0]
+
+    state = steps(opt.init(jnp.ones(1, jnp.float32)), 0.5, 5000)
+    return state.v[0], steps(state, 0.0, 1000).v[0]
+
+  want = 0.25 * (1 - 0.999**5000)
+  stalled = jax.jit(final_v, static_argnums=1)(0.999, jnp.bfloat16)
+  assert [float(v) for v in stalled] == [0.0625, 0.0625]
+  followed = final_v(0.999, jnp.float32)
+  assert float(followed[0]) == pytest.approx(want, rel=1e-4)
+  assert float(followed[1]) == pytest.approx(want * 0.999**1000, rel=1e-4)
