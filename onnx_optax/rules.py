@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 import numbers
 from collections.abc import Iterator
 from typing import Any, NamedTuple, TypeVar
@@ -75,6 +76,9 @@ __all__ = [
   "MomentumScalars",
   "OrtAdamWScalars",
   "OrtSGDScalars",
+  "PyTorchAdagradScalars",
+  "PyTorchAdamScalars",
+  "PyTorchSGDScalars",
   "adagrad",
   "adagrad_elementwise",
   "adagrad_scalars",
@@ -94,6 +98,12 @@ __all__ = [
   "ort_sgd",
   "ort_sgd_elementwise",
   "ort_sgd_scalars",
+  "pytorch_adagrad_elementwise",
+  "pytorch_adagrad_scalars",
+  "pytorch_adam_elementwise",
+  "pytorch_adam_scalars",
+  "pytorch_sgd_elementwise",
+  "pytorch_sgd_scalars",
 ]
 
 #: The values of ONNX Momentum's ``mode`` attribute.
@@ -832,3 +842,328 @@ def ort_sgd(R: ArrayLike, T: ArrayLike, X: Array, G: Array) -> tuple[Array]:
     ``(U,)`` with ``X + U == W_new`` to the bit.
   """
   return ort_sgd_elementwise(like(ort_sgd_scalars(R, T), X.dtype), X, G)
+
+
+# -- PyTorch-order twins (torch.optim.SGD, Adagrad, Adam, AdamW) ------------------------
+#
+# The same rules as ONNX Momentum, ONNX Adagrad and ONNX Runtime's AdamW (mode 0) in exact
+# arithmetic, in the order and with the scalar conventions of PyTorch 2.13's own kernels
+# (torch/optim/sgd.py `_single_tensor_sgd`, adagrad.py `_single_tensor_adagrad`, adam.py
+# `_single_tensor_adam`; docs/spec.md, "PyTorch-order twins"), so that a run carried from
+# PyTorch continues in float32 as PyTorch would have. They are twins with their own names:
+# the ONNX and ONNX Runtime rules above keep their spec's order.
+#
+# Conventions (each one PyTorch's):
+#
+# * Every PyTorch operation (`mul_`, `add_`, `lerp_`, `addcmul_`, `addcdiv_`, `sqrt`, ...)
+#   computes in its "opmath" dtype (float32 for float32, bfloat16 and float16 tensors,
+#   float64 for float64) and stores its result in its output's dtype: `_stored` rounds there.
+# * Within one operation the element-wise part follows PyTorch's vectorized CPU code, which
+#   uses a fused multiply-add for `add(other, alpha)`, `lerp` and `addcmul` (measured: every
+#   element of torch 2.13's CPU results is the FMA's): such a product is written `a * b + c`,
+#   and XLA contracts it (XLA:CPU and XLA:GPU allow LLVM's contraction). A product that
+#   PyTorch stores before adding (`buf.mul_(momentum).add_(...)`, `param.mul_(1 - lr*wd)`,
+#   `exp_avg_sq.mul_(beta2)`) goes through `_stored`, whose addition of a run-time -0.0
+#   (exact: x + -0.0 is x for every x, signed zeros included) keeps LLVM from contracting it.
+# * The scalars are Python floats in PyTorch, computed in float64 (`1 - beta2`,
+#   `1 - lr * weight_decay`, `lr / (1 - beta1**step)`, ...) and rounded once to the opmath
+#   dtype by the kernel. Here those that depend only on the hyperparameters are computed in
+#   float64 on the host when the hyperparameters are Python numbers; those that depend on the
+#   step are computed at the update in the widest float dtype JAX has (float64 under
+#   `jax_enable_x64`, where they are PyTorch's; else float32, see `_pytorch_power_complement`).
+
+
+def _torch_opmath(*dtypes: Any) -> Any:
+  """The dtype PyTorch's CPU kernels compute in: float64 if any tensor is, else float32."""
+  return jnp.float64 if any(jnp.dtype(d) == jnp.float64 for d in dtypes) else jnp.float32
+
+
+def _stored(x: Array, dtype: DTypeLike, neg_zero: Array) -> Array:
+  """``x`` (in the opmath dtype) as PyTorch stores an operation's result in ``dtype``.
+
+  Narrower than ``x``: rounded to ``dtype``'s precision and range, kept in ``x``'s
+  dtype (``lax.reduce_precision``, round to nearest even, as PyTorch's conversion).
+  The same dtype: ``x + neg_zero``, a run-time ``-0.0`` that XLA cannot fold, so
+  that LLVM does not contract a product stored here into the next addition.
+  """
+  dtype = jnp.dtype(dtype)
+  if dtype != x.dtype:
+    info = jnp.finfo(dtype)
+    return jax.lax.reduce_precision(x, exponent_bits=info.nexp, mantissa_bits=info.nmant)
+  return x + neg_zero
+
+
+def _pytorch_power_complement(beta: float, step: Array, dtype: DTypeLike) -> Array:
+  """PyTorch's bias correction ``1 - beta**step`` (Python floats: float64) in ``dtype``.
+
+  float64: the same expression as PyTorch's. float32 (no ``jax_enable_x64``): ``-expm1(step *
+  log(beta))`` with ``log(beta)`` taken on the host in float64 (the float32 ``beta`` is not
+  PyTorch's ``beta``): a few float32 ulps from PyTorch's rounded float64 value.
+  """
+  step = jnp.asarray(step, dtype)
+  if jnp.dtype(dtype) == jnp.float64:
+    return 1 - jnp.asarray(beta, dtype) ** step
+  if beta == 0:
+    return jnp.ones((), dtype)
+  return -jnp.expm1(step * jnp.asarray(math.log(beta), dtype))
+
+
+def _scalar_dtype() -> Any:
+  """float64 under ``jax_enable_x64``, else float32: where step-dependent scalars are computed."""
+  return jnp.result_type(float)
+
+
+def _host_or_traced(value: Any, f: Any) -> Any:
+  """``f(value)`` in Python float64 for a Python number, in JAX for an array."""
+  if isinstance(value, numbers.Real) and not isinstance(value, bool):
+    return f(float(value))
+  return f(jnp.asarray(value))
+
+
+def _neg_zero(count: ArrayLike) -> Array:
+  """``-0.0`` computed from the update count at run time (see :func:`_stored`)."""
+  return jnp.where(jnp.asarray(count) < -1, 1.0, -0.0).astype(_scalar_dtype())
+
+
+class PyTorchSGDScalars(NamedTuple):
+  """The per-update scalars of :func:`pytorch_sgd`: ``-lr``, ``momentum``, ``1 - dampening``,
+  ``weight_decay``; ``first`` (a bool: PyTorch has no momentum buffer yet) and ``neg_zero``."""
+
+  neg_lr: Any
+  momentum: Any
+  one_minus_dampening: Any
+  weight_decay: Any
+  first: Any
+  neg_zero: Any
+
+
+def pytorch_sgd_scalars(
+  lr: ArrayLike, count: ArrayLike, *, momentum: float, dampening: float, weight_decay: float
+) -> PyTorchSGDScalars:
+  """``-lr``, ``1 - dampening`` (Python float64, as PyTorch's ``alpha``), ``first = count == 0``.
+
+  ``count`` is the number of updates done (PyTorch's SGD keeps a momentum buffer from its
+  first step on: ``count > 0`` means there is one). ``1 - dampening`` is None when it is 1.
+  """
+  one_minus_dampening = _host_or_traced(dampening, lambda d: 1 - d)
+  if _is_static(one_minus_dampening, 1):
+    one_minus_dampening = None
+  return PyTorchSGDScalars(
+    _host_or_traced(lr, lambda r: -r),
+    momentum,
+    one_minus_dampening,
+    None if _is_static_zero(weight_decay) else weight_decay,
+    jnp.asarray(count) == 0,
+    _neg_zero(count),
+  )
+
+
+def pytorch_sgd_elementwise(
+  s: PyTorchSGDScalars,
+  X: Array,
+  G: Array,
+  buf: Array | None,
+  *,
+  nesterov: bool,
+  maximize: bool,
+) -> tuple[Array, Array | None]:
+  """``torch.optim.SGD``'s step on one tensor, in ``_single_tensor_sgd``'s order::
+
+      grad = -grad if maximize
+      grad = grad.add(param, alpha=weight_decay)                   if weight_decay != 0
+      buf  = grad.clone() at the first step, else
+             buf.mul_(momentum).add_(grad, alpha=1 - dampening)     if momentum != 0
+      grad = grad.add(buf, alpha=momentum) if nesterov, else buf    if momentum != 0
+      param.add_(grad, alpha=-lr)
+
+  ``X``, ``G`` and ``buf`` in their own dtypes (``buf`` None: no momentum); computes in
+  PyTorch's opmath dtype. Returns ``(X_new, buf_new)`` in ``X``'s and ``buf``'s dtypes.
+  """
+  dt = _torch_opmath(X.dtype, G.dtype, *(() if buf is None else (buf.dtype,)))
+  x, g, nz = X.astype(dt), G.astype(dt), jnp.asarray(s.neg_zero, dt)
+  g_dtype = jnp.promote_types(G.dtype, X.dtype)
+  if maximize:
+    g = -g
+  if s.weight_decay is not None:
+    g = _stored(x * s.weight_decay + g, g_dtype, nz)
+  buf_new = None
+  if buf is not None:
+    b = buf.astype(dt)
+    decayed = _stored(b * s.momentum, buf.dtype, nz)
+    damped = g + decayed if s.one_minus_dampening is None else g * s.one_minus_dampening + decayed
+    b_new = jnp.where(s.first, _stored(g, buf.dtype, nz), _stored(damped, buf.dtype, nz))
+    buf_new = b_new.astype(buf.dtype)
+    g = _stored(b_new * s.momentum + g, jnp.promote_types(g_dtype, buf.dtype), nz) if nesterov else b_new
+  x_new = g * s.neg_lr + x
+  return x_new.astype(X.dtype), buf_new
+
+
+class PyTorchAdagradScalars(NamedTuple):
+  """The per-update scalars of :func:`pytorch_adagrad`: ``-clr``, ``eps``, ``weight_decay``."""
+
+  neg_clr: Any
+  eps: Any
+  weight_decay: Any
+  neg_zero: Any
+
+
+def pytorch_adagrad_scalars(
+  lr: ArrayLike, count: ArrayLike, *, lr_decay: float, eps: float, weight_decay: float
+) -> PyTorchAdagradScalars:
+  """``clr = lr / (1 + (step - 1) * lr_decay)`` with ``step = count + 1`` (PyTorch's step after its
+  increment), in float64 under ``jax_enable_x64``, else float32."""
+  if _is_static_zero(lr_decay):
+    neg_clr = _host_or_traced(lr, lambda r: -r)
+  else:
+    dtype = _scalar_dtype()
+    neg_clr = -(jnp.asarray(lr, dtype) / (1 + jnp.asarray(count, dtype) * jnp.asarray(lr_decay, dtype)))
+  return PyTorchAdagradScalars(
+    neg_clr, eps, None if _is_static_zero(weight_decay) else weight_decay, _neg_zero(count)
+  )
+
+
+def pytorch_adagrad_elementwise(
+  s: PyTorchAdagradScalars,
+  X: Array,
+  G: Array,
+  state_sum: Array,
+  *,
+  maximize: bool,
+) -> tuple[Array, Array]:
+  """``torch.optim.Adagrad``'s step on one tensor, in ``_single_tensor_adagrad``'s order::
+
+      grad = -grad if maximize
+      grad = grad.add(param, alpha=weight_decay)        if weight_decay != 0
+      clr  = lr / (1 + (step - 1) * lr_decay)
+      state_sum.addcmul_(grad, grad, value=1)
+      std  = state_sum.sqrt().add_(eps)
+      param.addcdiv_(grad, std, value=-clr)
+
+  Returns ``(X_new, sum_new)`` in ``X``'s and ``state_sum``'s dtypes.
+  """
+  dt = _torch_opmath(X.dtype, G.dtype, state_sum.dtype)
+  x, g, nz = X.astype(dt), G.astype(dt), jnp.asarray(s.neg_zero, dt)
+  if maximize:
+    g = -g
+  if s.weight_decay is not None:
+    g = _stored(x * s.weight_decay + g, jnp.promote_types(G.dtype, X.dtype), nz)
+  sum_new = _stored(g * g + state_sum.astype(dt), state_sum.dtype, nz)
+  std = _stored(_stored(_sqrt(sum_new), state_sum.dtype, nz) + s.eps, state_sum.dtype, nz)
+  x_new = x + (s.neg_clr * g) / std
+  return x_new.astype(X.dtype), sum_new.astype(state_sum.dtype)
+
+
+class PyTorchAdamScalars(NamedTuple):
+  """The per-update scalars of :func:`pytorch_adam`.
+
+  ``one_minus_beta1`` is the lerp weight ``1 - beta1``, ``decay_factor`` AdamW's
+  ``1 - lr * weight_decay`` (None without decoupled decay), ``weight_decay`` Adam's coupled
+  coefficient (None without), ``neg_step_size`` ``-lr / bias_correction1``.
+  """
+
+  one_minus_beta1: Any
+  beta2: Any
+  one_minus_beta2: Any
+  eps: Any
+  decay_factor: Any
+  weight_decay: Any
+  neg_step_size: Any
+  bias_correction2_sqrt: Any
+  neg_zero: Any
+
+
+def pytorch_adam_scalars(
+  lr: ArrayLike,
+  count: ArrayLike,
+  *,
+  beta1: float,
+  beta2: float,
+  eps: float,
+  weight_decay: float,
+  decoupled_weight_decay: bool,
+) -> PyTorchAdamScalars:
+  """PyTorch's scalars, with ``step = count + 1`` (its step after the increment)::
+
+      bias_correction1      = 1 - beta1 ** step
+      bias_correction2      = 1 - beta2 ** step
+      step_size             = lr / bias_correction1
+      bias_correction2_sqrt = bias_correction2 ** 0.5
+
+  and the hyperparameters' ``1 - beta1``, ``1 - beta2``, ``1 - lr * weight_decay`` (Python
+  float64 when they are Python numbers, as PyTorch computes them).
+  """
+  dtype = _scalar_dtype()
+  step = jnp.asarray(count, dtype) + 1
+  bias_correction1 = _pytorch_power_complement(beta1, step, dtype)
+  bias_correction2 = _pytorch_power_complement(beta2, step, dtype)
+  decays = not _is_static_zero(weight_decay)
+  decay_factor = None
+  if decays and decoupled_weight_decay:
+    decay_factor = (
+      1 - float(lr) * float(weight_decay)
+      if isinstance(lr, numbers.Real)
+      else 1 - jnp.asarray(lr, dtype) * weight_decay
+    )
+  return PyTorchAdamScalars(
+    1 - beta1,
+    beta2,
+    1 - beta2,
+    eps,
+    decay_factor,
+    weight_decay if decays and not decoupled_weight_decay else None,
+    -(jnp.asarray(lr, dtype) / bias_correction1),
+    jnp.sqrt(bias_correction2),
+    _neg_zero(count),
+  )
+
+
+def _lerp(start: Array, end: Array, weight: Any, *, small: bool) -> Array:
+  """``start.lerp_(end, weight)`` as PyTorch's vectorized CPU kernel: one fused multiply-add.
+
+  ``small`` (``|weight| < 0.5``, known when the update is traced): ``start + weight * (end -
+  start)``; else ``end + (weight - 1) * (end - start)`` (``weight - 1`` is exact in the
+  opmath dtype for ``weight`` in ``[0.5, 1]``, Sterbenz).
+  """
+  if small:
+    return weight * (end - start) + start
+  return (weight - 1) * (end - start) + end
+
+
+def pytorch_adam_elementwise(
+  s: PyTorchAdamScalars,
+  X: Array,
+  G: Array,
+  exp_avg: Array,
+  exp_avg_sq: Array,
+  *,
+  maximize: bool,
+  lerp_small: bool,
+) -> tuple[Array, Array, Array]:
+  """``torch.optim.Adam`` / ``AdamW``'s step on one tensor, in ``_single_tensor_adam``'s order::
+
+      grad = -grad if maximize
+      param.mul_(1 - lr * weight_decay)               AdamW (decoupled), weight_decay != 0
+      grad = grad.add(param, alpha=weight_decay)      Adam (coupled), weight_decay != 0
+      exp_avg.lerp_(grad, 1 - beta1)
+      exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+      denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+      param.addcdiv_(exp_avg, denom, value=-step_size)
+
+  ``lerp_small`` is ``|1 - beta1| < 0.5``, the branch of PyTorch's lerp. Returns
+  ``(X_new, exp_avg_new, exp_avg_sq_new)`` in the dtypes of ``X`` and the state.
+  """
+  dt = _torch_opmath(X.dtype, G.dtype, exp_avg.dtype, exp_avg_sq.dtype)
+  x, g, nz = X.astype(dt), G.astype(dt), jnp.asarray(s.neg_zero, dt)
+  if maximize:
+    g = -g
+  if s.decay_factor is not None:
+    x = _stored(x * s.decay_factor, X.dtype, nz)
+  if s.weight_decay is not None:
+    g = _stored(x * s.weight_decay + g, jnp.promote_types(G.dtype, X.dtype), nz)
+  m = _stored(_lerp(exp_avg.astype(dt), g, s.one_minus_beta1, small=lerp_small), exp_avg.dtype, nz)
+  v2 = _stored(exp_avg_sq.astype(dt) * s.beta2, exp_avg_sq.dtype, nz)
+  v = _stored((s.one_minus_beta2 * g) * g + v2, exp_avg_sq.dtype, nz)
+  root = _stored(_sqrt(v), exp_avg_sq.dtype, nz)
+  denom = _stored(_stored(root / s.bias_correction2_sqrt, exp_avg_sq.dtype, nz) + s.eps, exp_avg_sq.dtype, nz)
+  x_new = x + (s.neg_step_size * m) / denom
+  return x_new.astype(X.dtype), m.astype(exp_avg.dtype), v.astype(exp_avg_sq.dtype)
