@@ -925,6 +925,19 @@ def _neg_zero(count: ArrayLike) -> Array:
   return jnp.where(jnp.asarray(count) < -1, 1.0, -0.0).astype(_scalar_dtype())
 
 
+def _divide_by_scalar(a: Array, b: Array) -> Array:
+  """``a / b`` correctly rounded, as PyTorch divides, for a scalar ``b``.
+
+  XLA rewrites a division by a broadcast scalar into a product with its reciprocal (one
+  rounding more). Markstein's correction undoes it: with ``r = 1 / b`` (a scalar division, which
+  XLA keeps) and ``q = a * r``, the residual ``a - q * b`` is exact as one fused multiply-add
+  (XLA contracts it), and ``q + residual * r`` is the correctly rounded quotient.
+  """
+  r = 1 / b
+  q = a * r
+  return (a - q * b) * r + q
+
+
 class PyTorchSGDScalars(NamedTuple):
   """The per-update scalars of :func:`pytorch_sgd`: ``-lr``, ``momentum``, ``1 - dampening``,
   ``weight_decay``; ``first`` (a bool: PyTorch has no momentum buffer yet) and ``neg_zero``."""
@@ -1164,6 +1177,10 @@ def pytorch_adam_elementwise(
   v2 = _stored(exp_avg_sq.astype(dt) * s.beta2, exp_avg_sq.dtype, nz)
   v = _stored((s.one_minus_beta2 * g) * g + v2, exp_avg_sq.dtype, nz)
   root = _stored(_sqrt(v), exp_avg_sq.dtype, nz)
-  denom = _stored(_stored(root / s.bias_correction2_sqrt, exp_avg_sq.dtype, nz) + s.eps, exp_avg_sq.dtype, nz)
+  denom = _stored(
+    _stored(_divide_by_scalar(root, s.bias_correction2_sqrt), exp_avg_sq.dtype, nz) + s.eps,
+    exp_avg_sq.dtype,
+    nz,
+  )
   x_new = x + (s.neg_step_size * m) / denom
   return x_new.astype(X.dtype), m.astype(exp_avg.dtype), v.astype(exp_avg_sq.dtype)
