@@ -92,9 +92,12 @@ html_static_path: list[str] = []
 # -- Generated reports --------------------------------------------------------
 # benchmarks/run.py writes its Markdown report without a heading, so the page
 # would have no title and no entry in the navigation. Until the generator
-# writes one, the site gives that page (and only it) the title below; a report
+# writes one, the site gives those pages the titles below; a report
 # that starts with a heading is left as it is.
-_REPORT_TITLES = {"benchmarks/gpu": "Benchmark report: NVIDIA H100"}
+_REPORT_TITLES = {
+  "benchmarks/steps_cpu": "Step time: CPU (raw output of benchmarks/run.py)",
+  "benchmarks/steps_gpu": "Step time: NVIDIA H100 (raw output of benchmarks/run.py)",
+}
 
 
 def _title_reports(app, docname: str, source: list[str]) -> None:

@@ -639,15 +639,23 @@ def test_torch_params_takes_tensors_or_nothing():
     torch_params(opt)
 
 
-def test_torch_params_refuses_the_optimizers_tensors_in_another_order():
-  """``dict(model.named_parameters())`` sorts its keys ('10' before '2'): refused, naming the fix.
+def test_torch_params_places_the_optimizers_own_tensors_by_identity():
+  """``dict(model.named_parameters())`` sorts its keys ('10' before '2'): each tensor lands on itself.
 
-  Same shapes throughout, so only the tensors' identity tells the order.
+  Same shapes throughout, so only the tensors' identity tells the order (a
+  match by position would put parameter 10's values at key '2').
   """
-  ps = torch.nn.ParameterList([torch.nn.Parameter(torch.full((3,), float(i))) for i in range(11)])
-  opt = torch.optim.SGD(ps.parameters(), lr=0.1)
-  with pytest.raises(ValueError, match=r"another order.*named_parameters\(\)"):
-    torch_params(opt, dict(ps.named_parameters()))
+  with jax.enable_x64(True):
+    ps = torch.nn.ParameterList([torch.nn.Parameter(torch.full((3,), float(i))) for i in range(11)])
+    opt = torch.optim.SGD(ps.parameters(), lr=0.1)
+    like = dict(ps.named_parameters())
+    assert jax.tree.leaves(like)[2] is ps[10]  # sorted keys: not the optimizer's order
+    params = torch_params(opt, like)
+    for name, p in ps.named_parameters():
+      np.testing.assert_array_equal(np.asarray(params[name]), p.detach().numpy(), err_msg=name)
+    # Some of the optimizer's tensors beside other leaves: nothing places them.
+    with pytest.raises(ValueError, match=r"like holds some of the optimizer's parameters but not each"):
+      torch_params(opt, dict(like, **{"0": jax.ShapeDtypeStruct((3,), jnp.float32)}))
 
 
 def test_named_parameters_are_matched_by_name():
@@ -914,13 +922,12 @@ def test_to_torch_puts_a_fused_adams_first_step_on_the_parameters_device():
 
 def test_like_may_hold_other_tensors_of_the_same_shapes():
   """``like`` made of tensors that are not the optimizer's (a copy of the model) is read for its
-  structure, shapes and dtypes; only the optimizer's own tensors in another order are refused."""
+  structure, shapes and dtypes, by position; the optimizer's own tensors are placed by identity."""
   ps = [torch.nn.Parameter(torch.full((3,), float(k))) for k in range(2)]  # one shape: only order tells
   opt = torch.optim.SGD(ps, lr=0.1)
   params = torch_params(opt, [p.detach().clone() for p in ps])
   assert [float(x[0]) for x in jax.tree.leaves(params)] == [0.0, 1.0]
-  with pytest.raises(ValueError, match="like lists the optimizer's parameters in another order"):
-    torch_params(opt, ps[::-1])
+  assert [float(x[0]) for x in torch_params(opt, ps[::-1])] == [1.0, 0.0]  # each tensor's own values
 
 
 def test_dtype_names_of_torch_jax_and_strings_agree():

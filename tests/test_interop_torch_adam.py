@@ -455,10 +455,24 @@ def test_refuses_amsgrad(cls):
   ],
 )
 def test_refuses_tensor_hyperparameters(options, key):
+  """Refused, also with ``learning_rate=`` (PyTorch's own steps would still compute in float32); the
+  advice, run as printed, makes the optimizer's hyperparameters floats, and the carried run then
+  equals PyTorch's."""
   ps, structure = _params32()
   opt = torch.optim.AdamW(ps, **options)
-  with pytest.raises(ValueError, match=rf"param_groups\[0\]\['{key}'\] is a tensor.*Pass a Python float"):
+  with pytest.raises(ValueError, match=rf"param_groups\[0\]\['{key}'\] is a tensor.*Python float") as refused:
     from_torch(opt, structure)
+  with pytest.raises(ValueError, match=rf"param_groups\[0\]\['{key}'\] is a tensor"):
+    from_torch(opt, structure, learning_rate=0.01)
+  torch_runs.follow_advice(refused.value, opt)
+  grads = gradients(3, np.float32)
+  torch_steps(opt, ps, grads[:1])
+  params = torch_params(opt, structure)
+  tx, state = from_torch(opt, params)
+  params, _ = jax_steps(tx, state, params, grads[1:])
+  torch_steps(opt, ps, grads[1:])
+  for x, p in zip(jax.tree.leaves(params), ps):
+    np.testing.assert_allclose(x, p.detach().numpy(), rtol=2e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("betas, index", [((1.0, 0.999), 0), ((0.9, 1.5), 1), ((-0.1, 0.999), 0)])

@@ -50,3 +50,10 @@ def jax_steps(tx, state, params, grads):
     updates, state = step(g, state, params)
     params = optax.apply_updates(params, updates)
   return params, state
+
+
+def follow_advice(error: BaseException, optimizer: Any) -> None:
+  """Runs, as printed, the code that a refusal of a tensor hyperparameter tells the user to run."""
+  message = str(error)
+  code = message.split("then call from_torch: ", 1)[1].split(" (PyTorch's own", 1)[0]
+  exec(code, {"optimizer": optimizer})

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from onnx_optax import transforms
+from onnx_optax import _checks, transforms
 
 #: The transforms' state NamedTuples: what the bridges look for inside a state
 #: (alone, in an ``optax.chain`` or under ``optax.multi_transform``).
@@ -93,7 +93,12 @@ def dtype_name(dtype: Any) -> str:
 
 
 def first_field(state: Any) -> Any:
-  """The first tensor field of the first rule state in ``state`` (the params' structure), or None."""
+  """The first tensor field of the first rule state in ``state``, or None.
+
+  It has the params' structure, with ``optax.MaskedNode`` at the leaves that
+  another label's transform owns: flatten it with ``is_leaf=is_masked`` to
+  see every parameter's place.
+  """
   for node in jax.tree.leaves(state, is_leaf=_is_rule_state):
     if _is_rule_state(node):
       return node[1]
@@ -171,7 +176,7 @@ def real_number(name: str, value: Any) -> float:
   if isinstance(value, numbers.Real):
     return float(value)
   try:
-    array = np.asarray(value)
+    array = host_array(value)
   except Exception as error:  # noqa: BLE001 -- any failure means: not a number.
     raise TypeError(f"{name} must be a real number, got {type(value).__name__}") from error
   if array.shape != () or not np.issubdtype(array.dtype, np.number):
@@ -230,8 +235,13 @@ def _is_rule_state(node: Any) -> bool:
   return isinstance(node, RULE_STATES)
 
 
+def is_masked(node: Any) -> bool:
+  """``optax.MaskedNode``: a leaf of a rule state's field that another label's transform owns."""
+  return isinstance(node, optax.MaskedNode)
+
+
 def _entries(tree: Any) -> list[Any]:
-  return jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, optax.MaskedNode))
+  return jax.tree.leaves(tree, is_leaf=is_masked)
 
 
 def fill(state: Any, treedef: jax.tree_util.PyTreeDef, values: Sequence[Sequence[Any]]) -> Any:
@@ -281,15 +291,46 @@ def negated(tx: optax.GradientTransformation, maximize: bool) -> optax.GradientT
 
 
 def learning_rates(learning_rate: Any, n_groups: int) -> list[Any]:
-  """``learning_rate`` as one entry per param group (None: read the optimizer's)."""
-  if callable(learning_rate) or not isinstance(learning_rate, Sequence):  # None is no Sequence
+  """``learning_rate`` as one entry per param group, each a float, a schedule or None.
+
+  None (read each group's own rate), a schedule, or one number (a Python
+  number, a NumPy scalar, a 0-d array or tensor) applies to every group; a
+  sequence, or a 1-d array or tensor, gives one entry per group. Numbers are
+  read with their value (``float(torch.tensor(0.1))`` is the float32 0.1 that
+  PyTorch computes with) and checked; an error names ``learning_rate``.
+  """
+  if learning_rate is None or callable(learning_rate):
     return [learning_rate] * n_groups
-  if len(learning_rate) != n_groups:
+  if isinstance(learning_rate, Sequence) and not isinstance(learning_rate, str):
+    entries = list(learning_rate)
+  else:
+    array = host_array(learning_rate)
+    if array.ndim == 0:
+      return [_checks.learning_rate("learning_rate", real_number("learning_rate", learning_rate))] * n_groups
+    if array.ndim != 1:
+      raise ValueError(
+        f"learning_rate has shape {array.shape}: pass one float or schedule, or one per param group "
+        f"(a list, or an array of shape ({n_groups},))"
+      )
+    entries = list(array)
+  if len(entries) != n_groups:
     raise ValueError(
-      f"learning_rate has {len(learning_rate)} entries but the optimizer has {n_groups} param "
+      f"learning_rate has {len(entries)} entries but the optimizer has {n_groups} param "
       f"groups: pass one float or schedule, or one per group"
     )
-  return list(learning_rate)
+  return [
+    entry
+    if entry is None or callable(entry)
+    else _checks.learning_rate(f"learning_rate[{g}]", real_number(f"learning_rate[{g}]", entry))
+    for g, entry in enumerate(entries)
+  ]
+
+
+def host_array(value: Any) -> np.ndarray:
+  """``value`` as a NumPy array on the host: a PyTorch tensor (on any device) is detached and copied."""
+  if hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch.Tensor, without importing torch
+    value = value.detach().cpu()
+  return np.asarray(value)
 
 
 Schedule = Callable[[Any], Any]

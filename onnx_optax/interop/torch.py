@@ -71,8 +71,9 @@ Importing this module does not import PyTorch; the functions do.
 
 from __future__ import annotations
 
+import collections
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -82,7 +83,7 @@ import optax
 from onnx_optax import _checks, transforms
 from onnx_optax.interop import _common
 
-__all__ = ["from_torch", "to_torch", "torch_params"]
+__all__ = ["from_torch", "mapping", "to_torch", "torch_params"]
 
 _SGD_KEYS = frozenset(
   {
@@ -175,17 +176,20 @@ def from_torch(
   Args:
     optimizer: a ``torch.optim.SGD``, ``Adagrad``, ``Adam`` or ``AdamW``.
     params: the JAX parameters (a pytree of arrays, e.g. from
-      :func:`torch_params`), whose ``jax.tree.leaves`` are the optimizer's
-      parameters in the order of ``optimizer.param_groups`` (group by group,
-      each group's ``params`` in order); or, for an optimizer built from
-      ``model.named_parameters()``, a dict keyed by those names, matched by
-      name in any order. Shapes and dtypes must match.
+      :func:`torch_params`), placed on the optimizer's parameters by
+      :func:`mapping`: for an optimizer built from
+      ``model.named_parameters()``, a dict keyed by those names (nested dicts
+      join their keys with ``'.'``), matched by name in any order; otherwise
+      ``jax.tree.leaves(params)`` in the order of ``optimizer.param_groups``
+      (group by group, each group's ``params`` in order): a list. Shapes and
+      dtypes must match.
     learning_rate: None to use each group's ``lr``. Needed when a
       learning-rate scheduler is attached (its groups carry ``initial_lr``),
-      since the schedule is not part of the optimizer: a float, or a schedule
-      ``n -> lr`` of the number ``n`` of updates made in JAX (0 at the first),
-      i.e. the PyTorch schedule shifted by the steps already taken; or a
-      sequence with one such entry per param group.
+      since the schedule is not part of the optimizer: a number (a float, a
+      NumPy scalar, a 0-d array or tensor), or a schedule ``n -> lr`` of the
+      number ``n`` of updates made in JAX (0 at the first), i.e. the PyTorch
+      schedule shifted by the steps already taken; or a sequence (or a 1-d
+      array or tensor) with one such entry per param group.
 
   Returns:
     ``(tx, state)``: an ``optax.GradientTransformationExtraArgs`` (call
@@ -196,9 +200,9 @@ def from_torch(
     TypeError: an optimizer other than SGD, Adagrad, Adam and AdamW, or a
       subclass, whose step may differ.
     ValueError: an option the rules lack (Adam's ``amsgrad``, tensor
-      hyperparameters, complex parameters), a scheduler without
-      ``learning_rate``, or params that do not match the optimizer's
-      parameters (naming the pytree path).
+      hyperparameters that PyTorch computes with in float32, complex
+      parameters), a scheduler without ``learning_rate``, or params that do
+      not match the optimizer's parameters (naming the pytree path).
 
   Example:
     >>> import torch, jax.numpy as jnp, optax
@@ -228,13 +232,18 @@ def from_torch(
   groups = optimizer.param_groups
   leaves, treedef, perm = _ordered(params, groups, "params")
   rates = _common.learning_rates(learning_rate, len(groups))
+  for g, group in enumerate(groups):
+    _check_group(g, group, kind)
+  _check_scheduler(groups, rates)
 
   transforms_by_label: dict[str, optax.GradientTransformation] = {}
   labels: list[str] = []
   tensors: list[tuple[Any, ...]] = []  # each leaf's state tensors (NumPy arrays; None: zeros)
   for g, (group, rate) in enumerate(zip(groups, rates)):
-    _check_group(g, group, kind, rate_given=rate is not None)
-    R = _common.real_number(f"param_groups[{g}]['lr']", group["lr"]) if rate is None else rate
+    R = rate
+    if rate is None:
+      name = f"param_groups[{g}]['lr']"
+      R = _checks.learning_rate(name, _common.real_number(name, group["lr"]))
     counts_and_tensors = [_read_state(torch, kind, optimizer, group, p) for p in group["params"]]
     for T in sorted({T for T, _ in counts_and_tensors}):
       label = f"group{g}" if len({T for T, _ in counts_and_tensors}) == 1 else f"group{g}.T{T}"
@@ -269,10 +278,11 @@ def to_torch(state: Any, optimizer: Any, params: Any = None) -> None:
   the JAX run: it is the next ``tx.update`` with the same gradients.
 
   The optimizer's parameters are PyTorch tensors that JAX never touched: pass
-  ``params`` (the JAX parameters, leaves in the order of
-  ``optimizer.param_groups``, or a dict keyed by the optimizer's
-  ``named_parameters()`` names) to copy them in as well, or copy them
-  yourself. A state whose trees are such a dict is matched by name too.
+  ``params`` (the JAX parameters) to copy them in as well, or copy them
+  yourself. The state and ``params`` are each placed on the optimizer's
+  parameters by their own structure, with the mapping of :func:`from_torch`
+  (:func:`mapping`): by name for an optimizer built from
+  ``named_parameters()`` and a dict-keyed tree, else by position.
 
   The state's tensors must have the parameters' dtypes (PyTorch keeps its
   state in the parameter's dtype); nothing is cast. Everything is checked
@@ -300,25 +310,22 @@ def to_torch(state: Any, optimizer: Any, params: Any = None) -> None:
   torch = _torch()
   kind = _kind(torch, optimizer)
   groups = optimizer.param_groups
-  torch_params_ = [p for group in groups for p in group["params"]]
+  torch_params_ = _tensors(groups)
+  # The state's trees have the params' structure (optax.MaskedNode where a
+  # label's transform does not own a leaf): the one mapping places them.
   owners = _common.positions(state, len(torch_params_), (_STATES[kind],))
+  perm = mapping(_common.first_field(state), _param_names(groups), "state", is_leaf=_common.is_masked)
+  owners = [owners[j] for j in perm]
   described = _described(groups)
   new_params = None
   if params is not None:
-    leaves, _, perm = _ordered(params, groups, "params")
+    leaves, _, _ = _ordered(params, groups, "params")
     new_params = [_to_tensor(torch, np.asarray(leaf), p) for leaf, p in zip(leaves, torch_params_)]
-  else:
-    # The state's trees have the params' structure: a dict keyed by the
-    # optimizer's parameter names is matched by name there too.
-    field = _common.first_field(state)
-    perm = _name_order(field, groups) if field is not None else None
-  if perm is not None:
-    owners = [owners[j] for j in perm]
 
   writes = []  # (param, group, count, tensors), all checked before any write
   i = 0
   for g, group in enumerate(groups):
-    _check_group(g, group, kind, rate_given=True)  # to_torch writes no learning rate
+    _check_group(g, group, kind)
     for p in group["params"]:
       owner = owners[i]
       shape, dtype, where = described[i]
@@ -381,10 +388,12 @@ def torch_params(optimizer: Any, like: Any = None) -> Any:
     ``dict(model.named_parameters())``, or any pytree whose leaves are
     tensors, JAX arrays or ``jax.ShapeDtypeStruct``.
 
-  ``jax.tree.leaves(like)`` must list the optimizer's parameters in its order,
-  except for a dict keyed by the names the optimizer was built with
-  (``named_parameters()``), which is matched by name. Shapes and dtypes must
-  match; the values are copied exactly. float64 needs ``jax_enable_x64``.
+  ``like`` is placed on the optimizer's parameters by :func:`mapping`: the
+  optimizer's own tensors by identity, a dict keyed by the names the
+  optimizer was built with (``named_parameters()``) by name, anything else
+  by position (``jax.tree.leaves(like)`` in the optimizer's order). Shapes
+  and dtypes must match; the values are copied exactly. float64 needs
+  ``jax_enable_x64``.
 
   Example:
     >>> import torch, jax, jax.numpy as jnp
@@ -405,16 +414,10 @@ def torch_params(optimizer: Any, like: Any = None) -> Any:
   groups = optimizer.param_groups
   if like is None:
     names = _param_names(groups)
-    tensors = [p for group in groups for p in group["params"]]
+    tensors = _tensors(groups)
     like = dict(zip(names, tensors)) if names is not None else tensors
   leaves, treedef, perm = _ordered(like, groups, "like")
-  for i, (leaf, p) in enumerate(zip(leaves, (p for group in groups for p in group["params"]))):
-    if isinstance(leaf, torch.Tensor) and leaf is not p and _is_one_of(leaf, groups):
-      raise ValueError(
-        f"like lists the optimizer's parameters in another order: its leaf for "
-        f"{_described(groups)[i][2]} is another of the optimizer's tensors. "
-        f"jax.tree.leaves(like) sorts dict keys; {_ORDER}"
-      )
+  for i, leaf in enumerate(leaves):
     dtype = jax.dtypes.canonicalize_dtype(_common.dtype_name(leaf.dtype))
     if dtype.name != _common.dtype_name(leaf.dtype):
       raise ValueError(
@@ -431,65 +434,139 @@ def torch_params(optimizer: Any, like: Any = None) -> Any:
   return treedef.unflatten(_to_leaf_order(values, perm))
 
 
-# The fix for leaves in another order than the optimizer's.
+# The fix for leaves the mapping cannot place.
 _ORDER = (
-  "pass a list in the order of optimizer.param_groups (list(model.parameters()) for one group), "
-  "or build the optimizer from model.named_parameters() and pass a dict keyed by those names "
-  "(dict(model.named_parameters()), or torch_params(optimizer) with no like), which is matched by name"
+  "pass a list in the order of optimizer.param_groups (torch_params(optimizer) returns one for an "
+  "optimizer built from model.parameters()), or build the optimizer from model.named_parameters() and "
+  "pass a dict keyed by those names (torch_params(optimizer) returns one), which is matched by name"
 )
 
 
 def _param_names(groups: Sequence[dict]) -> list[str] | None:
-  """The names of the optimizer's parameters, in its order (``named_parameters()``), or None."""
-  names = [group.get("param_names") for group in groups]
-  if any(n is None for n in names):
-    return None
-  flat = [name for group_names in names for name in group_names]  # type: ignore[union-attr]
-  return flat if len(set(flat)) == len(flat) else None
+  """The names of the optimizer's parameters, in its order (``named_parameters()``), or None.
 
-
-def _name_order(tree: Any, groups: Sequence[dict]) -> list[int] | None:
-  """``perm[i]``: the leaf of ``tree`` for parameter ``i``, when ``tree`` is a dict keyed by its names."""
-  names = _param_names(groups)
-  if names is None or not isinstance(tree, Mapping) or set(tree) != set(names):
-    return None
-  with_path, _ = jax.tree_util.tree_flatten_with_path(tree)
-  index = {}
-  for j, (path, _) in enumerate(with_path):
-    if len(path) != 1:
-      return None  # a value that is itself a tree: not a flat dict of parameters
-    index[path[0].key] = j
-  return [index[name] for name in names] if set(index) == set(names) else None
-
-
-def _ordered(tree: Any, groups: Sequence[dict], argument: str) -> tuple[list[Any], Any, list[int] | None]:
-  """The leaves of ``tree`` in the optimizer's order, checked; its structure; the permutation.
-
-  The permutation is None when the leaves are already in the optimizer's
-  order, else ``perm[i]`` is the leaf (in ``jax.tree.leaves`` order) of
-  parameter ``i``: a dict keyed by the ``named_parameters()`` names the
-  optimizer was built with is matched by name.
+  PyTorch keeps ``param_names`` in every group or in none
+  (``Optimizer.add_param_group`` refuses a mix).
   """
+  if not groups or any("param_names" not in group for group in groups):
+    return None
+  return [str(name) for group in groups for name in group["param_names"]]
+
+
+def _leaf_name(path: tuple[Any, ...]) -> str | None:
+  """A leaf's name: its dict keys joined with '.' (``{"0": {"weight": w}}`` is ``"0.weight"``), else None."""
+  if not path or not all(isinstance(key, jax.tree_util.DictKey) for key in path):
+    return None
+  return ".".join(str(key.key) for key in path)
+
+
+def mapping(
+  tree: Any,
+  names: Sequence[str] | None,
+  argument: str,
+  *,
+  tensors: Sequence[Any] = (),
+  is_leaf: Any = None,
+) -> list[int]:
+  """The one mapping between a pytree's leaves and PyTorch's parameters: ``perm[i]``, parameter ``i``'s leaf.
+
+  Parameter ``i`` is the ``i``-th of the optimizer's order (group by group,
+  each group's ``params`` in order); leaf ``j`` is the ``j``-th of
+  ``jax.tree.leaves(tree, is_leaf)``. Every bridge function (``from_torch``,
+  ``to_torch`` on its state and on its params, ``torch_params``, the state
+  dicts) places leaves with this function, so a tree is read and written at
+  the same places. Decided, in this order:
+
+  1. leaves that are the parameters themselves (``tensors``, by identity):
+     each placed on its own parameter, whatever the tree's order;
+  2. by name, when the parameters have names (an optimizer built from
+     ``named_parameters()``, a state dict keyed by name) and the tree has
+     dict keys: a leaf's name is its dict keys joined with ``'.'``, and the
+     names must be exactly the parameters' names;
+  3. by position otherwise: the leaves are the parameters in their order.
+
+  A named optimizer and a tree keyed by other names, or a tree mixing its
+  parameters' tensors with other leaves, is refused: no sorted key order is
+  ever taken for the optimizer's order.
+
+  Raises:
+    ValueError: the tree's names or tensors do not place every parameter
+      exactly once (naming the argument, the names and the fix).
+  """
+  with_path, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)
+  leaves = [leaf for _, leaf in with_path]
+  index_of = {id(p): i for i, p in enumerate(tensors)}
+  own = [index_of.get(id(leaf)) for leaf in leaves]
+  if any(i is not None for i in own):
+    if sorted(i for i in own if i is not None) != list(range(len(tensors))) or None in own:
+      raise ValueError(
+        f"{argument} holds some of the optimizer's parameters but not each of them exactly once, "
+        f"beside other leaves: the parameters cannot be placed; {_ORDER}"
+      )
+    perm = [0] * len(tensors)
+    for j, i in enumerate(own):
+      perm[i] = j  # type: ignore[index]
+    return perm
+  keyed = any(isinstance(key, jax.tree_util.DictKey) for path, _ in with_path for key in path)
+  if names is None or not keyed:
+    return list(range(len(leaves)))
+  maybe_names = [_leaf_name(path) for path, _ in with_path]
+  if None in maybe_names:
+    where = jax.tree_util.keystr(with_path[maybe_names.index(None)][0])
+    raise ValueError(
+      f"{argument}{where} is not keyed by dict keys alone, and the optimizer's parameters have names "
+      f"(built from named_parameters()): {argument} must be a dict keyed by those names (nested dicts "
+      f"join their keys with '.') or a list in the optimizer's order"
+    )
+  leaf_names = [name for name in maybe_names if name is not None]
+  known, given = set(names), set(leaf_names)
+  missing = [name for name in names if name not in given]
+  extra = [name for name in leaf_names if name not in known]
+  twice = sorted(name for name, n in collections.Counter(leaf_names).items() if n > 1)
+  if missing or extra or twice:
+    found = "; ".join(
+      f"{what} {_few(which)}"
+      for what, which in (
+        ("no leaf for", missing),
+        ("leaves named", extra),  # no parameter has those names
+        ("several leaves named", twice),
+      )
+      if which
+    )
+    raise ValueError(
+      f"{argument} is keyed by names that are not the optimizer's parameters' names: {found}. "
+      f"The optimizer's names are {_few(list(names))}: key {argument} by exactly those names "
+      f"(torch_params(optimizer) returns such a dict), or pass a list in the optimizer's order"
+    )
+  index = {name: j for j, name in enumerate(leaf_names)}
+  return [index[name] for name in names]
+
+
+def _few(names: Sequence[str], n: int = 6) -> str:
+  """At most ``n`` names, for an error message."""
+  shown = ", ".join(repr(name) for name in names[:n])
+  return f"[{shown}, ... ({len(names)} in all)]" if len(names) > n else f"[{shown}]"
+
+
+def _ordered(tree: Any, groups: Sequence[dict], argument: str) -> tuple[list[Any], Any, list[int]]:
+  """The leaves of ``tree`` in the optimizer's order, checked; its structure; the mapping."""
   leaves, treedef, paths = _common.leaf_paths(tree)
-  perm = _name_order(tree, groups)
-  if perm is not None:
-    leaves, paths = [leaves[j] for j in perm], [paths[j] for j in perm]
+  perm = mapping(tree, _param_names(groups), argument, tensors=_tensors(groups))
+  leaves, paths = [leaves[j] for j in perm], [paths[j] for j in perm]
   _common.check_leaves(leaves, paths, _described(groups), "PyTorch", argument=argument, order=_ORDER)
   return leaves, treedef, perm
 
 
-def _to_leaf_order(values: list[Any], perm: list[int] | None) -> list[Any]:
+def _to_leaf_order(values: list[Any], perm: list[int]) -> list[Any]:
   """``values`` in the optimizer's order, rearranged into the tree's leaf order."""
-  if perm is None:
-    return values
   out: list[Any] = [None] * len(values)
   for i, j in enumerate(perm):
     out[j] = values[i]
   return out
 
 
-def _is_one_of(tensor: Any, groups: Sequence[dict]) -> bool:
-  return any(tensor is p for group in groups for p in group["params"])
+def _tensors(groups: Sequence[dict]) -> list[Any]:
+  return [p for group in groups for p in group["params"]]
 
 
 def _kind(torch: Any, optimizer: Any) -> str:
@@ -526,7 +603,7 @@ def _described(groups: Sequence[dict]) -> list[tuple[tuple[int, ...], str, str]]
   return out
 
 
-def _check_group(g: int, group: dict, kind: str, *, rate_given: bool) -> None:
+def _check_group(g: int, group: dict, kind: str) -> None:
   known = _KEYS[kind]
   unknown = sorted(set(group) - known)
   if unknown:
@@ -535,13 +612,15 @@ def _check_group(g: int, group: dict, kind: str, *, rate_given: bool) -> None:
       f"PyTorch 2.13 (a scheduler's, or a newer PyTorch's): onnx_optax cannot tell whether "
       f"they change the update"
     )
-  if "initial_lr" in group and not rate_given:
+  lr = group["lr"]
+  if kind == "Adagrad" and _is_tensor(lr) and str(lr.dtype) != "torch.float64" and group["lr_decay"] != 0:
+    # PyTorch's Adagrad computes lr / (1 + (step - 1) * lr_decay) in the
+    # tensor's dtype; a Python float (or a float64 tensor) computes in float64.
     raise ValueError(
-      f"param_groups[{g}] has 'initial_lr': a learning-rate scheduler is attached, and its "
-      f"schedule is not part of the optimizer. Pass learning_rate= the current lr "
-      f"({group['lr']}) to keep it constant, or a schedule n -> lr of the number n of JAX "
-      f"updates (the PyTorch schedule shifted by the steps already taken, e.g. "
-      f"optax.cosine_decay_schedule(...) evaluated at n + steps)"
+      f"param_groups[{g}]['lr'] is a {str(lr.dtype).removeprefix('torch.')} tensor ({lr!r}) and "
+      f"lr_decay is {group['lr_decay']}: torch.optim.Adagrad then computes "
+      f"lr / (1 + (step - 1) * lr_decay) in {str(lr.dtype).removeprefix('torch.')}, not in float64 as "
+      f"for a Python float, so no transform follows its rounding. {_float_advice('lr')}"
     )
   if group.get("differentiable"):
     raise ValueError(
@@ -562,6 +641,36 @@ def _check_group(g: int, group: dict, kind: str, *, rate_given: bool) -> None:
       )
 
 
+def _float_advice(key: str) -> str:
+  """The advice of a refusal of a tensor hyperparameter: a Python float computes in float64, as the rules."""
+  value = "tuple(float(b) for b in group['betas'])" if key == "betas" else f"float(group[{key!r}])"
+  return (
+    f"Make it a Python float in the optimizer, then call from_torch: "
+    f"for group in optimizer.param_groups: group[{key!r}] = {value} "
+    f"(PyTorch's own next steps then compute in float64 too)"
+  )
+
+
+def _is_tensor(value: Any) -> bool:
+  return hasattr(value, "dtype") and hasattr(value, "detach")
+
+
+def _check_scheduler(groups: Sequence[dict], rates: Sequence[Any]) -> None:
+  """Refuses a scheduler's groups without ``learning_rate``, giving the value that keeps them constant."""
+  if not any("initial_lr" in group and rate is None for group, rate in zip(groups, rates)):
+    return
+  current = [_common.real_number(f"param_groups[{g}]['lr']", group["lr"]) for g, group in enumerate(groups)]
+  value = repr(current[0]) if len(set(current)) == 1 else "[" + ", ".join(map(repr, current)) + "]"
+  each = "the current lr" if len(set(current)) == 1 else "the groups' current lrs, one per group"
+  raise ValueError(
+    f"param_groups have 'initial_lr': a learning-rate scheduler is attached, and its schedule is "
+    f"not part of the optimizer. Pass learning_rate={value} ({each}) to keep it constant, or a "
+    f"schedule n -> lr of the number n of JAX updates (the PyTorch schedule shifted by the steps "
+    f"already taken, e.g. optax.cosine_decay_schedule(...) evaluated at n + steps), or a list with "
+    f"one float or schedule per group"
+  )
+
+
 def _transform(kind: str, g: int, group: dict, R: Any, T: int) -> optax.GradientTransformationExtraArgs:
   # Each option is checked under its PyTorch name with the range of its kind
   # (docs/spec.md, "Hyperparameter ranges"), before any transform is built.
@@ -569,8 +678,6 @@ def _transform(kind: str, g: int, group: dict, R: Any, T: int) -> optax.Gradient
     name = f"param_groups[{g}][{key!r}]"
     return check(name, _common.real_number(name, group[key]))
 
-  if not callable(R):
-    _checks.learning_rate(f"param_groups[{g}]['lr']", R)
   if kind in ("Adam", "AdamW"):
     return _adam_transform(kind, g, group, R, T)
   norm_coefficient = number("weight_decay", _checks.coefficient)
@@ -657,8 +764,7 @@ def _check_adam_group(g: int, group: dict, kind: str) -> None:
       raise ValueError(
         f"param_groups[{g}][{key!r}] is a tensor ({group[key]!r}): PyTorch then computes the step "
         f"size in the tensor's dtype (float32 unless made otherwise), not in float64 as for a Python "
-        f"number, so no transform follows its rounding. Pass a Python float "
-        f"({key}=float(...)), or learning_rate= to from_torch for a schedule"
+        f"number, so no transform follows its rounding. {_float_advice(key)}"
       )
   complex_params = [j for j, p in enumerate(group["params"]) if p.is_complex()]
   if complex_params:

@@ -1,6 +1,6 @@
 """Skips the mutants the mutation run does not judge (a cosmic-ray filter).
 
-Usage: python benchmarks/mutation/filter.py SESSION.sqlite [--shard K/N]
+Usage: python tools/mutation/filter.py SESSION.sqlite [--shard K/N]
 
 With ``--shard K/N`` it instead skips every pending job but the K-th of each N
 (in job-id order), so that N copies of the tree judge disjoint parts.

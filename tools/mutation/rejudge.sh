@@ -3,10 +3,10 @@
 # the same mutants (module, operator, changed line) after the tests that kill
 # them landed. Usage:
 #
-#   bash benchmarks/mutation/rejudge.sh OLD_SHARD.sqlite... [-- REV]
+#   bash tools/mutation/rejudge.sh OLD_SHARD.sqlite... [-- REV]
 #
 # Environment as run.sh (SHARDS, WORK, RESULTS default
-# benchmarks/mutation/rejudged.md).
+# tools/mutation/rejudged.md).
 set -euo pipefail
 REPO=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 OLD=()
@@ -14,6 +14,6 @@ while [[ $# -gt 0 && $1 != -- ]]; do OLD+=("$(realpath "$1")"); shift; done
 [[ ${1:-} == -- ]] && shift
 # run.sh with the survivor filter: the same export, baseline, shards and report.
 SURVIVORS_OF=$(printf '%s\n' "${OLD[@]}") \
-  RESULTS=${RESULTS:-$REPO/benchmarks/mutation/rejudged.md} \
+  RESULTS=${RESULTS:-$REPO/tools/mutation/rejudged.md} \
   WORK=${WORK:-$(mktemp -d /tmp/onnx_optax-rejudge.XXXXXX)} \
-  exec bash "$REPO/benchmarks/mutation/run.sh" "${1:-HEAD}"
+  exec bash "$REPO/tools/mutation/run.sh" "${1:-HEAD}"

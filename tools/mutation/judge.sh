@@ -12,18 +12,20 @@
 # Stages per module (pytest -x; each stage stops at its first failure, a
 # caught mutant skips the rest):
 #   rules.py, transforms.py, reference.py:
-#     1. tests/test_mutation_kills.py and the three modules' doctests;
+#     1. the fast tests of every term ($KILLS: the rules' values against the
+#        reference, their derivatives, the keyword-only table, the input
+#        checks' edges, the ONNX calls) and the three modules' doctests;
 #     2. the fast tests ($FAST_TESTS, the most sensitive first);
 #     3. the conformance command on the CPU, every rule and dtype, without
 #        the 10^6-element cases (--no-large) and ONNX's backend cases
 #        (--no-onnx), which compare with ONNX's references, not with
 #        onnx_optax.reference, and cost a minute of loading.
 #   _checks.py:  1. tests/test_bad_input.py and its doctests;
-#                2. tests/test_mutation_kills.py, the transforms', DirectML's and
+#                2. $KILLS, the transforms', DirectML's and
 #                   the ONNX interface's tests.
 #   onnx.py:     1. tests/test_onnx_interface.py, tests/test_onnx_ort.py and
 #                   the doctests;
-#                2. tests/test_bad_input.py, tests/test_mutation_kills.py.
+#                2. tests/test_bad_input.py, $KILLS.
 #   conformance/tolerance.py:
 #                1. tests/conformance/test_conformance_tolerance.py and its doctests;
 #                2. the conformance command (a bound too tight fails a case);
@@ -38,7 +40,7 @@
 # JAX's persistent compilation cache (one per copy, kept across its mutants)
 # holds the programs a mutant leaves unchanged: a mutant of tolerance.py or of
 # a bridge compiles nothing new, and its conformance stage takes 14 s instead
-# of 58, the teeth 34 s instead of 148 (measured at 3b9ac02). The cache is
+# of 58, the teeth 34 s instead of 148 (measured on a 2-core machine). The cache is
 # keyed on the program itself, so a mutated rule is compiled afresh.
 set -u
 export PYTHONPATH="$PWD" PYTHONDONTWRITEBYTECODE=1 JAX_PLATFORMS=cpu
@@ -48,11 +50,14 @@ PYTEST=(python -m pytest -x -q -p no:cacheprovider --no-header)
 FAST_TESTS=${FAST_TESTS:-"tests/test_bad_input.py tests/test_transforms.py tests/test_directml.py"}
 CONFORMANCE=(python -m onnx_optax.conformance --platform cpu --no-large --no-onnx --quiet)
 caught() { echo "JUDGE: caught in stage $1"; exit "$1"; }
-# The keyword-only signatures of every module, in one table (tests/test_mutation_kills.py).
-KEYWORDS=(tests/test_mutation_kills.py::test_hyperparameters_are_keyword_only)
+# The fast tests that make every term of the core modules and of the checks count.
+KILLS=(tests/test_rule_values.py tests/test_derivatives.py tests/test_signatures.py tests/test_input_checks.py
+  tests/test_onnx_calls.py)
+# The keyword-only signatures of every module, in one table.
+KEYWORDS=(tests/test_signatures.py::test_hyperparameters_are_keyword_only)
 
 core() {
-  "${PYTEST[@]}" tests/test_mutation_kills.py onnx_optax/rules.py onnx_optax/transforms.py \
+  "${PYTEST[@]}" "${KILLS[@]}" onnx_optax/rules.py onnx_optax/transforms.py \
     onnx_optax/reference.py || caught 1
   # shellcheck disable=SC2086
   "${PYTEST[@]}" $FAST_TESTS || caught 2
@@ -61,12 +66,12 @@ core() {
 }
 checks() {
   "${PYTEST[@]}" tests/test_bad_input.py onnx_optax/_checks.py || caught 1
-  "${PYTEST[@]}" tests/test_mutation_kills.py tests/test_transforms.py tests/test_directml.py \
+  "${PYTEST[@]}" "${KILLS[@]}" tests/test_transforms.py tests/test_directml.py \
     tests/test_onnx_interface.py tests/test_onnx_ort.py || caught 2
 }
 onnx_interface() {
   "${PYTEST[@]}" tests/test_onnx_interface.py tests/test_onnx_ort.py onnx_optax/onnx.py || caught 1
-  "${PYTEST[@]}" tests/test_bad_input.py tests/test_mutation_kills.py || caught 2
+  "${PYTEST[@]}" tests/test_bad_input.py "${KILLS[@]}" || caught 2
 }
 tolerance() {
   "${PYTEST[@]}" tests/conformance/test_conformance_tolerance.py onnx_optax/conformance/tolerance.py \

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The mutation run of docs/mutation.md, end to end, on a copy of the tree.
 #
-#   bash benchmarks/mutation/run.sh [REV]      (REV: a commit, default HEAD)
+#   bash tools/mutation/run.sh [REV]      (REV: a commit, default HEAD)
 #
 # From a fresh clone: python3 -m venv .venv && . .venv/bin/activate &&
-# pip install -e ".[test,mutation]" && bash benchmarks/mutation/run.sh
+# pip install -e ".[test,mutation]" && bash tools/mutation/run.sh
 #
 # cosmic-ray edits the modules it mutates in place, so the run never touches
 # the working tree: it exports REV (git archive) into $WORK and mutates there.
@@ -20,7 +20,7 @@
 # CHANGED_SINCE="path=REV ..." (or a bare REV for every module): the
 # incremental run, only the mutants on lines changed since each module's REV
 # (the commit of its last complete run) are judged, see filter.py.
-# Writes the report to benchmarks/mutation/results.md (RESULTS overrides).
+# Writes the report to tools/mutation/results.md (RESULTS overrides).
 set -euo pipefail
 # The whole script is one block, read before it runs: bash reads a script as it
 # goes, and an edit of this file during an hour-long run would otherwise be
@@ -30,7 +30,7 @@ REPO=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 REV=${1:-HEAD}
 SHARDS=${SHARDS:-1}
 WORK=${WORK:-$(mktemp -d /tmp/onnx_optax-mutation.XXXXXX)}
-RESULTS=${RESULTS:-$REPO/benchmarks/mutation/results.md}
+RESULTS=${RESULTS:-$REPO/tools/mutation/results.md}
 COMMIT=$(git -C "$REPO" rev-parse --short "$REV")
 
 if [[ ${RESUME:-0} == 1 ]]; then
@@ -49,7 +49,7 @@ if [[ ${RESUME:-0} == 1 ]]; then
   done
   for pid in "${pids[@]}"; do wait "$pid"; done
   wall=$(( $(date +%s) - start ))
-  python benchmarks/mutation/report.py --commit "$COMMIT" --wall "$wall" \
+  python tools/mutation/report.py --commit "$COMMIT" --wall "$wall" \
     --shards "$(ls -d "$WORK"/shard-*.sqlite | wc -l)" "$WORK"/shard-*.sqlite > "$RESULTS"
   echo "report (wall time: the resumed part only): $RESULTS"
   sed -n '1,/^## Surviving/p' "$RESULTS"
@@ -64,7 +64,7 @@ cd "$WORK/tree"
 PYTHONPATH=$PWD python -c "import onnx_optax, os, sys; sys.exit(not onnx_optax.__file__.startswith(os.getcwd()))"
 
 CONFIG=$WORK/cosmic-ray.toml
-cp benchmarks/mutation/cosmic-ray.toml "$CONFIG"
+cp tools/mutation/cosmic-ray.toml "$CONFIG"
 if [[ -n ${MODULES:-} ]]; then
   python - "$CONFIG" "$MODULES" <<'PY'
 import re, sys
@@ -81,13 +81,13 @@ export MODULES=${MODULES:-}
 # judge.sh finds the mutated module by comparing a shard with this unmutated copy.
 export MUTATION_PRISTINE=$WORK/tree
 cosmic-ray init "$CONFIG" "$WORK/session.sqlite"
-python benchmarks/mutation/filter.py "$WORK/session.sqlite"
+python tools/mutation/filter.py "$WORK/session.sqlite"
 if [[ -n ${CHANGED_SINCE:-} ]]; then
-  python benchmarks/mutation/filter.py "$WORK/session.sqlite" --changed-since "$REPO" "$COMMIT" "$CHANGED_SINCE"
+  python tools/mutation/filter.py "$WORK/session.sqlite" --changed-since "$REPO" "$COMMIT" "$CHANGED_SINCE"
 fi
 if [[ -n ${SURVIVORS_OF:-} ]]; then
   mapfile -t OLD <<< "$SURVIVORS_OF"
-  python benchmarks/mutation/filter.py "$WORK/session.sqlite" --only-survivors-of "${OLD[@]}"
+  python tools/mutation/filter.py "$WORK/session.sqlite" --only-survivors-of "${OLD[@]}"
 fi
 
 start=$(date +%s)
@@ -95,13 +95,13 @@ pids=()
 if [[ ${SKIP_BASELINE:-0} != 1 ]]; then
   # The baseline (the judge on the unmutated tree) runs beside the shards: if it
   # fails, every "killed" below means nothing.
-  (cd "$WORK/tree" && bash benchmarks/mutation/judge.sh > "$WORK/baseline.log" 2>&1; echo $? > "$WORK/baseline.rc") &
+  (cd "$WORK/tree" && bash tools/mutation/judge.sh > "$WORK/baseline.log" 2>&1; echo $? > "$WORK/baseline.rc") &
   pids+=($!)
 fi
 for ((k = 0; k < SHARDS; k++)); do
   cp -r "$WORK/tree" "$WORK/shard-$k"
   cp "$WORK/session.sqlite" "$WORK/shard-$k.sqlite"
-  python benchmarks/mutation/filter.py "$WORK/shard-$k.sqlite" --shard "$k/$SHARDS" > /dev/null
+  python tools/mutation/filter.py "$WORK/shard-$k.sqlite" --shard "$k/$SHARDS" > /dev/null
   (cd "$WORK/shard-$k" && cosmic-ray exec "$CONFIG" "$WORK/shard-$k.sqlite" \
      > "$WORK/shard-$k.log" 2>&1) &
   pids+=($!)
@@ -109,7 +109,7 @@ done
 for pid in "${pids[@]}"; do wait "$pid"; done
 wall=$(( $(date +%s) - start ))
 
-python benchmarks/mutation/report.py --commit "$COMMIT" --wall "$wall" --shards "$SHARDS" \
+python tools/mutation/report.py --commit "$COMMIT" --wall "$wall" --shards "$SHARDS" \
   "$WORK"/shard-*.sqlite > "$RESULTS"
 echo "report: $RESULTS"
 sed -n '1,/^## Surviving/p' "$RESULTS"

@@ -1,9 +1,9 @@
 """The mutation run's report, in Markdown, from one or more cosmic-ray sessions.
 
-Usage: python benchmarks/mutation/report.py [--commit C] [--wall S] [--baseline S]
+Usage: python tools/mutation/report.py [--commit C] [--wall S] [--baseline S]
        [--shards N] SESSION.sqlite...
 
-The sessions are the shards of one run (benchmarks/mutation/run.sh): each job
+The sessions are the shards of one run (tools/mutation/run.sh): each job
 was judged in exactly one of them and skipped ("other shard") in the others.
 """
 

@@ -1,0 +1,112 @@
+"""Hyperparameters are keyword-only in every public and internal signature.
+
+One table for every module (rules, transforms, references, the ONNX calls, the
+input checks, the tolerance model, the bridges): a hyperparameter passed by
+position, which would silently bind ``0.9`` to the wrong name, is a TypeError,
+and nothing is positional-only.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import onnx_optax
+import onnx_optax._checks
+import onnx_optax.interop
+import onnx_optax.onnx
+from onnx_optax import reference, rules
+from onnx_optax.conformance import tolerance
+from onnx_optax.interop import torch as torch_bridge
+
+KEYWORD_ONLY = {
+  # function: the names that must be keyword-only (hyperparameters, static arguments)
+  rules.momentum_scalars: ["alpha", "beta", "norm_coefficient"],
+  rules.momentum_elementwise: ["mode"],
+  rules.momentum: ["alpha", "beta", "mode", "norm_coefficient"],
+  rules.adagrad_scalars: ["decay_factor", "epsilon", "norm_coefficient"],
+  rules.adagrad: ["decay_factor", "epsilon", "norm_coefficient"],
+  rules.adam_scalars: ["alpha", "beta", "epsilon", "norm_coefficient", "norm_coefficient_post"],
+  rules.adam: ["alpha", "beta", "epsilon", "norm_coefficient", "norm_coefficient_post"],
+  rules.directml_adam_scalars: ["beta1", "beta2", "epsilon"],
+  rules.directml_adam: ["learning_rate", "beta1", "beta2", "epsilon"],
+  onnx_optax.transforms._transform: ["minimum_count", "read_params_for", "decays"],
+  onnx_optax.momentum: ["alpha", "beta", "mode", "norm_coefficient", "initial_count", "state_dtype"],
+  onnx_optax.adagrad: ["decay_factor", "epsilon", "norm_coefficient", "initial_count", "state_dtype"],
+  onnx_optax.adam: [
+    "alpha",
+    "beta",
+    "epsilon",
+    "norm_coefficient",
+    "norm_coefficient_post",
+    "initial_count",
+    "state_dtype",
+  ],
+  onnx_optax.directml_adam: ["beta1", "beta2", "epsilon", "initial_count", "state_dtype"],
+  onnx_optax.onnx.from_node: ["initial_count", "state_dtype"],
+  onnx_optax._checks.hyperparameter: ["minimum", "maximum", "maximum_exclusive"],
+  onnx_optax._checks.count: ["minimum"],
+  onnx_optax._checks.integer_scalar: ["minimum", "shape_ok", "why"],
+  onnx_optax._checks.decay: ["below_one"],
+  onnx_optax._checks.int64_step: ["minimum", "why"],
+  rules.ort_adamw_scalars: ["alpha", "beta", "epsilon", "weight_decay", "adam_mode", "correct_bias"],
+  rules.ort_adamw_elementwise: ["adam_mode"],
+  rules.ort_adamw: ["alpha", "beta", "epsilon", "weight_decay", "adam_mode", "correct_bias"],
+  reference.ort_adamw: ["alpha", "beta", "epsilon", "weight_decay", "adam_mode", "correct_bias", "dtype"],
+  onnx_optax.ort_adamw: [
+    "alpha",
+    "beta",
+    "epsilon",
+    "weight_decay",
+    "adam_mode",
+    "correct_bias",
+    "state_dtype",
+  ],
+  onnx_optax.ort_sgd: ["initial_count", "state_dtype"],
+  onnx_optax.onnx.adamw_optimizer: ["alpha", "beta", "epsilon", "weight_decay", "correct_bias", "adam_mode"],
+  onnx_optax.onnx.from_model: ["initial_count", "state_dtype"],
+  onnx_optax.interop.from_torch: ["learning_rate"],
+  onnx_optax.interop.from_keras: ["learning_rate"],
+  onnx_optax.interop.to_keras: ["variables"],
+  onnx_optax.interop.to_torch: [],  # no option: only nothing positional-only
+  onnx_optax.interop.torch_params: [],
+  onnx_optax.interop._common.check_leaves: ["argument", "order"],
+  torch_bridge._check_group: [],
+  torch_bridge.mapping: ["tensors", "is_leaf"],
+  tolerance._momentum: ["alpha", "beta", "mode", "norm_coefficient"],
+  tolerance._adagrad: ["decay_factor", "epsilon", "norm_coefficient"],
+  tolerance._adam: ["alpha", "beta", "epsilon", "norm_coefficient", "norm_coefficient_post"],
+  tolerance._directml_adam: ["beta1", "beta2", "epsilon"],
+  tolerance._ort_adamw: ["alpha", "beta", "epsilon", "weight_decay", "adam_mode", "correct_bias"],
+  tolerance._ort_sgd: [],
+  reference.momentum: ["alpha", "beta", "mode", "norm_coefficient", "dtype"],
+  reference.adagrad: ["decay_factor", "epsilon", "norm_coefficient", "dtype"],
+  reference.adam: ["alpha", "beta", "epsilon", "norm_coefficient", "norm_coefficient_post", "dtype"],
+  reference.directml_adam: ["learning_rate", "beta1", "beta2", "epsilon", "dtype"],
+}
+
+
+@pytest.mark.parametrize("function", list(KEYWORD_ONLY), ids=lambda f: f"{f.__module__}.{f.__qualname__}")
+def test_hyperparameters_are_keyword_only(function):
+  """Hyperparameters are named at every call (as in the ONNX schema's attributes): a positional
+  hyperparameter, which would silently bind ``0.9`` to the wrong name, is a TypeError."""
+  import inspect
+
+  parameters = inspect.signature(function).parameters
+  kinds = {name: p.kind for name, p in parameters.items()}
+  assert all(kinds[n] == inspect.Parameter.KEYWORD_ONLY for n in KEYWORD_ONLY[function])
+  assert inspect.Parameter.POSITIONAL_ONLY not in kinds.values()
+
+
+def test_positional_hyperparameter_is_a_type_error():
+  X = np.array([1.0])
+  with pytest.raises(TypeError):
+    reference.directml_adam(X, X, X, X, 1, 0.1, 0.9, 0.999, 1e-8)
+  with pytest.raises(TypeError):
+    rules.adagrad(0.1, 0, jnp.ones(1), jnp.ones(1), jnp.ones(1), 0.0, 1e-6, 0.0)
+  with pytest.raises(TypeError):
+    onnx_optax.adam(0.1, 0.9)
+
+
+# --- the input checks (_checks.py) and the ONNX interface (onnx.py) -----------------------------
