@@ -154,6 +154,7 @@ def _state_arrays(opt: Any, ps: list[Any], keys: tuple[str, ...]) -> list[list[A
 
 def spec_order(config: Config, opt: Any, ps: list[Any]) -> tuple[Any, Any]:
   """The spec-order rules that ``from_torch`` returned before the twins, and their state."""
+  import jax.numpy as jnp
   import optax
 
   import onnx_optax
@@ -169,7 +170,7 @@ def spec_order(config: Config, opt: Any, ps: list[Any]) -> tuple[Any, Any]:
       norm_coefficient=h.get("weight_decay", 0.0),
       initial_count=1,
     )
-    return tx, onnx_optax.MomentumState(np.int32(1), buf)
+    return tx, onnx_optax.MomentumState(jnp.int32(1), buf)
   if kind == "Adagrad":
     (sums,) = _state_arrays(opt, ps, ("sum",))
     step = int(opt.state[ps[0]]["step"])
@@ -180,14 +181,14 @@ def spec_order(config: Config, opt: Any, ps: list[Any]) -> tuple[Any, Any]:
       norm_coefficient=h.get("weight_decay", 0.0),
       initial_count=step,
     )
-    return tx, onnx_optax.AdagradState(np.int32(step), sums)
+    return tx, onnx_optax.AdagradState(jnp.int32(step), sums)
   m1, m2 = _state_arrays(opt, ps, ("exp_avg", "exp_avg_sq"))
   step = int(opt.state[ps[0]]["step"])
   wd = h.get("weight_decay", 0.0)
   rule = onnx_optax.ort_adamw(
     h["lr"], weight_decay=wd if kind == "AdamW" else 0.0, epsilon=1e-8, initial_count=step + 1
   )
-  state = onnx_optax.OrtAdamWState(np.int32(step + 1), m1, m2)
+  state = onnx_optax.OrtAdamWState(jnp.int32(step + 1), m1, m2)
   if kind == "Adam" and wd:
     return optax.chain(optax.add_decayed_weights(wd), rule), (optax.EmptyState(), state)
   return rule, state
@@ -195,22 +196,24 @@ def spec_order(config: Config, opt: Any, ps: list[Any]) -> tuple[Any, Any]:
 
 def twins(config: Config, opt: Any, ps: list[Any]) -> tuple[Any, Any]:
   """The PyTorch-order twins and PyTorch's state, mapped field for field."""
+  import jax.numpy as jnp
+
   import onnx_optax
 
   h, kind = dict(config.hyper), config.kind
   lr = h.pop("lr")
   if kind == "SGD":
     (buf,) = _state_arrays(opt, ps, ("momentum_buffer",))
-    return onnx_optax.pytorch_sgd(lr, **h, initial_count=1), onnx_optax.PyTorchSGDState(np.int32(1), buf)
+    return onnx_optax.pytorch_sgd(lr, **h, initial_count=1), onnx_optax.PyTorchSGDState(jnp.int32(1), buf)
   step = int(opt.state[ps[0]]["step"])
   if kind == "Adagrad":
     (sums,) = _state_arrays(opt, ps, ("sum",))
     return onnx_optax.pytorch_adagrad(lr, **h, initial_count=step), onnx_optax.PyTorchAdagradState(
-      np.int32(step), sums
+      jnp.int32(step), sums
     )
   m1, m2 = _state_arrays(opt, ps, ("exp_avg", "exp_avg_sq"))
   make = onnx_optax.pytorch_adamw if kind == "AdamW" else onnx_optax.pytorch_adam
-  return make(lr, **h, initial_count=step), onnx_optax.PyTorchAdamState(np.int32(step), m1, m2)
+  return make(lr, **h, initial_count=step), onnx_optax.PyTorchAdamState(jnp.int32(step), m1, m2)
 
 
 def bridge(config: Config, opt: Any, ps: list[Any]) -> tuple[Any, Any]:
@@ -290,7 +293,7 @@ def row(
   """Every comparison of one configuration: ``{column: (ulps, bitwise fraction)}``."""
   params, grads = data(steps, shapes)
   reference = pytorch_final(config, params, grads)
-  out = {}
+  out: dict[str, Any] = {}
   for impl in ("fused", "foreach"):
     try:
       out[f"torch {impl}"] = compare(pytorch_final(config, params, grads, impl), reference, config.dtype)
@@ -402,7 +405,7 @@ def main(argv: list[str] | None = None) -> None:
   header = [
     f"# {' '.join(['python benchmarks/carried_float32.py', *(argv if argv is not None else sys.argv[1:])])}",
     f"# jax {jax.__version__} ({jax.default_backend()}), torch {torch.__version__}, {platform.machine()}, "
-    f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}, jax_enable_x64={jax.config.jax_enable_x64}",
+    f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}, jax_enable_x64={jax.config.read('jax_enable_x64')}",
     f"# {STEPS} steps on fixed gradients, carried to JAX after {MOVE_AT}; leaves {SHAPES}.",
     "# Each cell: largest difference from the all-PyTorch default run, in ulps of each leaf's",
     "# largest magnitude (the largest over the leaves), and the smallest fraction of bitwise-equal",

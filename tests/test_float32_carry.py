@@ -30,23 +30,24 @@ from onnx_optax import reference
 
 _SCRIPT = pathlib.Path(__file__).parent.parent / "benchmarks" / "carried_float32.py"
 _spec = importlib.util.spec_from_file_location("carried_float32", _SCRIPT)
+assert _spec is not None and _spec.loader is not None
 carried = importlib.util.module_from_spec(_spec)
 sys.modules["carried_float32"] = carried  # dataclasses look their module up
 _spec.loader.exec_module(carried)
 
 # name -> (twin factory, NumPy expectation, state fields, hyperparameters)
-SGD_CASES = {
+SGD_CASES: dict[str, dict] = {
   "sgd plain": dict(lr=0.05),
   "sgd momentum dampening wd": dict(lr=0.05, momentum=0.9, dampening=0.1, weight_decay=1e-3),
   "sgd nesterov maximize": dict(lr=0.05, momentum=0.8, nesterov=True, weight_decay=0.01, maximize=True),
 }
-ADAGRAD_CASES = {
+ADAGRAD_CASES: dict[str, dict] = {
   "adagrad": dict(lr=0.05),
   "adagrad all": dict(
     lr=0.05, lr_decay=0.01, weight_decay=1e-2, eps=1e-6, maximize=True, initial_accumulator_value=0.3
   ),
 }
-ADAM_CASES = {
+ADAM_CASES: dict[str, dict] = {
   "adam": dict(lr=1e-2),
   "adam coupled": dict(lr=1e-2, weight_decay=0.05, betas=(0.8, 0.99)),
   "adamw": dict(lr=1e-2, weight_decay=0.05, decoupled_weight_decay=True, maximize=True),
@@ -113,7 +114,7 @@ def _jax_run(tx, x, grads):
   return np.asarray(x)
 
 
-ALL = [("sgd", n, h) for n, h in SGD_CASES.items()]
+ALL: list[tuple[str, str, dict]] = [("sgd", n, h) for n, h in SGD_CASES.items()]
 ALL += [("adagrad", n, h) for n, h in ADAGRAD_CASES.items()]
 ALL += [("adam", n, h) for n, h in ADAM_CASES.items()]
 
