@@ -939,7 +939,7 @@ def _divide_by_scalar(a: Array, b: Array) -> Array:
 
 
 class PyTorchSGDScalars(NamedTuple):
-  """The per-update scalars of :func:`pytorch_sgd`: ``-lr``, ``momentum``, ``1 - dampening``,
+  """The per-update scalars of :func:`onnx_optax.pytorch_sgd`: ``-lr``, ``momentum``, ``1 - dampening``,
   ``weight_decay``; ``first`` (a bool: PyTorch has no momentum buffer yet) and ``neg_zero``."""
 
   neg_lr: Any
@@ -1012,7 +1012,7 @@ def pytorch_sgd_elementwise(
 
 
 class PyTorchAdagradScalars(NamedTuple):
-  """The per-update scalars of :func:`pytorch_adagrad`: ``-clr``, ``eps``, ``weight_decay``."""
+  """The per-update scalars of :func:`onnx_optax.pytorch_adagrad`: ``-clr``, ``eps``, ``weight_decay``."""
 
   neg_clr: Any
   eps: Any
@@ -1067,7 +1067,7 @@ def pytorch_adagrad_elementwise(
 
 
 class PyTorchAdamScalars(NamedTuple):
-  """The per-update scalars of :func:`pytorch_adam`.
+  """The per-update scalars of :func:`onnx_optax.pytorch_adam`.
 
   ``one_minus_beta1`` is the lerp weight ``1 - beta1``, ``decay_factor`` AdamW's
   ``1 - lr * weight_decay`` (None without decoupled decay), ``weight_decay`` Adam's coupled
