@@ -835,20 +835,6 @@ def _scalars_in(s: tuple, dtype: Any) -> tuple:
   return jax.tree.map(lambda v: v if getattr(v, "dtype", None) == jnp.bool_ else jnp.asarray(v, dtype), s)
 
 
-def _reaching(X_new: Array, X: Array) -> Array:
-  """An update ``U`` with ``X + U == X_new`` (what ``optax.apply_updates`` computes).
-
-  ``X_new - X`` is exact, and then reaches ``X_new``, when the two are within a factor of two
-  of each other (Sterbenz); near zero it may be one rounding off, and its neighbour towards
-  ``X_new`` reaches it. ``X_new`` stays out of reach only where even that neighbour misses (a
-  step from far onto nearly zero, where ``X_new`` is finer than the spacing of ``X``).
-  """
-  U = X_new - X
-  reached = X + U
-  towards = jnp.where(reached < X_new, jnp.asarray(jnp.inf, U.dtype), jnp.asarray(-jnp.inf, U.dtype))
-  return jnp.where(reached == X_new, U, jnp.nextafter(U, towards))
-
-
 def _pytorch_transform(
   scalars: Callable[..., tuple],
   elementwise: Callable[..., tuple[Array, ...]],
@@ -868,9 +854,11 @@ def _pytorch_transform(
   opmath dtype (float64 if any of its tensors is float64, else float32) and rounds where
   PyTorch stores.
 
-  The update is ``X_new - X``, or its neighbour where that misses (:func:`_reaching`):
-  ``optax.apply_updates`` then gives ``X_new`` to the bit except where a step lands on
-  nearly zero from far away.
+  ``optax.apply_updates`` adds the update ``X_new - X`` to ``X``: ``X_new`` to the bit
+  whenever ``X_new`` and ``X`` are within a factor of two of each other (the subtraction is
+  then exact, Sterbenz). Where a step shrinks a parameter below half its magnitude,
+  ``X_new`` may be finer than the spacing of ``X``, out of reach of any addition to ``X``:
+  one rounding off.
   """
   learning_rate = _learning_rate(learning_rate)
   initial_count = _checks.count("initial_count", initial_count, minimum=0)
@@ -915,7 +903,7 @@ def _pytorch_transform(
         S_all[i] = tensor
       dtype = rules._torch_opmath(X.dtype, G.dtype, *(t.dtype for t in S))
       X_new, *S_new = elementwise(_scalars_in(s, dtype), X, G, *S_all)
-      new_updates.append(_reaching(X_new, X))
+      new_updates.append(X_new - X)
       for out, i in zip(new_columns, present):
         out.append(S_new[i])
     new_state: list[Any] = [None] * (len(state_cls._fields) - 1)
