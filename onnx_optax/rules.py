@@ -939,8 +939,9 @@ def _divide_by_scalar(a: Array, b: Array) -> Array:
 
 
 class PyTorchSGDScalars(NamedTuple):
-  """The per-update scalars of :func:`onnx_optax.pytorch_sgd`: ``-lr``, ``momentum``, ``1 - dampening``,
-  ``weight_decay``; ``first`` (a bool: PyTorch has no momentum buffer yet) and ``neg_zero``."""
+  """The per-update scalars of :func:`onnx_optax.pytorch_sgd`: ``-lr``, ``momentum`` (None when it
+  is the Python number 0: plain SGD), ``1 - dampening``, ``weight_decay``; ``first`` (a bool:
+  PyTorch has no momentum buffer yet) and ``neg_zero``."""
 
   neg_lr: Any
   momentum: Any
@@ -963,7 +964,7 @@ def pytorch_sgd_scalars(
     one_minus_dampening = None
   return PyTorchSGDScalars(
     _host_or_traced(lr, lambda r: -r),
-    momentum,
+    None if _is_static_zero(momentum) else momentum,
     one_minus_dampening,
     None if _is_static_zero(weight_decay) else weight_decay,
     jnp.asarray(count) == 0,
@@ -975,11 +976,11 @@ def pytorch_sgd_elementwise(
   s: PyTorchSGDScalars,
   X: Array,
   G: Array,
-  buf: Array | None,
+  buf: Array,
   *,
   nesterov: bool,
   maximize: bool,
-) -> tuple[Array, Array | None]:
+) -> tuple[Array, Array]:
   """``torch.optim.SGD``'s step on one tensor, in ``_single_tensor_sgd``'s order::
 
       grad = -grad if maximize
@@ -989,18 +990,19 @@ def pytorch_sgd_elementwise(
       grad = grad.add(buf, alpha=momentum) if nesterov, else buf    if momentum != 0
       param.add_(grad, alpha=-lr)
 
-  ``X``, ``G`` and ``buf`` in their own dtypes (``buf`` None: no momentum); computes in
-  PyTorch's opmath dtype. Returns ``(X_new, buf_new)`` in ``X``'s and ``buf``'s dtypes.
+  ``X``, ``G`` and ``buf`` in their own dtypes; computes in PyTorch's opmath dtype. Without
+  momentum (``s.momentum`` None) ``buf`` is returned as it is. Returns ``(X_new, buf_new)`` in
+  ``X``'s and ``buf``'s dtypes.
   """
-  dt = _torch_opmath(X.dtype, G.dtype, *(() if buf is None else (buf.dtype,)))
+  dt = _torch_opmath(X.dtype, G.dtype, buf.dtype)
   x, g, nz = X.astype(dt), G.astype(dt), jnp.asarray(s.neg_zero, dt)
   g_dtype = jnp.promote_types(G.dtype, X.dtype)
   if maximize:
     g = -g
   if s.weight_decay is not None:
     g = _stored(x * s.weight_decay + g, g_dtype, nz)
-  buf_new = None
-  if buf is not None:
+  buf_new = buf
+  if s.momentum is not None:
     b = buf.astype(dt)
     decayed = _stored(b * s.momentum, buf.dtype, nz)
     damped = g + decayed if s.one_minus_dampening is None else g * s.one_minus_dampening + decayed

@@ -805,7 +805,8 @@ def ort_sgd(
 
 class PyTorchSGDState(NamedTuple):
   """State of :func:`pytorch_sgd`: ``count`` (updates done; 0: no momentum buffer yet) and
-  ``momentum_buffer`` (PyTorch's ``state[p]["momentum_buffer"]``; None without momentum)."""
+  ``momentum_buffer`` (PyTorch's ``state[p]["momentum_buffer"]``; zeros, unused, without
+  momentum, where PyTorch keeps none)."""
 
   count: Array  # type: ignore[assignment]  # shadows tuple.count, as in Optax's states
   momentum_buffer: optax.Updates
@@ -945,7 +946,7 @@ def pytorch_sgd(
   Args:
     learning_rate: ``lr``, a float or an Optax schedule (of the updates made by this
       transform, ``count - initial_count``).
-    momentum: in ``[0, 1]``; 0 keeps no buffer (``state.momentum_buffer`` is None).
+    momentum: in ``[0, 1]``; 0 is plain SGD (``state.momentum_buffer`` stays zero).
     dampening: in ``[0, 1]``.
     weight_decay: L2 coefficient added to the gradient, ``>= 0``.
     nesterov: Nesterov momentum (PyTorch: needs ``momentum > 0`` and ``dampening = 0``).
@@ -971,7 +972,6 @@ def pytorch_sgd(
       f"nesterov=True needs momentum > 0 and dampening = 0 (as torch.optim.SGD), got "
       f"momentum={momentum}, dampening={dampening}"
     )
-  has_buffer = not rules._is_static_zero(momentum)
 
   def scalars(R, T):
     return rules.pytorch_sgd_scalars(R, T, momentum=momentum, dampening=dampening, weight_decay=weight_decay)
@@ -986,7 +986,7 @@ def pytorch_sgd(
     learning_rate,
     initial_count,
     state_dtype,
-    initial_values=(0.0 if has_buffer else None,),
+    initial_values=(0.0,),
   )
 
 
