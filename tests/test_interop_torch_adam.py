@@ -565,9 +565,8 @@ def test_to_torch_refuses_before_writing():
   params = torch_params(opt, structure)
   tx, state = from_torch(opt, params)
   sgd_state = from_torch(torch.optim.SGD(ps, lr=0.1, momentum=0.9), params)[1]
-  with pytest.raises(
-    TypeError, match="state holds a PyTorchSGDState, this optimizer needs PyTorchAdamState or OrtAdamWState"
-  ):
+  needs = "state holds a PyTorchSGDState, this optimizer needs PyTorchAdamState or OrtAdamWState"
+  with pytest.raises(TypeError, match=needs):
     to_torch(sgd_state, opt, params)
   narrow = jax.tree.map(lambda x: x.astype(jnp.float16) if x.dtype == jnp.float32 else x, state)
   with pytest.raises(
