@@ -878,19 +878,21 @@ def _torch_opmath(*dtypes: Any) -> Any:
   return jnp.float64 if any(jnp.dtype(d) == jnp.float64 for d in dtypes) else jnp.float32
 
 
-def _stored(x: Array, dtype: DTypeLike, neg_zero: Array) -> Array:
+def _stored(x: Array, dtype: DTypeLike, neg_zero: Array | None = None) -> Array:
   """``x`` (in the opmath dtype) as PyTorch stores an operation's result in ``dtype``.
 
   Narrower than ``x``: rounded to ``dtype``'s precision and range, kept in ``x``'s
   dtype (``lax.reduce_precision``, round to nearest even, as PyTorch's conversion).
-  The same dtype: ``x + neg_zero``, a run-time ``-0.0`` that XLA cannot fold, so
-  that LLVM does not contract a product stored here into the next addition.
+  The same dtype: ``x`` itself, or, for a product that PyTorch stores and then adds
+  (``neg_zero`` given), ``x + neg_zero``: a run-time ``-0.0`` that XLA cannot fold, so
+  that LLVM does not contract the product into the next addition (``x + -0.0`` is ``x``
+  for every ``x``, signed zeros included).
   """
   dtype = jnp.dtype(dtype)
   if dtype != x.dtype:
     info = jnp.finfo(dtype)
     return jax.lax.reduce_precision(x, exponent_bits=info.nexp, mantissa_bits=info.nmant)
-  return x + neg_zero
+  return x if neg_zero is None else x + neg_zero
 
 
 def _pytorch_power_complement(beta: float, step: Array, dtype: DTypeLike) -> Array:
@@ -1000,15 +1002,15 @@ def pytorch_sgd_elementwise(
   if maximize:
     g = -g
   if s.weight_decay is not None:
-    g = _stored(x * s.weight_decay + g, g_dtype, nz)
+    g = _stored(x * s.weight_decay + g, g_dtype)
   buf_new = buf
   if s.momentum is not None:
     b = buf.astype(dt)
     decayed = _stored(b * s.momentum, buf.dtype, nz)
     damped = g + decayed if s.one_minus_dampening is None else g * s.one_minus_dampening + decayed
-    b_new = jnp.where(s.first, _stored(g, buf.dtype, nz), _stored(damped, buf.dtype, nz))
+    b_new = jnp.where(s.first, _stored(g, buf.dtype), _stored(damped, buf.dtype))
     buf_new = b_new.astype(buf.dtype)
-    g = _stored(b_new * s.momentum + g, jnp.promote_types(g_dtype, buf.dtype), nz) if nesterov else b_new
+    g = _stored(b_new * s.momentum + g, jnp.promote_types(g_dtype, buf.dtype)) if nesterov else b_new
   x_new = g * s.neg_lr + x
   return x_new.astype(X.dtype), buf_new
 
@@ -1019,7 +1021,6 @@ class PyTorchAdagradScalars(NamedTuple):
   neg_clr: Any
   eps: Any
   weight_decay: Any
-  neg_zero: Any
 
 
 def pytorch_adagrad_scalars(
@@ -1032,9 +1033,7 @@ def pytorch_adagrad_scalars(
   else:
     dtype = _scalar_dtype()
     neg_clr = -(jnp.asarray(lr, dtype) / (1 + jnp.asarray(count, dtype) * jnp.asarray(lr_decay, dtype)))
-  return PyTorchAdagradScalars(
-    neg_clr, eps, None if _is_static_zero(weight_decay) else weight_decay, _neg_zero(count)
-  )
+  return PyTorchAdagradScalars(neg_clr, eps, None if _is_static_zero(weight_decay) else weight_decay)
 
 
 def pytorch_adagrad_elementwise(
@@ -1057,13 +1056,13 @@ def pytorch_adagrad_elementwise(
   Returns ``(X_new, sum_new)`` in ``X``'s and ``state_sum``'s dtypes.
   """
   dt = _torch_opmath(X.dtype, G.dtype, state_sum.dtype)
-  x, g, nz = X.astype(dt), G.astype(dt), jnp.asarray(s.neg_zero, dt)
+  x, g = X.astype(dt), G.astype(dt)
   if maximize:
     g = -g
   if s.weight_decay is not None:
-    g = _stored(x * s.weight_decay + g, jnp.promote_types(G.dtype, X.dtype), nz)
-  sum_new = _stored(g * g + state_sum.astype(dt), state_sum.dtype, nz)
-  std = _stored(_stored(_sqrt(sum_new), state_sum.dtype, nz) + s.eps, state_sum.dtype, nz)
+    g = _stored(x * s.weight_decay + g, jnp.promote_types(G.dtype, X.dtype))
+  sum_new = _stored(g * g + state_sum.astype(dt), state_sum.dtype)
+  std = _stored(_stored(_sqrt(sum_new), state_sum.dtype) + s.eps, state_sum.dtype)
   x_new = x + (s.neg_clr * g) / std
   return x_new.astype(X.dtype), sum_new.astype(state_sum.dtype)
 
@@ -1174,13 +1173,13 @@ def pytorch_adam_elementwise(
   if s.decay_factor is not None:
     x = _stored(x * s.decay_factor, X.dtype, nz)
   if s.weight_decay is not None:
-    g = _stored(x * s.weight_decay + g, jnp.promote_types(G.dtype, X.dtype), nz)
-  m = _stored(_lerp(exp_avg.astype(dt), g, s.one_minus_beta1, small=lerp_small), exp_avg.dtype, nz)
+    g = _stored(x * s.weight_decay + g, jnp.promote_types(G.dtype, X.dtype))
+  m = _stored(_lerp(exp_avg.astype(dt), g, s.one_minus_beta1, small=lerp_small), exp_avg.dtype)
   v2 = _stored(exp_avg_sq.astype(dt) * s.beta2, exp_avg_sq.dtype, nz)
-  v = _stored((s.one_minus_beta2 * g) * g + v2, exp_avg_sq.dtype, nz)
-  root = _stored(_sqrt(v), exp_avg_sq.dtype, nz)
+  v = _stored((s.one_minus_beta2 * g) * g + v2, exp_avg_sq.dtype)
+  root = _stored(_sqrt(v), exp_avg_sq.dtype)
   denom = _stored(
-    _stored(_divide_by_scalar(root, s.bias_correction2_sqrt), exp_avg_sq.dtype, nz) + s.eps,
+    _stored(_divide_by_scalar(root, s.bias_correction2_sqrt), exp_avg_sq.dtype) + s.eps,
     exp_avg_sq.dtype,
     nz,
   )
