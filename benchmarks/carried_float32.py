@@ -326,6 +326,89 @@ def table(configs, **kwargs) -> str:
   return "\n".join(lines)
 
 
+# -- Keras 3 Adam ---------------------------------------------------------------------------------
+
+KERAS_HYPER = dict(learning_rate=1e-3)
+
+
+def keras_final(
+  params, grads, mode: str, move_at: int = MOVE_AT, continue_with: Any = None
+) -> list[np.ndarray]:
+  """Keras 3 ``Adam`` on the JAX backend: ``mode`` "eager" (``optimizer.apply``, one XLA
+  computation per operation) or "jit" (``stateless_apply`` under ``jax.jit``, as ``model.fit``
+  runs it). ``continue_with``: after ``move_at`` eager steps, ``continue_with(optimizer,
+  params)`` gives ``(tx, state)`` (``from_keras``) for the rest, jitted."""
+  import jax
+  import jax.numpy as jnp
+  import keras
+  import optax
+
+  variables = [keras.Variable(p.copy()) for p in params]
+  opt = keras.optimizers.Adam(**KERAS_HYPER)
+  opt.build(variables)
+  if mode == "jit":
+    apply = jax.jit(opt.stateless_apply)
+    opt_vars, values = [v.value for v in opt.variables], [v.value for v in variables]
+    for step_grads in grads:
+      values, opt_vars = apply(opt_vars, [jnp.asarray(g) for g in step_grads], values)
+    return [np.asarray(v) for v in values]
+  for step_grads in grads[: move_at if continue_with else len(grads)]:
+    opt.apply([np.asarray(g) for g in step_grads], variables)
+  if continue_with is None:
+    return [np.asarray(v.numpy()) for v in variables]
+  x = [jnp.asarray(v.numpy()) for v in variables]
+  tx, state = continue_with(opt, x)
+
+  @jax.jit
+  def step(x, state, g):
+    updates, state = tx.update(g, state, x)
+    return optax.apply_updates(x, updates), state
+
+  for step_grads in grads[move_at:]:
+    x, state = step(x, state, [jnp.asarray(g) for g in step_grads])
+  return [np.asarray(a) for a in x]
+
+
+def keras_row(steps: int = STEPS, move_at: int = MOVE_AT, shapes=SHAPES) -> dict:
+  """Keras Adam: its own spread (jitted against eager) and the run carried by ``from_keras``,
+  each against the eager run and against the jitted one."""
+  from onnx_optax.interop import from_keras
+
+  params, grads = data(steps, shapes)
+  eager = keras_final(params, grads, "eager")
+  jitted = keras_final(params, grads, "jit")
+  carried = keras_final(params, grads, "eager", move_at, from_keras)
+  twin = keras_final(params, grads, "eager", move_at, keras_twin)
+  return {
+    "keras jit vs eager": compare(jitted, eager),
+    "from_keras vs eager": compare(carried, eager),
+    "from_keras vs jit": compare(carried, jitted),
+    "keras_adam vs eager": compare(twin, eager),
+    "keras_adam vs jit": compare(twin, jitted),
+  }
+
+
+def keras_twin(opt: Any, x: list[Any]) -> tuple[Any, Any]:
+  """``onnx_optax.keras_adam`` and Keras's state, mapped field for field."""
+  import jax.numpy as jnp
+
+  import onnx_optax
+
+  count = int(opt.iterations.numpy())
+  tx = onnx_optax.keras_adam(
+    float(opt.learning_rate.numpy()),
+    beta_1=opt.beta_1,
+    beta_2=opt.beta_2,
+    epsilon=opt.epsilon,
+    initial_count=count,
+  )
+  moments = (
+    [jnp.asarray(m.numpy()) for m in opt._momentums],
+    [jnp.asarray(v.numpy()) for v in opt._velocities],
+  )
+  return tx, onnx_optax.KerasAdamState(jnp.int32(count), *moments)
+
+
 # -- step time ------------------------------------------------------------------------------------
 
 
@@ -394,6 +477,7 @@ def main(argv: list[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--x64", action="store_true", help="jax_enable_x64: step-dependent scalars in float64")
   parser.add_argument("--timing", action="store_true", help="also the step time against Optax")
+  parser.add_argument("--keras", action="store_true", help="also Keras 3 Adam (needs KERAS_BACKEND=jax)")
   parser.add_argument("--out", help="write the output to this file as well")
   args = parser.parse_args(argv)
   import jax
@@ -413,6 +497,14 @@ def main(argv: list[str] | None = None) -> None:
   ]
   print("\n".join(header), flush=True)
   body = [table(CONFIGS), "", table(BF16_CONFIGS)]
+  if args.keras:
+    result = keras_row()
+    body += [
+      "",
+      "Keras 3 Adam (lr 1e-3), JAX backend: "
+      + ", ".join(f"{k}: {u:.1f} ulp, {100 * b:.1f}%" for k, (u, b) in result.items()),
+    ]
+    print(body[-1], flush=True)
   if args.timing:
     body += ["", timing()]
   if args.out:

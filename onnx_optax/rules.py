@@ -73,6 +73,7 @@ __all__ = [
   "AdagradScalars",
   "AdamScalars",
   "DirectMLAdamScalars",
+  "KerasAdamScalars",
   "MomentumScalars",
   "OrtAdamWScalars",
   "OrtSGDScalars",
@@ -88,6 +89,8 @@ __all__ = [
   "directml_adam",
   "directml_adam_elementwise",
   "directml_adam_scalars",
+  "keras_adam_elementwise",
+  "keras_adam_scalars",
   "like",
   "momentum",
   "momentum_elementwise",
@@ -1185,3 +1188,56 @@ def pytorch_adam_elementwise(
   )
   x_new = x + (s.neg_step_size * m) / denom
   return x_new.astype(X.dtype), m.astype(exp_avg.dtype), v.astype(exp_avg_sq.dtype)
+
+
+# -- Keras-order twin (keras.optimizers.Adam) ------------------------------------------------
+
+
+class KerasAdamScalars(NamedTuple):
+  """The per-update inputs of :func:`onnx_optax.keras_adam`: the learning rate and the count
+  (Keras's ``iterations``); Keras computes its scalars from them in each variable's dtype."""
+
+  lr: Any
+  count: Any
+
+
+def keras_adam_scalars(lr: ArrayLike, count: ArrayLike) -> KerasAdamScalars:
+  """``(lr, count)``: Keras derives ``alpha`` per variable, in the variable's dtype."""
+  return KerasAdamScalars(lr, count)
+
+
+def keras_adam_elementwise(
+  s: KerasAdamScalars,
+  X: Array,
+  G: Array,
+  m: Array,
+  v: Array,
+  *,
+  beta_1: float,
+  beta_2: float,
+  epsilon: float,
+) -> tuple[Array, Array, Array]:
+  """Keras 3 ``Adam.update_step`` on one variable, its expressions in its order::
+
+      local_step = cast(iterations + 1);  lr = cast(learning_rate)
+      alpha = lr * sqrt(1 - cast(beta_2) ** local_step) / (1 - cast(beta_1) ** local_step)
+      m += (g - m) * (1 - beta_1)
+      v += (square(g) - v) * (1 - beta_2)
+      variable -= (m * alpha) / (sqrt(v) + epsilon)
+
+  ``1 - beta_1`` and ``1 - beta_2`` are Python float64 numbers rounded once, as Keras's
+  Python arithmetic gives them; the rest is in the variable's dtype. Written as Keras's
+  JAX backend writes it, so that XLA compiles it as it compiles Keras's jitted step
+  (``model.fit``). Returns ``(X_new, m_new, v_new)``.
+  """
+  dt = X.dtype
+  g = G.astype(dt)
+  lr = jnp.asarray(s.lr).astype(dt)
+  local_step = jnp.asarray(s.count).astype(dt) + jnp.asarray(1, dt)
+  beta_1_power = jnp.power(jnp.asarray(beta_1, dt), local_step)
+  beta_2_power = jnp.power(jnp.asarray(beta_2, dt), local_step)
+  alpha = lr * jnp.sqrt(1 - beta_2_power) / (1 - beta_1_power)
+  m_new = m + (g - m) * (1 - beta_1)
+  v_new = v + (jnp.square(g) - v) * (1 - beta_2)
+  x_new = X - (m_new * alpha) / (_sqrt(v_new) + epsilon)
+  return x_new, m_new, v_new

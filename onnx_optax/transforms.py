@@ -56,6 +56,7 @@ __all__ = [
   "AdagradState",
   "AdamState",
   "DirectMLAdamState",
+  "KerasAdamState",
   "MomentumState",
   "OrtAdamWState",
   "OrtSGDState",
@@ -65,6 +66,7 @@ __all__ = [
   "adagrad",
   "adam",
   "directml_adam",
+  "keras_adam",
   "momentum",
   "ort_adamw",
   "ort_sgd",
@@ -828,12 +830,29 @@ class PyTorchAdamState(NamedTuple):
   exp_avg_sq: optax.Updates
 
 
-_PyTorchState: TypeAlias = PyTorchSGDState | PyTorchAdagradState | PyTorchAdamState
+class KerasAdamState(NamedTuple):
+  """State of :func:`keras_adam`: ``count`` (Keras's ``iterations``, the updates done), the
+  first moments ``momentums`` and the second ``velocities`` (Keras's ``_momentums`` and
+  ``_velocities``)."""
+
+  count: Array  # type: ignore[assignment]  # shadows tuple.count, as in Optax's states
+  momentums: optax.Updates
+  velocities: optax.Updates
+
+
+_PyTorchState: TypeAlias = PyTorchSGDState | PyTorchAdagradState | PyTorchAdamState | KerasAdamState
 
 
 def _scalars_in(s: tuple, dtype: Any) -> tuple:
-  """The float scalars of a twin rounded once to ``dtype`` (bool and None fields kept)."""
-  return jax.tree.map(lambda v: v if getattr(v, "dtype", None) == jnp.bool_ else jnp.asarray(v, dtype), s)
+  """The float scalars of a twin rounded once to ``dtype`` (bool, integer and None fields kept)."""
+
+  def one(v):
+    kind = getattr(v, "dtype", None)
+    if kind is not None and (kind == jnp.bool_ or jnp.issubdtype(kind, jnp.integer)):
+      return v
+    return jnp.asarray(v, dtype)
+
+  return jax.tree.map(one, s)
 
 
 def _pytorch_transform(
@@ -1183,4 +1202,61 @@ def pytorch_adamw(
     maximize=maximize,
     initial_count=initial_count,
     state_dtype=state_dtype,
+  )
+
+
+def keras_adam(
+  learning_rate: ScalarOrSchedule,
+  *,
+  beta_1: float = 0.9,
+  beta_2: float = 0.999,
+  epsilon: float = 1e-7,
+  initial_count: int = 0,
+  state_dtype: Any = None,
+) -> optax.GradientTransformationExtraArgs:
+  """Keras 3 ``keras.optimizers.Adam``, in Keras's order: the float32 twin of :func:`directml_adam`.
+
+  The same rule as DirectML Adam (``T = count + 1``) in exact arithmetic, written as Keras's
+  ``Adam.update_step`` writes it (``count`` is Keras's ``iterations``)::
+
+      alpha = lr * sqrt(1 - beta_2 ** (count + 1)) / (1 - beta_1 ** (count + 1))
+      m += (g - m) * (1 - beta_1)
+      v += (square(g) - v) * (1 - beta_2)
+      variable -= (m * alpha) / (sqrt(v) + epsilon)
+
+  in the variable's dtype, ``1 - beta_1`` and ``1 - beta_2`` Python float64 numbers rounded
+  once (DirectML's rule computes ``1 - beta`` from the rounded ``beta``). Under ``jax.jit`` it
+  compiles as Keras's jitted step on the JAX backend (``model.fit``) compiles. Defaults are
+  Keras's.
+
+  Args:
+    learning_rate: a float or an Optax schedule.
+    beta_1: in ``[0, 1)``.  beta_2: in ``[0, 1]``.  epsilon: ``>= 0``.
+    initial_count: Keras's ``iterations`` before the first update here.
+    state_dtype: dtype of the moments; default each parameter's.
+
+  Example:
+    >>> import jax.numpy as jnp, optax, onnx_optax
+    >>> opt = onnx_optax.keras_adam(0.1, epsilon=0.0)
+    >>> params = jnp.array([1.0, 2.0])
+    >>> state = opt.init(params)
+    >>> updates, state = opt.update(jnp.array([3.0, -0.5]), state, params)
+    >>> optax.apply_updates(params, updates)  # Keras's float32 bias corrections: 0.9 +- ulps
+    Array([0.9000007, 2.0999994], dtype=float32)
+  """
+  beta_1 = float(_checks.decay("beta_1", beta_1, below_one=True))
+  beta_2 = float(_checks.decay("beta_2", beta_2))
+  epsilon = _checks.epsilon("epsilon", epsilon)
+
+  def elementwise(s, X, G, m, v):
+    return rules.keras_adam_elementwise(s, X, G, m, v, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon)
+
+  return _pytorch_transform(
+    rules.keras_adam_scalars,
+    elementwise,
+    KerasAdamState,
+    learning_rate,
+    initial_count,
+    state_dtype,
+    initial_values=(0.0, 0.0),
   )
