@@ -39,17 +39,17 @@ buffer that it never reads.
 ``step``                        ``state.count``
 ==============================  =========================================
 
-==============================  =========================================
-``torch.optim.Adam``, ``AdamW`` :func:`onnx_optax.pytorch_adam`
-==============================  =========================================
-``lr``, ``betas``, ``eps``,     the same names
+================================  =========================================
+``torch.optim.Adam``, ``AdamW``   :func:`onnx_optax.pytorch_adam`
+================================  =========================================
+``lr``, ``betas``, ``eps``,       the same names
 ``weight_decay``,
 ``decoupled_weight_decay``
-``maximize``                    the gradient negated first
-``exp_avg``, ``exp_avg_sq``     ``state.exp_avg``, ``state.exp_avg_sq``
-``step`` (updates done)         ``state.count``; no state yet is
-                                ``count = 0`` with zero moments
-==============================  =========================================
+``maximize``                      the gradient negated first
+``exp_avg``, ``exp_avg_sq``       ``state.exp_avg``, ``state.exp_avg_sq``
+``step`` (updates done)           ``state.count``; no state yet is
+                                  ``count = 0`` with zero moments
+================================  =========================================
 
 ``amsgrad``, tensor ``lr`` or ``betas`` and complex parameters are refused
 (no rule is exact for them). :func:`to_torch` also loads the states of the
