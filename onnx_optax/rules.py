@@ -898,6 +898,36 @@ def _stored(x: Array, dtype: DTypeLike, neg_zero: Array | None = None) -> Array:
   return x if neg_zero is None else x + neg_zero
 
 
+def _in_place(x_new: Array, X: Array | None) -> Array:
+  """The additive update of a rule that writes ``X_new`` in place: ``X_new - X`` in ``X``'s dtype.
+
+  ``X + (X_new - X)`` is ``X_new`` to the bit when the two are within a factor of two of each
+  other (Sterbenz); where a step shrinks a parameter below half its magnitude ``X_new`` may be
+  finer than the spacing of ``X``, out of reach of any addition to ``X``: one rounding off.
+  """
+  if X is None:
+    raise ValueError("this update writes the parameters in place: call update(grads, state, params)")
+  return x_new.astype(X.dtype) - X
+
+
+def _added(x: Array | None, q: Array, X: Array | None, dt: Any, G: Array) -> Array:
+  """The update of a rule whose last operation is PyTorch's ``param + q`` (``addcdiv_``).
+
+  In the parameters' own dtype ``q`` itself is the update: ``optax.apply_updates`` adds it
+  to ``X`` with the one rounding of PyTorch's sum. For parameters narrower than the opmath
+  dtype PyTorch adds in float32 and rounds once to the parameters' dtype, which an update
+  rounded to that dtype cannot: ``X_new - X`` then (:func:`_in_place`).
+  """
+  if G.dtype == dt:
+    return q
+  if x is None or X is None:
+    raise ValueError(
+      f"{G.dtype} parameters are updated in float32 and rounded once, in place: call "
+      f"update(grads, state, params)"
+    )
+  return _in_place(x + q, X)
+
+
 def _pytorch_power_complement(beta: float, step: Array, dtype: DTypeLike) -> Array:
   """PyTorch's bias correction ``1 - beta**step`` (Python floats: float64) in ``dtype``.
 
@@ -996,8 +1026,9 @@ def pytorch_sgd_elementwise(
       param.add_(grad, alpha=-lr)
 
   ``X``, ``G`` and ``buf`` in their own dtypes; computes in PyTorch's opmath dtype. Without
-  momentum (``s.momentum`` None) ``buf`` is returned as it is. Returns ``(X_new, buf_new)`` in
-  ``X``'s and ``buf``'s dtypes.
+  momentum (``s.momentum`` None) ``buf`` is returned as it is. Returns ``(U, buf_new)``:
+  ``param.add_`` is one fused multiply-add with the parameter, so the update is ``X_new - X``
+  (:func:`_in_place`), in ``X``'s dtype.
   """
   dt = _torch_opmath(X.dtype, G.dtype, buf.dtype)
   x, g, nz = X.astype(dt), G.astype(dt), jnp.asarray(s.neg_zero, dt)
@@ -1014,8 +1045,7 @@ def pytorch_sgd_elementwise(
     b_new = jnp.where(s.first, _stored(g, buf.dtype), _stored(damped, buf.dtype))
     buf_new = b_new.astype(buf.dtype)
     g = _stored(b_new * s.momentum + g, jnp.promote_types(g_dtype, buf.dtype)) if nesterov else b_new
-  x_new = g * s.neg_lr + x
-  return x_new.astype(X.dtype), buf_new
+  return _in_place(g * s.neg_lr + x, X), buf_new
 
 
 class PyTorchAdagradScalars(NamedTuple):
@@ -1041,7 +1071,7 @@ def pytorch_adagrad_scalars(
 
 def pytorch_adagrad_elementwise(
   s: PyTorchAdagradScalars,
-  X: Array,
+  X: Array | None,
   G: Array,
   state_sum: Array,
   *,
@@ -1056,18 +1086,20 @@ def pytorch_adagrad_elementwise(
       std  = state_sum.sqrt().add_(eps)
       param.addcdiv_(grad, std, value=-clr)
 
-  Returns ``(X_new, sum_new)`` in ``X``'s and ``state_sum``'s dtypes.
+  Returns ``(U, sum_new)``: ``U`` is ``addcdiv_``'s addend (:func:`_added`), ``X`` is read
+  only for ``weight_decay`` and for parameters narrower than float32 (else it may be None).
   """
-  dt = _torch_opmath(X.dtype, G.dtype, state_sum.dtype)
-  x, g = X.astype(dt), G.astype(dt)
+  dt = _torch_opmath(G.dtype, state_sum.dtype)
+  x, g = None if X is None else X.astype(dt), G.astype(dt)
   if maximize:
     g = -g
   if s.weight_decay is not None:
-    g = _stored(x * s.weight_decay + g, jnp.promote_types(G.dtype, X.dtype))
+    if x is None:
+      raise ValueError("weight_decay multiplies the parameters: call update(grads, state, params)")
+    g = _stored(x * s.weight_decay + g, G.dtype)
   sum_new = _stored(g * g + state_sum.astype(dt), state_sum.dtype)
   std = _stored(_stored(_sqrt(sum_new), state_sum.dtype) + s.eps, state_sum.dtype)
-  x_new = x + (s.neg_clr * g) / std
-  return x_new.astype(X.dtype), sum_new.astype(state_sum.dtype)
+  return _added(x, (s.neg_clr * g) / std, X, dt, G), sum_new.astype(state_sum.dtype)
 
 
 class PyTorchAdamScalars(NamedTuple):
@@ -1148,7 +1180,7 @@ def _lerp(start: Array, end: Array, weight: Any, *, small: bool) -> Array:
 
 def pytorch_adam_elementwise(
   s: PyTorchAdamScalars,
-  X: Array,
+  X: Array | None,
   G: Array,
   exp_avg: Array,
   exp_avg_sq: Array,
@@ -1167,16 +1199,20 @@ def pytorch_adam_elementwise(
       param.addcdiv_(exp_avg, denom, value=-step_size)
 
   ``lerp_small`` is ``|1 - beta1| < 0.5``, the branch of PyTorch's lerp. Returns
-  ``(X_new, exp_avg_new, exp_avg_sq_new)`` in the dtypes of ``X`` and the state.
+  ``(U, exp_avg_new, exp_avg_sq_new)``: ``U`` is ``addcdiv_``'s addend (:func:`_added`),
+  ``X_new - X`` for AdamW (:func:`_in_place`). ``X`` is read only for ``weight_decay`` and
+  for parameters narrower than float32 (else it may be None).
   """
-  dt = _torch_opmath(X.dtype, G.dtype, exp_avg.dtype, exp_avg_sq.dtype)
-  x, g, nz = X.astype(dt), G.astype(dt), jnp.asarray(s.neg_zero, dt)
+  dt = _torch_opmath(G.dtype, exp_avg.dtype, exp_avg_sq.dtype)
+  x, g, nz = None if X is None else X.astype(dt), G.astype(dt), jnp.asarray(s.neg_zero, dt)
+  if x is None and (s.decay_factor is not None or s.weight_decay is not None):
+    raise ValueError("weight_decay multiplies the parameters: call update(grads, state, params)")
   if maximize:
     g = -g
   if s.decay_factor is not None:
-    x = _stored(x * s.decay_factor, X.dtype, nz)
+    x = _stored(x * s.decay_factor, G.dtype, nz)
   if s.weight_decay is not None:
-    g = _stored(x * s.weight_decay + g, jnp.promote_types(G.dtype, X.dtype))
+    g = _stored(x * s.weight_decay + g, G.dtype)
   m = _stored(_lerp(exp_avg.astype(dt), g, s.one_minus_beta1, small=lerp_small), exp_avg.dtype)
   v2 = _stored(exp_avg_sq.astype(dt) * s.beta2, exp_avg_sq.dtype, nz)
   v = _stored((s.one_minus_beta2 * g) * g + v2, exp_avg_sq.dtype)
@@ -1186,8 +1222,10 @@ def pytorch_adam_elementwise(
     exp_avg_sq.dtype,
     nz,
   )
-  x_new = x + (s.neg_step_size * m) / denom
-  return x_new.astype(X.dtype), m.astype(exp_avg.dtype), v.astype(exp_avg_sq.dtype)
+  q = (s.neg_step_size * m) / denom
+  # AdamW's decayed parameter is stored first: its sum with q is no addition to X.
+  U = _in_place(x + q, X) if s.decay_factor is not None else _added(x, q, X, dt, G)
+  return U, m.astype(exp_avg.dtype), v.astype(exp_avg_sq.dtype)
 
 
 # -- Keras-order twin (keras.optimizers.Adam) ------------------------------------------------
@@ -1208,7 +1246,7 @@ def keras_adam_scalars(lr: ArrayLike, count: ArrayLike) -> KerasAdamScalars:
 
 def keras_adam_elementwise(
   s: KerasAdamScalars,
-  X: Array,
+  X: Array | None,
   G: Array,
   m: Array,
   v: Array,
@@ -1228,10 +1266,12 @@ def keras_adam_elementwise(
   ``1 - beta_1`` and ``1 - beta_2`` are Python float64 numbers rounded once, as Keras's
   Python arithmetic gives them; the rest is in the variable's dtype. Written as Keras's
   JAX backend writes it, so that XLA compiles it as it compiles Keras's jitted step
-  (``model.fit``). Returns ``(X_new, m_new, v_new)``.
+  (``model.fit``). ``X`` is not read: ``variable -= step`` is ``X + (-step)`` to the bit.
+  Returns ``(U, m_new, v_new)``, in the gradient's (the variable's) dtype.
   """
-  dt = X.dtype
-  g = G.astype(dt)
+  del X  # Keras subtracts the step from the variable: the update is the negated step.
+  dt = G.dtype
+  g = G
   lr = jnp.asarray(s.lr).astype(dt)
   local_step = jnp.asarray(s.count).astype(dt) + jnp.asarray(1, dt)
   beta_1_power = jnp.power(jnp.asarray(beta_1, dt), local_step)
@@ -1239,5 +1279,4 @@ def keras_adam_elementwise(
   alpha = lr * jnp.sqrt(1 - beta_2_power) / (1 - beta_1_power)
   m_new = m + (g - m) * (1 - beta_1)
   v_new = v + (jnp.square(g) - v) * (1 - beta_2)
-  x_new = X - (m_new * alpha) / (_sqrt(v_new) + epsilon)
-  return x_new, m_new, v_new
+  return -((m_new * alpha) / (_sqrt(v_new) + epsilon)), m_new, v_new

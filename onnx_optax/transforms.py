@@ -864,21 +864,18 @@ def _pytorch_transform(
   state_dtype: Any,
   *,
   initial_values: tuple[float | None, ...],
+  reads_params: bool,
 ) -> optax.GradientTransformationExtraArgs:
-  """Maps a PyTorch-order twin over the leaves of a pytree.
+  """Maps a PyTorch-order (or Keras-order) twin over the leaves of a pytree.
 
-  As :func:`_transform`, except: ``count`` is PyTorch's (updates done, 0 at the first); the
-  rule returns the new parameters, and the update is ``X_new - X`` in the parameters' dtype
-  (so it always needs ``params``); ``initial_values`` gives each state field's starting value
-  (None: the field is None, the rule keeps no such tensor); each leaf computes in PyTorch's
-  opmath dtype (float64 if any of its tensors is float64, else float32) and rounds where
-  PyTorch stores.
-
-  ``optax.apply_updates`` adds the update ``X_new - X`` to ``X``: ``X_new`` to the bit
-  whenever ``X_new`` and ``X`` are within a factor of two of each other (the subtraction is
-  then exact, Sterbenz). Where a step shrinks a parameter below half its magnitude,
-  ``X_new`` may be finer than the spacing of ``X``, out of reach of any addition to ``X``:
-  one rounding off.
+  As :func:`_transform`, except: ``count`` is the framework's (updates done, 0 at the
+  first); ``initial_values`` gives each state field's starting value (None: the field is
+  None, the rule keeps no such tensor); each leaf computes in the rule's compute dtype and
+  rounds where the framework stores. The rule returns the update: the addend of the
+  framework's last addition to the parameters where that addition is the whole step (then
+  ``optax.apply_updates`` reproduces it to the bit), else ``X_new - X``
+  (:func:`onnx_optax.rules._in_place`). ``reads_params``: the rule needs ``params`` at every
+  update (else only where it says so, for parameters narrower than float32).
   """
   learning_rate = _learning_rate(learning_rate)
   initial_count = _checks.count("initial_count", initial_count, minimum=0)
@@ -896,23 +893,24 @@ def _pytorch_transform(
 
   def update_fn(updates, state, params=None, **extra_args):
     del extra_args  # The GradientTransformationExtraArgs protocol.
-    if params is None:
+    if params is None and reads_params:
       raise ValueError(
-        f"this transform needs the parameters: call update(grads, state, params). Its update is "
-        f"the new parameters minus the old ones, as {state_cls.__name__[: -len('State')]}'s step "
-        f"writes the parameters in place"
+        f"this transform needs the parameters: call update(grads, state, params). Its step "
+        f"({state_cls.__name__[: -len('State')]}) reads them: a weight decay, or an update "
+        f"written in place"
       )
     _checks.state(state_cls, state)
     fields = [(name, tree) for name, tree in zip(state_cls._fields[1:], state[1:]) if tree is not None]
     trees = {f"state.{name}": tree for name, tree in fields}
-    trees["params"] = params
+    if params is not None:
+      trees["params"] = params
     _checks.same_trees(updates, trees)
 
     count = state.count
     R = learning_rate(count - initial_count) if callable(learning_rate) else learning_rate
     s = scalars(R, count)
     grads, treedef = jax.tree.flatten(updates)
-    xs = treedef.flatten_up_to(params)
+    xs = treedef.flatten_up_to(params) if params is not None else [None] * len(grads)
     present = [i for i, tree in enumerate(state[1:]) if tree is not None]
     columns = [treedef.flatten_up_to(state[1 + i]) for i in present]
     new_updates, new_columns = [], [[] for _ in present]
@@ -921,9 +919,9 @@ def _pytorch_transform(
       S_all: list[Any] = [None] * (len(state_cls._fields) - 1)
       for i, tensor in zip(present, S):
         S_all[i] = tensor
-      dtype = rules._torch_opmath(X.dtype, G.dtype, *(t.dtype for t in S))
-      X_new, *S_new = elementwise(_scalars_in(s, dtype), X, G, *S_all)
-      new_updates.append(X_new - X)
+      dtype = rules._torch_opmath(G.dtype, *(t.dtype for t in S))
+      U, *S_new = elementwise(_scalars_in(s, dtype), X, G, *S_all)
+      new_updates.append(U)
       for out, i in zip(new_columns, present):
         out.append(S_new[i])
     new_state: list[Any] = [None] * (len(state_cls._fields) - 1)
@@ -1006,6 +1004,7 @@ def pytorch_sgd(
     initial_count,
     state_dtype,
     initial_values=(0.0,),
+    reads_params=True,
   )
 
 
@@ -1077,6 +1076,7 @@ def pytorch_adagrad(
     initial_count,
     state_dtype,
     initial_values=(initial,),
+    reads_params=not rules._is_static_zero(hyper["weight_decay"]),
   )
 
 
@@ -1167,6 +1167,7 @@ def pytorch_adam(
     initial_count,
     state_dtype,
     initial_values=(0.0, 0.0),
+    reads_params=not rules._is_static_zero(hyper["weight_decay"]),
   )
 
 
@@ -1259,4 +1260,5 @@ def keras_adam(
     initial_count,
     state_dtype,
     initial_values=(0.0, 0.0),
+    reads_params=False,
   )

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import pathlib
 import sys
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -158,9 +159,14 @@ def _rule_run(kind, hyper, x, grads):
     X_new, *S_new = part(_scalars_in(scalars(count), X.dtype), X, G, S)
     return X_new, S_new
 
-  X = jnp.asarray(x)
-  for count, g in enumerate(grads):
-    X, state = step(count, X, jnp.asarray(g), state)
+  # The rules' arithmetic: X_new itself where the transform returns an update.
+  with (
+    mock.patch.object(rules, "_in_place", lambda x_new, X: x_new.astype(X.dtype)),
+    mock.patch.object(rules, "_added", lambda x, q, X, dt, G: (x + q).astype(X.dtype)),
+  ):
+    X = jnp.asarray(x)
+    for count, g in enumerate(grads):
+      X, state = step(count, X, jnp.asarray(g), state)
   return np.asarray(X)
 
 
