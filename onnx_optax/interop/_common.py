@@ -34,6 +34,7 @@ RULE_STATES = (
   transforms.PyTorchSGDState,
   transforms.PyTorchAdagradState,
   transforms.PyTorchAdamState,
+  transforms.KerasAdamState,
 )
 
 
