@@ -370,8 +370,9 @@ def keras_final(
 
 
 def keras_row(steps: int = STEPS, move_at: int = MOVE_AT, shapes=SHAPES) -> dict:
-  """Keras Adam: its own spread (jitted against eager) and the run carried by ``from_keras``,
-  each against the eager run and against the jitted one."""
+  """Keras Adam: its own spread (jitted against eager), the run carried by ``from_keras`` (the
+  twin ``keras_adam``) and by DirectML Adam in its spec's order, each against the eager run
+  and against the jitted one."""
   from onnx_optax.interop import from_keras
 
   params, grads = data(steps, shapes)
@@ -379,13 +380,35 @@ def keras_row(steps: int = STEPS, move_at: int = MOVE_AT, shapes=SHAPES) -> dict
   jitted = keras_final(params, grads, "jit")
   carried = keras_final(params, grads, "eager", move_at, from_keras)
   twin = keras_final(params, grads, "eager", move_at, keras_twin)
+  spec = keras_final(params, grads, "eager", move_at, keras_spec_order)
   return {
     "keras jit vs eager": compare(jitted, eager),
+    "directml_adam vs eager": compare(spec, eager),
     "from_keras vs eager": compare(carried, eager),
     "from_keras vs jit": compare(carried, jitted),
     "keras_adam vs eager": compare(twin, eager),
-    "keras_adam vs jit": compare(twin, jitted),
   }
+
+
+def keras_spec_order(opt: Any, x: list[Any]) -> tuple[Any, Any]:
+  """``onnx_optax.directml_adam`` (what ``from_keras`` returned before the twin) and its state."""
+  import jax.numpy as jnp
+
+  import onnx_optax
+
+  count = int(opt.iterations.numpy()) + 1
+  tx = onnx_optax.directml_adam(
+    float(opt.learning_rate.numpy()),
+    beta1=opt.beta_1,
+    beta2=opt.beta_2,
+    epsilon=opt.epsilon,
+    initial_count=count,
+  )
+  moments = (
+    [jnp.asarray(m.numpy()) for m in opt._momentums],
+    [jnp.asarray(v.numpy()) for v in opt._velocities],
+  )
+  return tx, onnx_optax.DirectMLAdamState(jnp.int32(count), *moments)
 
 
 def keras_twin(opt: Any, x: list[Any]) -> tuple[Any, Any]:

@@ -898,15 +898,13 @@ def _stored(x: Array, dtype: DTypeLike, neg_zero: Array | None = None) -> Array:
   return x if neg_zero is None else x + neg_zero
 
 
-def _in_place(x_new: Array, X: Array | None) -> Array:
+def _in_place(x_new: Array, X: Array) -> Array:
   """The additive update of a rule that writes ``X_new`` in place: ``X_new - X`` in ``X``'s dtype.
 
   ``X + (X_new - X)`` is ``X_new`` to the bit when the two are within a factor of two of each
   other (Sterbenz); where a step shrinks a parameter below half its magnitude ``X_new`` may be
   finer than the spacing of ``X``, out of reach of any addition to ``X``: one rounding off.
   """
-  if X is None:
-    raise ValueError("this update writes the parameters in place: call update(grads, state, params)")
   return x_new.astype(X.dtype) - X
 
 
@@ -1009,7 +1007,7 @@ def pytorch_sgd_scalars(
 
 def pytorch_sgd_elementwise(
   s: PyTorchSGDScalars,
-  X: Array,
+  X: Array | None,
   G: Array,
   buf: Array,
   *,
@@ -1030,6 +1028,8 @@ def pytorch_sgd_elementwise(
   ``param.add_`` is one fused multiply-add with the parameter, so the update is ``X_new - X``
   (:func:`_in_place`), in ``X``'s dtype.
   """
+  if X is None:
+    raise ValueError("this update writes the parameters in place: call update(grads, state, params)")
   dt = _torch_opmath(X.dtype, G.dtype, buf.dtype)
   x, g, nz = X.astype(dt), G.astype(dt), jnp.asarray(s.neg_zero, dt)
   g_dtype = jnp.promote_types(G.dtype, X.dtype)
@@ -1223,8 +1223,10 @@ def pytorch_adam_elementwise(
     nz,
   )
   q = (s.neg_step_size * m) / denom
-  # AdamW's decayed parameter is stored first: its sum with q is no addition to X.
-  U = _in_place(x + q, X) if s.decay_factor is not None else _added(x, q, X, dt, G)
+  if s.decay_factor is not None:  # AdamW's decayed parameter is stored first: no addition to X.
+    assert x is not None and X is not None  # checked above
+    return _in_place(x + q, X), m.astype(exp_avg.dtype), v.astype(exp_avg_sq.dtype)
+  U = _added(x, q, X, dt, G)
   return U, m.astype(exp_avg.dtype), v.astype(exp_avg_sq.dtype)
 
 

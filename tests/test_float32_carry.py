@@ -253,3 +253,40 @@ def test_carried_run_within_pytorch_spread(config):
   print(f"{config.name}: twins {ulps:.2f} ulp, {100 * bitwise:.1f}% bitwise; PyTorch's spread {result}")
   assert ulps <= allowed, (ulps, allowed, result)
   assert bitwise >= BITWISE_FLOOR[config.name], (bitwise, result)
+
+
+def test_parameters_are_needed_where_the_step_reads_them():
+  """SGD's update is written in place and AdamW's decay reads the parameters: without
+  ``params`` they refuse, naming the fix; Adam and Adagrad without decay need none (their
+  update is the addend of PyTorch's ``addcdiv_``), except for bfloat16 parameters, which
+  PyTorch updates in float32 and rounds once."""
+  x, g = jnp.array([1.0, -2.0]), jnp.array([0.5, 0.25])
+  for tx in (
+    onnx_optax.pytorch_sgd(0.1),
+    onnx_optax.pytorch_adamw(0.1),
+    onnx_optax.pytorch_adagrad(0.1, weight_decay=0.1),
+  ):
+    with pytest.raises(ValueError, match=r"needs the parameters: call update\(grads, state, params\)"):
+      tx.update(g, tx.init(x))
+  for tx in (onnx_optax.pytorch_adam(0.1), onnx_optax.pytorch_adagrad(0.1), onnx_optax.keras_adam(0.1)):
+    state = tx.init(x)
+    without, _ = tx.update(g, state)
+    with_params, _ = tx.update(g, state, x)
+    assert np.array_equal(np.asarray(without), np.asarray(with_params))
+  tx = onnx_optax.pytorch_adam(0.1)
+  xb = x.astype(jnp.bfloat16)
+  with pytest.raises(ValueError, match=r"bfloat16 parameters are updated in float32 and rounded once"):
+    tx.update(g.astype(jnp.bfloat16), tx.init(xb))
+  from onnx_optax import rules
+
+  s = rules.pytorch_adagrad_scalars(0.1, 0, lr_decay=0.0, eps=1e-10, weight_decay=0.1)
+  with pytest.raises(ValueError, match="weight_decay multiplies the parameters"):
+    rules.pytorch_adagrad_elementwise(s, None, g, jnp.zeros(2), maximize=False)
+  s = rules.pytorch_adam_scalars(
+    0.1, 0, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.1, decoupled_weight_decay=False
+  )
+  with pytest.raises(ValueError, match="weight_decay multiplies the parameters"):
+    rules.pytorch_adam_elementwise(s, None, g, jnp.zeros(2), jnp.zeros(2), maximize=False, lerp_small=True)
+  s = rules.pytorch_sgd_scalars(0.1, 0, momentum=0.0, dampening=0.0, weight_decay=0.0)
+  with pytest.raises(ValueError, match="writes the parameters in place"):
+    rules.pytorch_sgd_elementwise(s, None, g, jnp.zeros(2), nesterov=False, maximize=False)
