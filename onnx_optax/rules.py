@@ -914,7 +914,7 @@ def _added(x: Array | None, q: Array, X: Array | None, dt: Any, G: Array) -> Arr
   In the parameters' own dtype ``q`` itself is the update: ``optax.apply_updates`` adds it
   to ``X`` with the one rounding of PyTorch's sum. For parameters narrower than the opmath
   dtype PyTorch adds in float32 and rounds once to the parameters' dtype, which an update
-  rounded to that dtype cannot: ``X_new - X`` then (:func:`_in_place`).
+  rounded to that dtype cannot: ``X_new - X`` then (``_in_place``).
   """
   if G.dtype == dt:
     return q
@@ -1026,7 +1026,7 @@ def pytorch_sgd_elementwise(
   ``X``, ``G`` and ``buf`` in their own dtypes; computes in PyTorch's opmath dtype. Without
   momentum (``s.momentum`` None) ``buf`` is returned as it is. Returns ``(U, buf_new)``:
   ``param.add_`` is one fused multiply-add with the parameter, so the update is ``X_new - X``
-  (:func:`_in_place`), in ``X``'s dtype.
+  (``_in_place``), in ``X``'s dtype.
   """
   if X is None:
     raise ValueError("this update writes the parameters in place: call update(grads, state, params)")
@@ -1086,7 +1086,7 @@ def pytorch_adagrad_elementwise(
       std  = state_sum.sqrt().add_(eps)
       param.addcdiv_(grad, std, value=-clr)
 
-  Returns ``(U, sum_new)``: ``U`` is ``addcdiv_``'s addend (:func:`_added`), ``X`` is read
+  Returns ``(U, sum_new)``: ``U`` is ``addcdiv_``'s addend (``_added``), ``X`` is read
   only for ``weight_decay`` and for parameters narrower than float32 (else it may be None).
   """
   dt = _torch_opmath(G.dtype, state_sum.dtype)
@@ -1199,8 +1199,8 @@ def pytorch_adam_elementwise(
       param.addcdiv_(exp_avg, denom, value=-step_size)
 
   ``lerp_small`` is ``|1 - beta1| < 0.5``, the branch of PyTorch's lerp. Returns
-  ``(U, exp_avg_new, exp_avg_sq_new)``: ``U`` is ``addcdiv_``'s addend (:func:`_added`),
-  ``X_new - X`` for AdamW (:func:`_in_place`). ``X`` is read only for ``weight_decay`` and
+  ``(U, exp_avg_new, exp_avg_sq_new)``: ``U`` is ``addcdiv_``'s addend (``_added``),
+  ``X_new - X`` for AdamW (``_in_place``). ``X`` is read only for ``weight_decay`` and
   for parameters narrower than float32 (else it may be None).
   """
   dt = _torch_opmath(G.dtype, exp_avg.dtype, exp_avg_sq.dtype)

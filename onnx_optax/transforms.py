@@ -874,7 +874,7 @@ def _pytorch_transform(
   rounds where the framework stores. The rule returns the update: the addend of the
   framework's last addition to the parameters where that addition is the whole step (then
   ``optax.apply_updates`` reproduces it to the bit), else ``X_new - X``
-  (:func:`onnx_optax.rules._in_place`). ``reads_params``: the rule needs ``params`` at every
+  (``onnx_optax.rules._in_place``). ``reads_params``: the rule needs ``params`` at every
   update (else only where it says so, for parameters narrower than float32).
   """
   learning_rate = _learning_rate(learning_rate)
