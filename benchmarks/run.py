@@ -358,7 +358,7 @@ def main(argv=None) -> dict:
     default=50.0,
     help="idle time before each sample, for spinning thread pools to park",
   )
-  ap.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
+  ap.add_argument("--device", default="cpu", choices=("cpu", "gpu", "tpu"))
   ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch columns")
   ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: all cores)")
   ap.add_argument("--json", default=None, help="write all results to this file")
@@ -383,6 +383,8 @@ def main(argv=None) -> dict:
     import torch  # noqa: PLC0415 (optional dependency)
 
     torch.set_num_threads(args.threads or os.cpu_count())
+    if args.device == "tpu":
+      ap.error("--device tpu: PyTorch has no TPU columns here (use --no-torch)")
     tdev = torch.device("cuda" if args.device == "gpu" else "cpu")
     if tdev.type == "cuda" and not torch.cuda.is_available():
       ap.error("--device gpu: this torch has no CUDA (use --no-torch)")

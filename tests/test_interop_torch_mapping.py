@@ -32,6 +32,14 @@ SHAPE = (2,)
 NAMES = ["layer.2.weight", "layer.10.weight", "z.bias", "a", "m", "layer.1.bias"]
 NAMES += ["b", "0", "11", "2", "y", "c"]
 
+ADAM_OPTIONS = st.fixed_dictionaries(
+  {
+    "lr": st.sampled_from([0.1, 0.01]),
+    "betas": st.sampled_from([(0.9, 0.999), (0.8, 0.99)]),
+    "weight_decay": st.sampled_from([0.0, 0.01]),
+    "eps": st.sampled_from([1e-8, 1e-3]),
+  }
+)
 KINDS = {
   "SGD": (
     torch.optim.SGD,
@@ -67,28 +75,8 @@ KINDS = {
       }
     ),
   ),
-  "Adam": (
-    torch.optim.Adam,
-    st.fixed_dictionaries(
-      {
-        "lr": st.sampled_from([0.1, 0.01]),
-        "betas": st.sampled_from([(0.9, 0.999), (0.8, 0.99)]),
-        "weight_decay": st.sampled_from([0.0, 0.01]),
-        "eps": st.sampled_from([1e-8, 1e-3]),
-      }
-    ),
-  ),
-  "AdamW": (
-    torch.optim.AdamW,
-    st.fixed_dictionaries(
-      {
-        "lr": st.sampled_from([0.1, 0.01]),
-        "betas": st.sampled_from([(0.9, 0.999), (0.8, 0.99)]),
-        "weight_decay": st.sampled_from([0.0, 0.01]),
-        "eps": st.sampled_from([1e-8, 1e-3]),
-      }
-    ),
-  ),
+  "Adam": (torch.optim.Adam, ADAM_OPTIONS),
+  "AdamW": (torch.optim.AdamW, ADAM_OPTIONS),
 }
 
 STEPS_BEFORE, STEPS_JAX, STEPS_AFTER = 3, 3, 2

@@ -12,6 +12,11 @@ Modules:
   shapes, hyperparameter edges, starting states).
 * :mod:`~onnx_optax.conformance.tolerance`: the tolerance model, a rounding
   error bound derived from each rule's arithmetic, per element.
+* :mod:`~onnx_optax.conformance.arithmetic`: the device's element-wise
+  arithmetic, measured at start-up (``k`` per operation and dtype).
+* :mod:`~onnx_optax.conformance.scalars`: each rule's per-update scalars,
+  evaluated on the device from the spec's formula; their measured error is
+  what the tolerance charges for them.
 * :mod:`~onnx_optax.conformance.check`: runs a case through its Optax
   transform on an explicitly chosen device and compares with
   :mod:`onnx_optax.reference`.

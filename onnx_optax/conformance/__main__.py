@@ -3,20 +3,69 @@
 Usage::
 
     python -m onnx_optax.conformance [--platform cpu|gpu|tpu] [--json FILE]
-        [--markdown FILE] [--rule RULE] [--dtype DTYPE] [--no-onnx] [--no-large]
+        [--markdown FILE] [--rule RULE] [--dtype DTYPE] [--no-onnx] [--no-large] [--pinned]
 
-Exits 0 when every case passes, 1 when one fails, 2 when the requested
-platform is not there.
+Exit codes (one per outcome, :data:`EXIT_CODES`):
+
+* 0: every selected case was checked and passed;
+* 1: a case failed;
+* 2: usage error (an unknown option or value, an output path that cannot be
+  written: checked before the run starts);
+* 3: a requested platform is not there;
+* 4: nothing was checked (every selected case skipped, e.g. ``--dtype
+  float64`` on a device without float64);
+* 5: every case passed, but a report file could not be written after the
+  run (the other report is written and the verdict printed all the same).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
+from collections.abc import Callable
 
 from onnx_optax.conformance import check, report
 from onnx_optax.conformance.cases import DTYPES, RULES
+
+__all__ = ["EXIT_CODES", "main"]
+
+PASSED, FAILED, USAGE, NO_PLATFORM, NOTHING_CHECKED, NOT_WRITTEN = 0, 1, 2, 3, 4, 5
+
+#: Exit code -> outcome, as ``--help`` lists them.
+EXIT_CODES = {
+  PASSED: "every selected case was checked and passed",
+  FAILED: "a case failed",
+  USAGE: "usage error (unknown option or value; an output path that cannot be written, checked "
+  "before the run)",
+  NO_PLATFORM: "a requested platform is not there",
+  NOTHING_CHECKED: "nothing was checked (every selected case skipped, e.g. --dtype float64 on a "
+  "device without float64)",
+  NOT_WRITTEN: "every case passed but a report file could not be written (the other one is written, "
+  "the verdict printed)",
+}
+
+
+def unwritable(path: str) -> str | None:
+  """Why ``path`` cannot be written as a report file, or None if it can (nothing is created)."""
+  if os.path.isdir(path):
+    return "is a directory"
+  parent = os.path.dirname(os.path.abspath(path))
+  if not os.path.isdir(parent):
+    return f"its directory {parent} does not exist"
+  if os.path.exists(path):
+    return None if os.access(path, os.W_OK) else "is not writable"
+  return None if os.access(parent, os.W_OK) else f"its directory {parent} is not writable"
+
+
+def _write(what: str, path: str, write: Callable[[str], None]) -> bool:
+  try:
+    write(path)
+  except OSError as e:
+    print(f"could not write the {what} report to {path}: {e}", file=sys.stderr)
+    return False
+  return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     description="Checks the onnx_optax rules against the float64 NumPy reference (and ONNX's own "
     "references when onnx is installed) on every JAX platform, in units of the "
     "rounding-error tolerance.",
+    epilog="exit codes: " + "; ".join(f"{code}: {what}" for code, what in EXIT_CODES.items()),
   )
   parser.add_argument(
     "--platform",
@@ -35,22 +85,39 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--json", metavar="FILE", help="write the report as JSON")
   parser.add_argument("--markdown", metavar="FILE", help="write the report as Markdown")
   parser.add_argument(
-    "--rule", choices=RULES, action="append", help="rule to check (repeatable); default: all"
+    "--rule",
+    choices=RULES,
+    action="append",
+    help="rule to check (repeatable); default: all. Filters ONNX's references too",
   )
   parser.add_argument(
-    "--dtype", choices=DTYPES, action="append", help="dtype to check (repeatable); default: all"
+    "--dtype",
+    choices=DTYPES,
+    action="append",
+    help="dtype to check (repeatable); default: all. Filters ONNX's references too",
   )
   parser.add_argument("--no-onnx", action="store_true", help="skip ONNX's backend cases and evaluator")
   parser.add_argument("--no-large", action="store_true", help="skip the 10^6-element cases")
   parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-  args = parser.parse_args(argv)
+  parser.add_argument(
+    "--pinned",
+    action="store_true",
+    help="charge the documented constants (k = 1 on CPU, K_TRANSCENDENTAL for log and expm1) instead "
+    "of the device's measured arithmetic and scalars; for comparison only",
+  )
+  args = parser.parse_args(argv)  # Exits 2 (USAGE) on an unknown option or value.
 
+  for flag, path in (("--json", args.json), ("--markdown", args.markdown)):
+    why = path and unwritable(path)
+    if why:
+      print(f"{flag} {path}: {why}; nothing was run", file=sys.stderr)
+      return USAGE
   found = check.platforms()
   platforms = args.platform or found
   missing = [p for p in platforms if p not in found]
   if missing:
     print(f"JAX finds no {', '.join(missing)} device (found: {', '.join(found)})", file=sys.stderr)
-    return 2
+    return NO_PLATFORM
   log = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
   result = report.run(
     platforms,
@@ -59,15 +126,22 @@ def main(argv: list[str] | None = None) -> int:
     rules=args.rule or RULES,
     dtypes=args.dtype or DTYPES,
     log=log,
+    pinned=args.pinned,
   )
-  print(report.format_table(result))
+  print(report.format_table(result), flush=True)
+  command = "python -m onnx_optax.conformance " + shlex.join(argv if argv is not None else sys.argv[1:])
+  written = True
   if args.json:
-    report.write_json(result, args.json)
+    written &= _write("JSON", args.json, lambda path: report.write_json(result, path))
   if args.markdown:
-    command = "python -m onnx_optax.conformance " + shlex.join(argv if argv is not None else sys.argv[1:])
-    with open(args.markdown, "w") as f:
-      f.write(report.format_markdown(result, command.strip()))
-  return 0 if result["passed"] else 1
+    written &= _write(
+      "Markdown", args.markdown, lambda path: report.write_markdown(result, path, command.strip())
+    )
+  if result["verdict"] == report.NOTHING_CHECKED:
+    return NOTHING_CHECKED
+  if result["verdict"] == report.FAILED:
+    return FAILED
+  return PASSED if written else NOT_WRITTEN
 
 
 if __name__ == "__main__":

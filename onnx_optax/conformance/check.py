@@ -9,7 +9,7 @@ in units of the tolerance of :mod:`onnx_optax.conformance.tolerance`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -20,7 +20,10 @@ import optax
 
 import onnx_optax
 from onnx_optax import reference
+from onnx_optax.conformance import arithmetic as arithmetic_lib
+from onnx_optax.conformance import scalars as scalars_lib
 from onnx_optax.conformance import tolerance
+from onnx_optax.conformance.arithmetic import DeviceArithmetic
 from onnx_optax.conformance.cases import INT32_MAX, STATE, Case, base_rule, numpy_dtype
 
 __all__ = [
@@ -239,6 +242,9 @@ def tolerances(
   state_dtype: str | None = None,
   scalar_dtype: str | None = None,
   received_dtype: Any = None,
+  *,
+  arithmetic: DeviceArithmetic | None = None,
+  scalars: Mapping[str, tolerance.Bounded] | None = None,
 ) -> list[tuple[np.ndarray, ...]]:
   """Per leaf, the tolerance of each output then of ``U``: bound(implementation) + bound(expectation).
 
@@ -248,6 +254,9 @@ def tolerances(
   is not the default (see :func:`tolerance.implementation_context`).
   ``received_dtype``: the dtype the hyperparameters were rounded to before
   the expectations got them (:func:`received`); None: the Python floats.
+  ``arithmetic``, ``scalars``: the device's measured arithmetic and the
+  case's measured per-update scalars (see
+  :func:`tolerance.implementation_context`); without them the pinned model.
   """
   base = base_rule(rule)
   if not STATE[rule]:  # No state tensors (ONNX Runtime's SGD): the leaf is computed in its own dtype.
@@ -258,6 +267,8 @@ def tolerances(
     state_dtype and numpy_dtype(state_dtype),
     scalar_dtype and numpy_dtype(scalar_dtype),
     received_dtype,
+    arithmetic=arithmetic,
+    scalars=scalars,
   )
   ref = tolerance.reference_context(received_dtype=received_dtype)
   ref_u = tolerance.reference_context(EXTENDED, received_dtype=received_dtype)
@@ -330,7 +341,9 @@ class CaseResult:
   ``unchecked`` those whose tolerance is infinite (see :func:`compare`).
   A case with unchecked elements passes only with ``limit``: the
   documented limit of its dtype that makes them unavoidable
-  (:attr:`Case.unchecked_limit`).
+  (:attr:`Case.unchecked_limit`). ``scalar_error``: the largest measured
+  error of the case's per-update scalars on the device, in units of the
+  scalar dtype's unit roundoff (0 with the pinned model).
   """
 
   rule: str
@@ -345,6 +358,7 @@ class CaseResult:
   unchecked: int = 0
   limit: str | None = None
   wrong_dtypes: str = ""
+  scalar_error: float = 0.0
 
   @property
   def passed(self) -> bool:
@@ -368,7 +382,16 @@ OUTPUT_NAMES = {
 
 
 def check_outputs(
-  case: Case, platform: str, got_x, got_state, got_count: int | None, inputs=None, got_u=None
+  case: Case,
+  platform: str,
+  got_x,
+  got_state,
+  got_count: int | None,
+  inputs=None,
+  got_u=None,
+  *,
+  arithmetic: DeviceArithmetic | None = None,
+  scalars: Mapping[str, tolerance.Bounded] | None = None,
 ) -> CaseResult:
   """Checks given outputs of ``case`` (from any implementation) against the reference.
 
@@ -381,7 +404,9 @@ def check_outputs(
 
   The expectations are computed from the hyperparameters as the rule
   receives them (:func:`received`), so the tolerance charges only the
-  arithmetic after that.
+  arithmetic after that. ``arithmetic`` and ``scalars``: the device's
+  measured arithmetic and the case's measured scalars (:func:`run_case`
+  passes them); without them the tolerance is the pinned model's.
   """
   X, G, state = inputs if inputs is not None else case.inputs()
   received_in = received_dtype(case.dtype, case.state_dtype)
@@ -404,6 +429,8 @@ def check_outputs(
     case.state_dtype,
     scalar_dtype,
     received_in,
+    arithmetic=arithmetic,
+    scalars=scalars,
   )
   names = OUTPUT_NAMES[case.base_rule]
   worst, where, loose, unchecked = 0.0, "", 0, 0
@@ -459,8 +486,20 @@ def check_outputs(
   )
 
 
-def run_case(case: Case, platform: str = "cpu") -> CaseResult:
-  """Runs ``case`` through its Optax transform on ``platform`` and checks it."""
+#: Whether :func:`run_case` charges the pinned model (documented constants, the analytic bound
+#: of the scalars) instead of the device's measured arithmetic and scalars.
+PINNED = False
+
+
+def run_case(case: Case, platform: str = "cpu", pinned: bool | None = None) -> CaseResult:
+  """Runs ``case`` through its Optax transform on ``platform`` and checks it.
+
+  The tolerance charges the device's measured arithmetic
+  (:func:`arithmetic.measure`, once per platform) and the case's scalars as
+  the device computes them (:func:`scalars.measure_case`); with ``pinned``
+  (default :data:`PINNED`) the documented constants instead.
+  """
+  pinned = PINNED if pinned is None else pinned
   inputs = case.inputs()
   R = case.R if case.schedule_steps is None else optax.linear_schedule(case.R, 0.0, case.schedule_steps)
   try:
@@ -477,4 +516,26 @@ def run_case(case: Case, platform: str = "cpu") -> CaseResult:
     )
   except Exception as e:  # noqa: BLE001 -- reported as a failure with its message.
     return CaseResult(case.rule, case.dtype, case.name, platform, float("inf"), "", error=repr(e))
-  return check_outputs(case, platform, got_x, got_state, count, inputs, got_u)
+  if pinned:
+    return check_outputs(case, platform, got_x, got_state, count, inputs, got_u)
+  measured = scalars_lib.measure_case(case, platform)
+  result = check_outputs(
+    case,
+    platform,
+    got_x,
+    got_state,
+    count,
+    inputs,
+    got_u,
+    arithmetic=arithmetic_lib.measure(platform),
+    scalars=measured,
+  )
+  # The scalars' dtype: the hyperparameters' (float32 under a schedule, whose R is a float32).
+  scalar_dtype = (
+    np.float32 if case.schedule_steps is not None else received_dtype(case.dtype, case.state_dtype)
+  )
+  u = tolerance.unit_roundoff(scalar_dtype)
+  with np.errstate(divide="ignore", invalid="ignore"):
+    relative = [float(b.e / (u * abs(b.v))) for b in measured.values() if b.v != 0]
+  result.scalar_error = max(relative, default=0.0)
+  return result

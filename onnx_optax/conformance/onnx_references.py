@@ -41,14 +41,16 @@ from typing import Any
 
 import numpy as np
 
-from onnx_optax.conformance import check, tolerance
+from onnx_optax.conformance import arithmetic, check, scalars, tolerance
 from onnx_optax.conformance.check import CaseResult
 
 __all__ = [
   "BACKEND_CASES",
+  "backend_case_rule",
   "backend_cases",
   "evaluator_cases",
   "evaluator_casts_to_float32",
+  "node_rule",
   "run_backend_case",
   "run_evaluator_case",
 ]
@@ -104,6 +106,17 @@ def _rule(op_type: str, attrs: dict[str, Any]) -> str:
   return op_type.lower()
 
 
+def node_rule(node: Any) -> str:
+  """The suite rule (a name of ``cases.RULES``) a node of ONNX's training operators computes."""
+  return _rule(node.op_type, attributes(node))
+
+
+def backend_case_rule(case: Any) -> tuple[str, str]:
+  """``(rule, dtype)`` of one of ONNX's backend test cases, read without running it (for filters)."""
+  (_, _, *tensors), _ = case.data_sets[0]
+  return node_rule(case.model.graph.node[0]), str(np.asarray(tensors[0]).dtype)
+
+
 def _split(op_type: str, tensors: list[np.ndarray]) -> tuple[list, list, list[list]]:
   """ONNX's variadic blocks ``X.., G.., S1.., S2..`` -> ``(X, G, state)``."""
   k = 2 + _STATE_BLOCKS[op_type]
@@ -136,7 +149,15 @@ def _check(
   except Exception as e:  # noqa: BLE001 -- reported as a failure.
     return CaseResult(rule, dtype, label, platform, float("inf"), "", error=repr(e))
   base = "momentum" if rule.startswith("momentum") else rule
-  impl = tolerance.implementation_context(np.dtype(dtype), platform)
+  if check.PINNED:
+    impl = tolerance.implementation_context(np.dtype(dtype), platform)
+  else:
+    # The device's arithmetic and the node's scalars as the device computes them, their error
+    # against the Python floats themselves (received float64: the rounding to float32 included).
+    measured = scalars.measure(rule, platform, R, T, hyper, x64=dtype == "float64", received=np.float64)
+    impl = tolerance.implementation_context(
+      np.dtype(dtype), platform, arithmetic=arithmetic.measure(platform), scalars=measured
+    )
   n = len(X)
   got = list(got_x) + [x for block in got_state for x in block]
   worst, where, loose, unchecked = 0.0, "", 0, 0

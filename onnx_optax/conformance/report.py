@@ -16,11 +16,11 @@ import numpy as np
 import optax
 
 import onnx_optax
+from onnx_optax.conformance import arithmetic, check
 from onnx_optax.conformance import cases as cases_lib
-from onnx_optax.conformance import check
 from onnx_optax.conformance.check import CaseResult
 
-__all__ = ["format_markdown", "format_table", "run"]
+__all__ = ["format_markdown", "format_table", "run", "verdict", "write_json", "write_markdown"]
 
 NO_FLOAT64 = "skipped: TPUs have no float64 arithmetic"
 
@@ -77,6 +77,7 @@ def _row(platform: str, rule: str, dtype: str, results: list[CaseResult]) -> dic
     limits=limits,
     passed=all(r.passed for r in results),
     failures=failures,
+    scalar_error=max(r.scalar_error for r in results),
   )
 
 
@@ -100,6 +101,7 @@ def run(
   rules: Sequence[str] = cases_lib.RULES,
   dtypes: Sequence[str] = cases_lib.DTYPES,
   log: Callable[[str], None] | None = None,
+  pinned: bool = False,
 ) -> dict[str, Any]:
   """Runs every case on every platform; returns the report as a JSON-able dict.
 
@@ -110,6 +112,9 @@ def run(
     large: include the 10^6-element case of each rule and dtype.
     rules, dtypes: restrict the grid (names of ``cases.RULES``, ``cases.DTYPES``).
     log: called with a line of progress.
+    pinned: charge the documented constants (``K_TRANSCENDENTAL``, ``k = 1`` on
+      CPU) instead of each device's measured arithmetic and each case's
+      measured scalars (``check.PINNED``); for comparison only.
   """
   log = log or (lambda line: None)
   platforms = list(platforms or check.platforms())
@@ -125,63 +130,113 @@ def run(
     python=sys.version.split()[0],
     host=host_platform.platform(),
     devices={p: _device_name(p) for p in platforms},
+    constants="pinned" if pinned else "measured",
+    arithmetic={},
     rows=[],
     onnx_rows=[],
     skipped=[],
   )
   start = time.perf_counter()
-  for platform in platforms:
-    for rule in rules:
-      for dtype in dtypes:
-        if dtype == "float64" and not check.has_float64(platform):
-          report["skipped"].append(dict(platform=platform, rule=rule, dtype=dtype, reason=NO_FLOAT64))
-          continue
-        results = [check.run_case(c, platform) for c in cases_lib.cases(rule, dtype, large=large)]
-        row = _row(platform, rule, dtype, results)
-        report["rows"].append(row)
-        log(
-          f"{platform} {rule} {dtype}: {row['cases']} cases, worst {row['worst']:.3f} "
-          f"({'pass' if row['passed'] else 'FAIL'})"
-        )
-    if include_onnx and onnx_version is not None:
-      from onnx_optax.conformance import onnx_references as refs
-
-      backend = refs.backend_cases()
-      for name in refs.BACKEND_CASES:
-        r = refs.run_backend_case(name, platform, backend)
-        report["onnx_rows"].append(
-          dict(
-            platform=platform,
-            source="onnx backend test case",
-            name=name,
-            dtype=r.dtype,
-            worst=r.worst,
-            unchecked=r.unchecked,
-            passed=r.passed,
-            error=r.error,
-          )
-        )
-      for label, node, inputs in refs.evaluator_cases():
-        if not check.has_float64(platform):
-          report["skipped"].append(dict(platform=platform, rule=label, dtype="float64", reason=NO_FLOAT64))
-          continue
-        r = refs.run_evaluator_case(label, node, inputs, platform)
-        report["onnx_rows"].append(
-          dict(
-            platform=platform,
-            source="onnx ReferenceEvaluator",
-            name=r.name,
-            dtype="float64",
-            worst=r.worst,
-            unchecked=r.unchecked,
-            passed=r.passed,
-            error=r.error,
-          )
-        )
-      log(f"{platform} onnx references: done")
+  previous, check.PINNED = check.PINNED, pinned
+  try:
+    for platform in platforms:
+      if not pinned:
+        measured = arithmetic.measure(platform)
+        report["arithmetic"][platform] = measured.as_json()
+        log(f"{platform} arithmetic: {measured.summary()}")
+      _run_platform(report, platform, rules, dtypes, large, include_onnx and onnx_version is not None, log)
+  finally:
+    check.PINNED = previous
   report["seconds"] = round(time.perf_counter() - start, 1)
-  report["passed"] = all(r["passed"] for r in report["rows"] + report["onnx_rows"])
+  checked = report["rows"] + report["onnx_rows"]
+  report["checked"] = sum(r["cases"] for r in report["rows"]) + len(report["onnx_rows"])
+  report["passed"] = bool(checked) and all(r["passed"] for r in checked)
+  report["verdict"] = verdict(report)
   return report
+
+
+def _run_platform(
+  report: dict[str, Any],
+  platform: str,
+  rules: Sequence[str],
+  dtypes: Sequence[str],
+  large: bool,
+  include_onnx: bool,
+  log: Callable[[str], None],
+) -> None:
+  """The grid's rows, then ONNX's references, of one platform, appended to ``report``."""
+  for rule in rules:
+    for dtype in dtypes:
+      if dtype == "float64" and not check.has_float64(platform):
+        report["skipped"].append(dict(platform=platform, rule=rule, dtype=dtype, reason=NO_FLOAT64))
+        continue
+      results = [check.run_case(c, platform) for c in cases_lib.cases(rule, dtype, large=large)]
+      row = _row(platform, rule, dtype, results)
+      report["rows"].append(row)
+      log(
+        f"{platform} {rule} {dtype}: {row['cases']} cases, worst {row['worst']:.3f} "
+        f"({'pass' if row['passed'] else 'FAIL'})"
+      )
+  if include_onnx:
+    from onnx_optax.conformance import onnx_references as refs
+
+    backend = refs.backend_cases()
+    for name in refs.BACKEND_CASES:
+      rule, dtype = refs.backend_case_rule(backend[name])
+      if rule not in rules or dtype not in dtypes:
+        continue
+      r = refs.run_backend_case(name, platform, backend)
+      report["onnx_rows"].append(
+        dict(
+          platform=platform,
+          source="onnx backend test case",
+          name=name,
+          rule=rule,
+          dtype=r.dtype,
+          worst=r.worst,
+          unchecked=r.unchecked,
+          passed=r.passed,
+          error=r.error,
+        )
+      )
+    for label, node, inputs in refs.evaluator_cases():
+      rule = refs.node_rule(node)
+      if rule not in rules or "float64" not in dtypes:
+        continue
+      if not check.has_float64(platform):
+        report["skipped"].append(dict(platform=platform, rule=label, dtype="float64", reason=NO_FLOAT64))
+        continue
+      r = refs.run_evaluator_case(label, node, inputs, platform)
+      report["onnx_rows"].append(
+        dict(
+          platform=platform,
+          source="onnx ReferenceEvaluator",
+          name=r.name,
+          rule=rule,
+          dtype="float64",
+          worst=r.worst,
+          unchecked=r.unchecked,
+          passed=r.passed,
+          error=r.error,
+        )
+      )
+    log(f"{platform} onnx references: done")
+
+
+#: The verdicts of a run, in the words the report prints.
+PASSED, FAILED, NOTHING_CHECKED = "PASSED", "FAILED", "NOTHING CHECKED"
+
+
+def verdict(report: dict[str, Any]) -> str:
+  """``PASSED`` (cases checked, all passed), ``FAILED`` (one failed) or ``NOTHING CHECKED``.
+
+  A run that checked no case (every row skipped: ``--dtype float64`` on a
+  device without float64) has no verdict to give: it never reads as passed.
+  """
+  rows = report["rows"] + report["onnx_rows"]
+  if not rows:
+    return NOTHING_CHECKED
+  return PASSED if all(r["passed"] for r in rows) else FAILED
 
 
 def _mark(passed: bool) -> str:
@@ -196,19 +251,25 @@ def format_table(report: dict[str, Any]) -> str:
   ]
   for p, kind in report["devices"].items():
     lines.append(f"  {p}: {kind}")
+  for p, errors in report.get("arithmetic", {}).items():
+    lines.append(f"  {p} measured, largest error in ulp: {arithmetic.summary(errors)}")
+  if report.get("constants") == "pinned":
+    lines.append("  constants pinned: documented k, K_TRANSCENDENTAL for the scalars (nothing measured)")
   lines.append(
     "worst = largest |got - expected| / tolerance over all cases and elements (pass: <= 1); "
     "loose = elements whose tolerance reaches their magnitude; unchecked = elements with an "
-    "infinite tolerance (a failure unless a documented limit of the dtype)"
+    "infinite tolerance (a failure unless a documented limit of the dtype); scalars = largest "
+    "measured error of the per-update scalars, in u of their dtype"
   )
   header = (
-    f"{'device':<6} {'rule':<18} {'dtype':<9} {'cases':>5} {'worst':>8} {'loose':>7} {'unchecked':>9}  result"
+    f"{'device':<6} {'rule':<18} {'dtype':<9} {'cases':>5} {'worst':>8} {'loose':>7} {'unchecked':>9} "
+    f"{'scalars':>8}  result"
   )
   lines += [header, "-" * len(header)]
   for r in report["rows"]:
     lines.append(
       f"{r['platform']:<6} {r['rule']:<18} {r['dtype']:<9} {r['cases']:>5} {r['worst']:>8.3f} "
-      f"{r['loose']:>7} {r['unchecked']:>9}  {_mark(r['passed'])}"
+      f"{r['loose']:>7} {r['unchecked']:>9} {r.get('scalar_error', 0.0):>8.2f}  {_mark(r['passed'])}"
     )
     for f in r["failures"] + r["limits"]:
       lines.append(f"         {f}")
@@ -222,7 +283,10 @@ def format_table(report: dict[str, Any]) -> str:
       )
   for s in report["skipped"]:
     lines.append(f"{s['platform']} {s['rule']} {s['dtype']}: {s['reason']}")
-  lines.append(f"{'PASSED' if report['passed'] else 'FAILED'} in {report['seconds']} s")
+  if report["verdict"] == NOTHING_CHECKED:
+    lines.append(f"{NOTHING_CHECKED}: every selected case was skipped ({report['seconds']} s)")
+  else:
+    lines.append(f"{report['verdict']}: {report['checked']} cases checked in {report['seconds']} s")
   return "\n".join(lines)
 
 
@@ -238,7 +302,7 @@ def format_markdown(report: dict[str, Any], command: str = "python -m onnx_optax
     f"Python {report['python']}",
     f"- Host: {report['host']}",
     f"- Command: `{command}` ({report['seconds']} s)",
-    f"- Result: **{'PASSED' if report['passed'] else 'FAILED'}**",
+    f"- Result: **{report['verdict']}** ({report['checked']} cases checked)",
     "",
     "`worst` is the largest `|got - expected| / tolerance` over every case and element "
     "(expected: the float64 NumPy reference; tolerance: the rounding-error bound of "
@@ -246,15 +310,18 @@ def format_markdown(report: dict[str, Any], command: str = "python -m onnx_optax
     "elements whose tolerance reaches their own magnitude (cancellation: the check holds "
     "but guarantees no significant digit there). `unchecked` counts elements whose "
     "tolerance is infinite, checked for finiteness only: a case with any fails unless it "
-    "documents that limit of its dtype (listed below the table).",
+    "documents that limit of its dtype (listed below the table). `scalars` is the largest "
+    "error of the case's per-update scalars as the device computed them, in units of their "
+    "dtype's unit roundoff: the bound charges it instead of an assumed accuracy of `log` and "
+    "`expm1`.",
     "",
-    "| device | rule | dtype | cases | worst | loose | unchecked | result |",
-    "|---|---|---|---:|---:|---:|---:|---|",
+    "| device | rule | dtype | cases | worst | loose | unchecked | scalars | result |",
+    "|---|---|---|---:|---:|---:|---:|---:|---|",
   ]
   for r in report["rows"]:
     out.append(
       f"| {r['platform']} | {r['rule']} | {r['dtype']} | {r['cases']} | {r['worst']:.3f} | "
-      f"{r['loose']} | {r['unchecked']} | {_mark(r['passed'])} |"
+      f"{r['loose']} | {r['unchecked']} | {r.get('scalar_error', 0.0):.2f} | {_mark(r['passed'])} |"
     )
   limits = [(r, f) for r in report["rows"] for f in r["limits"]]
   if limits:
@@ -276,6 +343,29 @@ def format_markdown(report: dict[str, Any], command: str = "python -m onnx_optax
       out.append(
         f"| {r['platform']} | {r['source']} | {r['name']} | {r['worst']:.3f} | {_mark(r['passed'])} |"
       )
+  for p, errors in report.get("arithmetic", {}).items():
+    out += [
+      "",
+      f"## Measured arithmetic: {p}",
+      "",
+      "Each operation jitted on the device over a sweep of every binade (subnormals included), "
+      "random pairs and the grid's operands, against the exact result: the largest error in ulp "
+      "and relative to the result in units of `u` (`k`; 1: correctly rounded), the largest "
+      "absolute error of a result below the smallest normal number beyond that (`underflow`), "
+      "whether a subnormal operand is read as 0, and the number of points. The bound uses "
+      "`max(k, documented floor)` for the element-wise operations; `log` and `expm1` enter only "
+      "the per-update scalars, whose error is measured case by case.",
+      "",
+      "| op | dtype | max error (ulp) | k (u) | underflow | subnormal operand read as 0 | points |",
+      "|---|---|---:|---:|---:|---|---:|",
+    ]
+    out += [
+      f"| {e['op']} | {e['dtype']} | {e['ulp']:.3f} | {e['k']:.3f} | {e['underflow']:.3g} | "
+      f"{'yes' if e['flushes_operands'] else 'no'} | {e['n']} |"
+      for e in errors
+    ]
+  if report.get("constants") == "pinned":
+    out += ["", "Constants pinned: the documented `k` and `K_TRANSCENDENTAL`; nothing measured."]
   if report["skipped"]:
     out += ["", "## Skipped", ""] + [
       f"- {s['platform']} {s['rule']} {s['dtype']}: {s['reason']}" for s in report["skipped"]
@@ -283,7 +373,17 @@ def format_markdown(report: dict[str, Any], command: str = "python -m onnx_optax
   return "\n".join(out) + "\n"
 
 
+def write_markdown(
+  report: dict[str, Any], path: str, command: str = "python -m onnx_optax.conformance"
+) -> None:
+  """Writes :func:`format_markdown` to ``path``."""
+  text = format_markdown(report, command)
+  with open(path, "w") as f:
+    f.write(text)
+
+
 def write_json(report: dict[str, Any], path: str) -> None:
+  """Writes the report as JSON to ``path``."""
   with open(path, "w") as f:
     json.dump(report, f, indent=1, default=float)
     f.write("\n")

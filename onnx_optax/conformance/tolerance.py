@@ -39,12 +39,15 @@ the model:
   error;
 * scalars that depend on ``T`` (bias corrections, Adagrad's decayed rate,
   ``beta_adjusted``, ``R`` itself) are computed in the hyperparameter dtype
-  ``h`` (float32, float64 under x64) with their own bound, then rounded once
-  to ``d``. ``1 - beta**T`` is computed as ``-expm1(T*log(beta))``: the bound
-  takes the rounding of ``beta`` to ``h`` exactly (it matters: for
+  ``h`` (float32, float64 under x64), then rounded once to ``d``. Their error
+  is the one the runner *measured* for the case on the device
+  (:attr:`Context.measured`, :mod:`onnx_optax.conformance.scalars`). Without
+  a measurement (the pinned model, :func:`implementation_context` without
+  ``scalars``) it is an analytic bound in ``h``: ``1 - beta**T`` computed as
+  ``-expm1(T*log(beta))``, the rounding of ``beta`` to ``h`` taken exactly (for
   ``beta = 0.999`` and small ``T``, float32's ``beta`` moves ``1 - beta**T``
-  by about ``1000 u``), and allows ``K_TRANSCENDENTAL`` unit roundoffs
-  for each of ``log`` and ``expm1``;
+  by about ``1000 u``), and ``K_TRANSCENDENTAL`` unit roundoffs for each of
+  ``log`` and ``expm1``;
 * the decays' ``1 - alpha``, ``1 - beta`` (and ``1 - norm_coefficient_post``)
   are such scalars too (``rules._one_minus``): the decay is rounded to ``h``,
   subtracted there, and the difference rounded once to ``d``
@@ -64,16 +67,32 @@ What a platform may do and the bound still covers:
 
 * fuse ``a*b + c`` into an FMA (one rounding where the bound counts two),
   keep an intermediate in a wider type (XLA's excess precision for float16
-  and bfloat16: a rounding skipped), compute ``a / b`` as ``a * (1/b)``
-  (within ``k_div``);
-* approximate float32 division and square root (GPUs, TPUs): ``k_div`` and
-  ``k_sqrt`` are ``1`` on CPU (IEEE, correctly rounded) and ``1 + 3*u32/u``
-  elsewhere, i.e. up to 1.5 ulp of float32 on top of the final rounding to
-  ``d`` (float16/bfloat16 are computed in float32 and rounded);
-* flush subnormals to zero: ``tiny`` is the smallest normal number (XLA's
-  CPU flushes float32 and float64 results, TPUs every dtype), except for
-  float16 off TPUs (computed in float32, where float16's subnormals are
-  normal): half its smallest subnormal.
+  and bfloat16: a rounding skipped);
+* approximate division, square root, products and sums: ``k_div``,
+  ``k_sqrt``, ``k_mul``, ``k_add`` are the device's measured ones
+  (:mod:`onnx_optax.conformance.arithmetic`), never below the documented
+  floors: ``1`` on CPU and in float64 (IEEE), ``1 + 3*u32/u`` for division
+  and square root elsewhere, i.e. 1.5 ulp of float32 on top of the final
+  rounding to ``d`` (float16/bfloat16 are computed in float32 and rounded);
+* flush subnormal results to zero: ``tiny`` is at least the smallest normal
+  number (XLA's CPU flushes float32 and float64 results, TPUs every dtype),
+  except for float16 off TPUs (computed in float32, where float16's
+  subnormals are normal): half its smallest subnormal; more if measured;
+* read subnormal operands as zero (measured: XLA's CPU does in float32,
+  float64, bfloat16): an exact input below the smallest normal number is
+  then charged whole (:attr:`Context.flushes_operands`).
+
+**Measured and assumed.** Measured on the device under test, every run: the
+element-wise ``k`` and ``tiny`` (over a sweep of every binade, subnormals and
+the grid's own operands; a lower bound of the device's worst case, so the
+documented floor is kept), whether subnormal operands are read as zero, and
+each case's per-update scalars (their actual error). Assumed: the floors
+above (they only raise a measurement), the expectation's NumPy arithmetic on
+the host (IEEE float64, ``pow`` within one ulp; charged by its own bound),
+and that an operation rounds the same inside the rule's fused program as
+alone. Each assumption, if false, makes the bound too tight, so a correct
+rule fails; none can make a wrong rule pass. docs/conformance.md
+("Measured, not assumed") has the table.
 
 The reference's own bound uses the same rules in float64 with exact
 hyperparameters, ``1 - beta**T`` by ``pow`` (one ulp) and a subtraction,
@@ -87,13 +106,17 @@ errors do not all reach their bound at once); the teeth test in
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ml_dtypes
 import numpy as np
+
+if TYPE_CHECKING:
+  from onnx_optax.conformance.arithmetic import DeviceArithmetic
 
 __all__ = [
   "Bounded",
@@ -104,12 +127,34 @@ __all__ = [
   "evaluator_context",
   "implementation_context",
   "promote",
+  "recording",
   "reference_context",
 ]
 
-#: Unit roundoffs (in units of u) allowed for each of XLA's float32 / float64
-#: ``log`` and ``expm1``: two ulps each. IEEE does not specify them.
+#: Unit roundoffs (in units of u) allowed for each of ``log`` and ``expm1`` by the *pinned*
+#: model only (no measured scalars, see :func:`implementation_context`): two ulps each, a
+#: figure from documentation. IEEE does not specify them, and XLA:CPU's float32 ``expm1``
+#: exceeds it (about 5.4 ulp): the runner charges each case's measured scalars instead.
 K_TRANSCENDENTAL = 4.0
+
+_RECORDER: list[Callable[..., None]] = []
+
+
+@contextlib.contextmanager
+def recording(record: Callable[..., None]) -> Iterator[None]:
+  """Within this context every operation of an implementation context calls ``record(op, dtype, *operands)``.
+
+  ``op`` is ``"add"`` (``a - b`` as ``a + (-b)``), ``"mul"``, ``"div"`` or
+  ``"sqrt"``; the operands are the exact values (float64 arrays). The
+  runner measures the device's arithmetic on them
+  (:func:`onnx_optax.conformance.arithmetic.grid_operands`).
+  """
+  _RECORDER.append(record)
+  try:
+    yield
+  finally:
+    _RECORDER.pop()
+
 
 _U32 = 2.0**-24
 
@@ -131,6 +176,9 @@ class Bounded:
   def __init__(self, v: Any, e: Any = 0.0):
     self.v = np.asarray(v, dtype=np.float64)
     self.e = np.asarray(e, dtype=np.float64) + np.zeros_like(self.v)
+
+  def __repr__(self) -> str:
+    return f"Bounded(v={self.v!r}, e={self.e!r})"
 
 
 @dataclass(frozen=True)
@@ -160,6 +208,14 @@ class Context:
       themselves. With it, the exact value of a hyperparameter is its value
       in that dtype (the expectation is computed from those values too), and
       only the roundings the rule performs after receiving it are charged.
+    k_add, k_mul: unit roundoffs allowed for a sum (difference), a product.
+    measured: the per-update scalars of the case as the device computed them
+      (:mod:`onnx_optax.conformance.scalars`), by name: each one's exact value
+      and its measured error, charged in place of the scalar context's
+      bound (:meth:`value`). None: the pinned model (the scalar context's
+      analytic bound, ``K_TRANSCENDENTAL`` for ``log`` and ``expm1``).
+    flushes_operands: the device reads a subnormal operand as 0: an exact
+      input below the smallest normal number carries its whole value as error.
   """
 
   dtype: Any
@@ -173,18 +229,55 @@ class Context:
   param: Context | None = None
   state: Context | None = None
   received: Any = None
+  k_add: float = 1.0
+  k_mul: float = 1.0
+  measured: Mapping[str, Bounded] | None = None
+  flushes_operands: bool = False
 
   # -- rounding ---------------------------------------------------------------
   def _rounded(self, v: np.ndarray | np.float64, e: np.ndarray | np.float64, k: float = 1.0) -> Bounded:
     return Bounded(v, e + k * self.u * (np.abs(v) + e) + self.tiny)
 
+  def _record(self, op: str, *operands: Any) -> None:
+    if _RECORDER and self.hyper_dtype is not None:
+      _RECORDER[-1](op, self.dtype, *operands)
+
   def add(self, a: Bounded, b: Bounded) -> Bounded:
-    return self._rounded(a.v + b.v, a.e + b.e)
+    self._record("add", a.v, b.v)
+    return self._rounded(a.v + b.v, a.e + b.e, self.k_add)
 
   def sub(self, a: Bounded, b: Bounded) -> Bounded:
-    return self._rounded(a.v - b.v, a.e + b.e)
+    self._record("add", a.v, -b.v)
+    return self._rounded(a.v - b.v, a.e + b.e, self.k_add)
 
-  def one_minus(self, value: float) -> Bounded:
+  def value(self, name: str, bound: Callable[[], Bounded]) -> Bounded:
+    """The per-update scalar ``name`` of the scalar context, before its rounding to ``dtype``.
+
+    With :attr:`measured` (an implementation context of the runner): the
+    device's own value of the scalar, its error measured against the exact
+    value. Otherwise ``bound()``: the scalar context's analytic bound (the
+    pinned model, and every expectation).
+    """
+    if self.hyper_dtype is None or self.measured is None:
+      return bound()
+    if name not in self.measured:
+      raise KeyError(
+        f"the scalar {name!r} was not measured: declare it in onnx_optax/conformance/scalars.py "
+        f"(measured: {sorted(self.measured)})"
+      )
+    return self.measured[name]
+
+  def rate(self, R: float) -> Bounded:
+    """The learning rate as the element-wise arithmetic gets it, rounded to ``dtype``.
+
+    A Python float (:meth:`const`), or a schedule's value computed on the
+    device: with :attr:`measured`, its measured error (scalar ``"R"``) where
+    there is one, rounded once to ``dtype``.
+    """
+    measured = self.value("R", lambda: Bounded(self.exact_hyper(R)))
+    return self.const(R) if not np.any(measured.e) else self.to_elementwise(measured)
+
+  def one_minus(self, value: float, name: str | None = None) -> Bounded:
     """``1 - value`` for a Python-float hyperparameter (a decay), as this context computes it.
 
     The implementation (``hyper_dtype`` set) follows ``rules._one_minus``:
@@ -207,7 +300,8 @@ class Context:
     s = self.scalar
     if s is None:  # Every context with a hyper_dtype has one (implementation_context).
       raise ValueError("a context with hyper_dtype needs its scalar context")
-    return self.to_elementwise(s.sub(s.exact(1.0), s.const(value)))
+    bound = lambda: s.sub(s.exact(1.0), s.const(value))  # noqa: E731
+    return self.to_elementwise(bound() if name is None else self.value(name, bound))
 
   def update(self, U: Bounded) -> Bounded:
     """The update ``U`` as the transform returns it: rounded to the parameters' dtype (``param``)."""
@@ -246,9 +340,11 @@ class Context:
     return self.state._rounded(S.v, S.e)
 
   def mul(self, a: Bounded, b: Bounded) -> Bounded:
-    return self._rounded(a.v * b.v, np.abs(a.v) * b.e + np.abs(b.v) * a.e + a.e * b.e)
+    self._record("mul", a.v, b.v)
+    return self._rounded(a.v * b.v, np.abs(a.v) * b.e + np.abs(b.v) * a.e + a.e * b.e, self.k_mul)
 
   def div(self, a: Bounded, b: Bounded) -> Bounded:
+    self._record("div", a.v, b.v)
     with np.errstate(divide="ignore", invalid="ignore"):
       margin = np.abs(b.v) - b.e
       v = a.v / b.v
@@ -257,20 +353,22 @@ class Context:
       e = np.where((a.v == 0) & (a.e == 0) & (margin > 0), 0.0, e)
     return self._rounded(v, e, self.k_div)
 
-  def div_by_scalar(self, a: Bounded, s: Bounded) -> Bounded:
+  def div_by_scalar(self, a: Bounded, s: Bounded, name: str | None = None) -> Bounded:
     """``a / s`` for a per-update scalar ``s`` of the scalar context.
 
     The implementation (``hyper_dtype`` set) multiplies by the reciprocal, a
-    scalar like the others: ``1 / s`` in the scalar context, rounded once to
-    ``dtype``, then one product (XLA rewrites a division by a scalar so). An
-    expectation divides.
+    scalar like the others: ``1 / s`` in the scalar context (or the measured
+    scalar ``name``), rounded once to ``dtype``, then one product (XLA
+    rewrites a division by a scalar so). An expectation divides.
     """
     if self.hyper_dtype is None:
       return self.div(a, s)
     scalar = _scalar(self)
-    return self.mul(a, self.to_elementwise(scalar.div(scalar.exact(1.0), s)))
+    bound = lambda: scalar.div(scalar.exact(1.0), s)  # noqa: E731
+    return self.mul(a, self.to_elementwise(bound() if name is None else self.value(name, bound)))
 
   def sqrt(self, a: Bounded) -> Bounded:
+    self._record("sqrt", a.v)
     with np.errstate(divide="ignore", invalid="ignore"):
       root = np.sqrt(a.v)
       e = np.minimum(np.where(root > 0, a.e / root, np.inf), np.sqrt(a.e))
@@ -278,7 +376,12 @@ class Context:
 
   # -- constants and scalars ----------------------------------------------------
   def exact(self, value: Any) -> Bounded:
-    return Bounded(value, 0.0)
+    """An exact operand; where the device reads subnormal operands as 0, such a value is all error."""
+    if not self.flushes_operands:
+      return Bounded(value, 0.0)
+    v = np.asarray(value, np.float64)
+    normal = float(ml_dtypes.finfo(self.dtype).smallest_normal)
+    return Bounded(v, np.where(np.abs(v) < normal, np.abs(v), 0.0))
 
   def exact_hyper(self, value: float) -> float:
     """A hyperparameter's exact value: as received (``received``), else the Python float."""
@@ -353,6 +456,9 @@ def implementation_context(
   state_dtype: Any = None,
   hyper_dtype: Any = None,
   received_dtype: Any = None,
+  *,
+  arithmetic: DeviceArithmetic | None = None,
+  scalars: Mapping[str, Bounded] | None = None,
 ) -> Context:
   """How the JAX rules round in ``dtype`` on ``platform`` (see the module docstring).
 
@@ -366,28 +472,70 @@ def implementation_context(
   ``received_dtype`` (see :attr:`Context.received`): the dtype the
   hyperparameters arrive in, whose values the expectation is computed from;
   None charges the rounding of the Python floats as well.
+
+  ``arithmetic``: the device's measured arithmetic
+  (:func:`onnx_optax.conformance.arithmetic.measure`); each operation's
+  ``k`` is then ``max(measured, documented)``, ``tiny`` too, and a device
+  that reads subnormal operands as 0 is charged for it. ``scalars``: the
+  case's per-update scalars measured on the device
+  (:func:`onnx_optax.conformance.scalars.measure`), charged in place of the
+  scalar context's analytic bound. Without both: the *pinned* model, the
+  documented constants only.
   """
   dtype = np.dtype(dtype)
   state = dtype if state_dtype is None else np.dtype(state_dtype)
   if state != dtype:
     compute = promote(dtype, state)
     return dataclasses.replace(
-      implementation_context(compute, platform, hyper_dtype=hyper_dtype, received_dtype=received_dtype),
-      param=None if dtype == compute else implementation_context(dtype, platform),
-      state=None if state == compute else implementation_context(state, platform),
+      implementation_context(
+        compute,
+        platform,
+        hyper_dtype=hyper_dtype,
+        received_dtype=received_dtype,
+        arithmetic=arithmetic,
+        scalars=scalars,
+      ),
+      param=None if dtype == compute else implementation_context(dtype, platform, arithmetic=arithmetic),
+      state=None if state == compute else implementation_context(state, platform, arithmetic=arithmetic),
     )
   if hyper_dtype is not None:
     hyper = np.dtype(hyper_dtype)
   else:
     hyper = np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
   received = None if received_dtype is None else np.dtype(received_dtype)
-  u = unit_roundoff(dtype)
-  exact_ops = platform == "cpu" or dtype == np.float64
-  k = 1.0 if exact_ops else 1.0 + 3 * _U32 / u
-  scalar = Context(
-    hyper, unit_roundoff(hyper), _tiny(hyper, platform), k, k, hyper_dtype=hyper, received=received
+  scalar = _context(hyper, platform, arithmetic, hyper_dtype=hyper, received=received)
+  return _context(
+    dtype, platform, arithmetic, hyper_dtype=hyper, scalar=scalar, received=received, measured=scalars
   )
-  return Context(dtype, u, _tiny(dtype, platform), k, k, hyper_dtype=hyper, scalar=scalar, received=received)
+
+
+def documented_k(dtype: Any, platform: str) -> float:
+  """The documented floor of ``k`` for a division or a square root: 1 (IEEE) on CPU and in float64.
+
+  Elsewhere ``1 + 3 u32 / u``: GPUs and TPUs approximate float32 division and
+  square root within 1.5 ulp of float32, on top of the final rounding to ``d``
+  (float16 and bfloat16 are computed in float32).
+  """
+  u = unit_roundoff(dtype)
+  return 1.0 if platform == "cpu" or np.dtype(dtype) == np.float64 else 1.0 + 3 * _U32 / u
+
+
+def _context(dtype: np.dtype, platform: str, arithmetic: DeviceArithmetic | None, **kwargs: Any) -> Context:
+  k = documented_k(dtype, platform)
+  tiny = _tiny(dtype, platform)
+  if arithmetic is None:
+    return Context(dtype, unit_roundoff(dtype), tiny, k, k, **kwargs)
+  return Context(
+    dtype,
+    unit_roundoff(dtype),
+    arithmetic.tiny(dtype, tiny),
+    arithmetic.k("div", dtype, k),
+    arithmetic.k("sqrt", dtype, k),
+    k_add=arithmetic.k("add", dtype, 1.0),
+    k_mul=arithmetic.k("mul", dtype, 1.0),
+    flushes_operands=arithmetic.flushes_operands(dtype),
+    **kwargs,
+  )
 
 
 def reference_context(dtype: Any = np.float64, received_dtype: Any = None) -> Context:
@@ -435,7 +583,7 @@ def _scalar(c: Context) -> Context:
 def _momentum(c: Context, R, T, X, G, V, *, alpha, beta, mode, norm_coefficient):
   s = _scalar(c)
   beta_adjusted = c.to_elementwise(s.const(beta if T > 0 else 1.0))
-  R_, alpha_, nc = c.const(R), c.const(alpha), c.const(norm_coefficient)
+  R_, alpha_, nc = c.rate(R), c.const(alpha), c.const(norm_coefficient)
   X, G, V = c.exact(X), c.exact(G), c.exact(V)
   G_regularized = c.add(c.mul(nc, X), G)
   V_new = c.add(c.mul(alpha_, V), c.mul(beta_adjusted, G_regularized))
@@ -450,7 +598,7 @@ def _momentum(c: Context, R, T, X, G, V, *, alpha, beta, mode, norm_coefficient)
 def _adagrad(c: Context, R, T, X, G, H, *, decay_factor, epsilon, norm_coefficient):
   s = _scalar(c)
   T_ = s.const(float(T), received=False)  # T is an integer: its rounding to float is arithmetic.
-  r = s.div(s.const(R), s.add(s.exact(1.0), s.mul(T_, s.const(decay_factor))))
+  r = c.value("r", lambda: s.div(s.const(R), s.add(s.exact(1.0), s.mul(T_, s.const(decay_factor)))))
   r, nc, eps = c.to_elementwise(r), c.const(norm_coefficient), c.const(epsilon)
   X, G, H = c.exact(X), c.exact(G), c.exact(H)
   G_regularized = c.add(c.mul(nc, X), G)
@@ -463,24 +611,28 @@ def _adagrad(c: Context, R, T, X, G, H, *, decay_factor, epsilon, norm_coefficie
 
 def _adam(c: Context, R, T, X, G, V, H, *, alpha, beta, epsilon, norm_coefficient, norm_coefficient_post):
   s = _scalar(c)
-  if T > 0:
-    R_adjusted = s.div(s.mul(s.const(R), s.sqrt(s.one_minus_power(beta, T))), s.one_minus_power(alpha, T))
-  else:
-    R_adjusted = s.const(R)
-  R_adjusted = c.to_elementwise(R_adjusted)
+
+  def bound() -> Bounded:
+    if T > 0:
+      return s.div(s.mul(s.const(R), s.sqrt(s.one_minus_power(beta, T))), s.one_minus_power(alpha, T))
+    return s.const(R)
+
+  R_adjusted = c.to_elementwise(c.value("R_adjusted", bound))
   alpha_, beta_, eps = c.const(alpha), c.const(beta), c.const(epsilon)
   nc = c.const(norm_coefficient)
   X, G, V, H = c.exact(X), c.exact(G), c.exact(V), c.exact(H)
   G_regularized = c.add(c.mul(nc, X), G)
-  V_new = c.add(c.mul(alpha_, V), c.mul(c.one_minus(alpha), G_regularized))
-  H_new = c.add(c.mul(beta_, H), c.mul(c.mul(c.one_minus(beta), G_regularized), G_regularized))
+  V_new = c.add(c.mul(alpha_, V), c.mul(c.one_minus(alpha, "one_minus_alpha"), G_regularized))
+  H_new = c.add(
+    c.mul(beta_, H), c.mul(c.mul(c.one_minus(beta, "one_minus_beta"), G_regularized), G_regularized)
+  )
   H_sqrt = c.add(c.sqrt(H_new), eps)
   step = c.div(c.mul(R_adjusted, V_new), H_sqrt)
   if norm_coefficient_post == 0:
     X_new = c.finish(X, step)
     U = c.update_of(X, X_new, step)
   else:
-    X_new = c.mul(c.one_minus(norm_coefficient_post), c.sub(X, step))
+    X_new = c.mul(c.one_minus(norm_coefficient_post, "one_minus_post"), c.sub(X, step))
     U = c.sub(X_new, X)  # The transform's U = X_final - X (an expectation's too).
     if c.hyper_dtype is not None:  # Then X + U.
       U = c.update(U)
@@ -490,12 +642,16 @@ def _adam(c: Context, R, T, X, G, V, H, *, alpha, beta, epsilon, norm_coefficien
 
 def _directml_adam(c: Context, R, T, X, G, M, V, *, beta1, beta2, epsilon):
   s = _scalar(c)
-  Alpha = s.div(s.sqrt(s.one_minus_power(beta2, T)), s.one_minus_power(beta1, T))
-  step_size = c.to_elementwise(s.mul(s.const(R), Alpha))
+
+  def bound() -> Bounded:
+    Alpha = s.div(s.sqrt(s.one_minus_power(beta2, T)), s.one_minus_power(beta1, T))
+    return s.mul(s.const(R), Alpha)
+
+  step_size = c.to_elementwise(c.value("step_size", bound))
   b1, b2, eps = c.const(beta1), c.const(beta2), c.const(epsilon)
   X, G, M, V = c.exact(X), c.exact(G), c.exact(M), c.exact(V)
-  M_new = c.add(c.mul(b1, M), c.mul(c.one_minus(beta1), G))
-  V_new = c.add(c.mul(b2, V), c.mul(c.mul(c.one_minus(beta2), G), G))
+  M_new = c.add(c.mul(b1, M), c.mul(c.one_minus(beta1, "one_minus_beta1"), G))
+  V_new = c.add(c.mul(b2, V), c.mul(c.mul(c.one_minus(beta2, "one_minus_beta2"), G), G))
   step = c.div(c.mul(step_size, M_new), c.add(c.sqrt(V_new), eps))
   X_new = c.finish(X, step)
   return X_new, c.store(M_new), c.store(V_new), c.update_of(X, X_new, step)
@@ -524,15 +680,18 @@ def _ort_adamw(
     alpha_correction, beta_correction = _ort_correction(c, alpha, T), _ort_correction(c, beta, T)
   elif adam_mode == 0:
     raise ValueError("adam_mode=0 needs correct_bias: ONNX Runtime refuses it without")
-  alpha_, beta_, eps, lr = c.const(alpha), c.const(beta), c.const(epsilon), c.const(R)
+  alpha_, beta_, eps, lr = c.const(alpha), c.const(beta), c.const(epsilon), c.rate(R)
   X, G, M1, M2 = c.exact(X), c.exact(G), c.exact(M1), c.exact(M2)
-  M1_new = c.add(c.mul(alpha_, M1), c.mul(c.one_minus(alpha), G))
-  M2_new = c.add(c.mul(beta_, M2), c.mul(c.mul(c.one_minus(beta), G), G))
+  M1_new = c.add(c.mul(alpha_, M1), c.mul(c.one_minus(alpha, "one_minus_alpha"), G))
+  M2_new = c.add(c.mul(beta_, M2), c.mul(c.mul(c.one_minus(beta, "one_minus_beta"), G), G))
   # The scalars below are computed in the scalar context and rounded once to d (for an
   # expectation, s is c and the rounding the identity).
   if adam_mode == 0:
-    scaled = c.div_by_scalar(M2_new, beta_correction)
-    denominator = c.mul(c.to_elementwise(alpha_correction), c.add(c.sqrt(scaled), eps))
+    scaled = c.div_by_scalar(M2_new, beta_correction, "one_over_beta_correction")
+    bounded = alpha_correction
+    denominator = c.mul(
+      c.to_elementwise(c.value("alpha_correction", lambda: bounded)), c.add(c.sqrt(scaled), eps)
+    )
     step = c.div(c.mul(lr, M1_new), denominator)
     if weight_decay == 0:
       X_new = c.finish(X, step)
@@ -541,7 +700,9 @@ def _ort_adamw(
     W_new = c.sub(W, step)
   else:
     lr_corrected = (
-      c.to_elementwise(s.div(s.mul(s.const(R), s.sqrt(beta_correction)), alpha_correction))
+      c.to_elementwise(
+        c.value("lr_corrected", lambda: s.div(s.mul(s.const(R), s.sqrt(beta_correction)), alpha_correction))
+      )
       if correct_bias
       else lr
     )
@@ -549,7 +710,9 @@ def _ort_adamw(
     if weight_decay == 0:
       X_new = c.finish(X, step)
       return X_new, c.store(M1_new), c.store(M2_new), c.update_of(X, X_new, step)
-    lr_weight_decay = c.to_elementwise(s.mul(s.const(R), s.const(weight_decay)))
+    lr_weight_decay = c.to_elementwise(
+      c.value("lr_weight_decay", lambda: s.mul(s.const(R), s.const(weight_decay)))
+    )
     W = c.sub(X, step)
     W_new = c.sub(W, c.mul(lr_weight_decay, W))
   U = c.sub(W_new, X)  # U = W_new - X (an expectation's too), then X + U.
@@ -562,7 +725,7 @@ def _ort_adamw(
 def _ort_sgd(c: Context, R, T, X, G):
   """``W_new = W + (-lr * G)``: ``U = -lr * G`` (one rounding), then ``X + U``."""
   X, G = c.exact(X), c.exact(G)
-  step = c.mul(c.const(R), G)
+  step = c.mul(c.rate(R), G)
   X_new = c.finish(X, step)
   return X_new, c.update_of(X, X_new, step)
 

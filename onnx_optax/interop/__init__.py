@@ -5,6 +5,9 @@
   ``torch.optim.Adam`` / ``AdamW`` (ONNX Runtime ``AdamWOptimizer``,
   ``adam_mode=0``: :func:`onnx_optax.ort_adamw`); :func:`torch_params`
   copies the weights.
+* :func:`from_torch_state_dict` / :func:`to_torch_state_dict`: the same from
+  and to a saved optimizer state dict (``torch.save``, Hugging Face's
+  ``optimizer.pt``, ``get_optimizer_state_dict``), with no PyTorch optimizer.
 * :func:`from_keras` / :func:`to_keras`: Keras 3's ``keras.optimizers.Adam``
   (DirectML Adam, on any Keras backend).
 
@@ -25,5 +28,14 @@ from __future__ import annotations
 
 from onnx_optax.interop.keras import from_keras, to_keras
 from onnx_optax.interop.torch import from_torch, to_torch, torch_params
+from onnx_optax.interop.torch_state_dict import from_torch_state_dict, to_torch_state_dict
 
-__all__ = ["from_keras", "from_torch", "to_keras", "to_torch", "torch_params"]
+__all__ = [
+  "from_keras",
+  "from_torch",
+  "from_torch_state_dict",
+  "to_keras",
+  "to_torch",
+  "to_torch_state_dict",
+  "torch_params",
+]

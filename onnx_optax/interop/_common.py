@@ -163,10 +163,14 @@ def check_leaves(
 
 
 def put_like(value: np.ndarray, leaf: Any) -> jax.Array:
-  """``value`` as a JAX array with ``leaf``'s dtype, on ``leaf``'s devices."""
-  array = jnp.asarray(value, dtype=leaf.dtype)
+  """``value`` as a JAX array with ``leaf``'s dtype, on ``leaf``'s devices.
+
+  Put from the host straight onto ``leaf``'s sharding: each device receives
+  its own shard, and no device holds the whole array on the way.
+  """
+  host = np.asarray(value, dtype=dtype_name(leaf.dtype))
   sharding = getattr(leaf, "sharding", None)
-  return jax.device_put(array, sharding) if sharding is not None else array
+  return jax.device_put(host, sharding) if sharding is not None else jnp.asarray(host)
 
 
 def real_number(name: str, value: Any) -> float:

@@ -71,8 +71,8 @@ from __future__ import annotations
 
 import collections
 import numbers
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -227,8 +227,28 @@ def from_torch(
     ('PyTorchAdamState', 1, 1.0)
   """
   torch = _torch()
-  kind = _kind(torch, optimizer)
-  groups = optimizer.param_groups
+  view = View(_kind(torch, optimizer), optimizer.param_groups, optimizer.state, optimizer.defaults)
+  return carry(torch, view, params, learning_rate)
+
+
+class View(NamedTuple):
+  """What the bridge reads of an optimizer: a live ``torch.optim`` one, or one rebuilt from a state dict.
+
+  ``groups`` are param groups whose ``params`` are the parameters (tensors,
+  or stand-ins with ``shape``, ``dtype``, ``device`` and ``is_complex()``),
+  ``state`` maps a parameter to its state entry, ``defaults`` are the
+  constructor's options (None when unknown).
+  """
+
+  kind: str
+  groups: Sequence[dict]
+  state: Mapping[Any, dict]
+  defaults: Mapping[str, Any] | None
+
+
+def carry(torch: Any, view: View, params: Any, learning_rate: Any) -> tuple[Any, Any]:
+  """``from_torch`` of an optimizer as the bridge reads it (``view``)."""
+  kind, groups = view.kind, view.groups
   leaves, treedef, perm = _ordered(params, groups, "params")
   rates = _common.learning_rates(learning_rate, len(groups))
   for g, group in enumerate(groups):
@@ -243,7 +263,7 @@ def from_torch(
     if rate is None:
       name = f"param_groups[{g}]['lr']"
       R = _checks.learning_rate(name, _common.real_number(name, group["lr"]))
-    counts_and_tensors = [_read_state(torch, kind, optimizer, group, p) for p in group["params"]]
+    counts_and_tensors = [_read_state(torch, view, group, p) for p in group["params"]]
     for T in sorted({T for T, _ in counts_and_tensors}):
       label = f"group{g}" if len({T for T, _ in counts_and_tensors}) == 1 else f"group{g}.T{T}"
       transforms_by_label[label] = _common.negated(_transform(kind, g, group, R, T), bool(group["maximize"]))
@@ -309,19 +329,31 @@ def to_torch(state: Any, optimizer: Any, params: Any = None) -> None:
   torch = _torch()
   kind = _kind(torch, optimizer)
   groups = optimizer.param_groups
-  torch_params_ = _tensors(groups)
-  # The state's trees have the params' structure (optax.MaskedNode where a
-  # label's transform does not own a leaf): the one mapping places them.
-  owners = _common.positions(state, len(torch_params_), _STATES[kind])
-  perm = mapping(_common.first_field(state), _param_names(groups), "state", is_leaf=_common.is_masked)
-  owners = [owners[j] for j in perm]
-  described = _described(groups)
+  writes = checked_writes(torch, kind, groups, state)
   new_params = None
   if params is not None:
     leaves, _, _ = _ordered(params, groups, "params")
-    new_params = [_to_tensor(torch, np.asarray(leaf), p) for leaf, p in zip(leaves, torch_params_)]
+    new_params = [_to_tensor(torch, np.asarray(leaf), p) for leaf, p in zip(leaves, _tensors(groups))]
+  for p, group, count, tensors in writes:
+    write(torch, kind, optimizer.state[p], group, p, count, tensors)
+  if new_params is not None:
+    with torch.no_grad():
+      for p, value in zip(_tensors(groups), new_params):
+        p.copy_(value)
 
-  writes = []  # (param, group, count, tensors), all checked before any write
+
+def checked_writes(
+  torch: Any, kind: str, groups: Sequence[dict], state: Any
+) -> list[tuple[Any, dict, int, tuple]]:
+  """``(parameter, group, step, state tensors)`` per parameter, every check done, nothing written
+  (``step``: PyTorch's, the updates done)."""
+  # The state's trees have the params' structure (optax.MaskedNode where a
+  # label's transform does not own a leaf): the one mapping places them.
+  owners = _common.positions(state, len(_tensors(groups)), _STATES[kind])
+  perm = mapping(_common.first_field(state), _param_names(groups), "state", is_leaf=_common.is_masked)
+  owners = [owners[j] for j in perm]
+  described = _described(groups)
+  writes = []
   i = 0
   for g, group in enumerate(groups):
     _check_group(g, group, kind)
@@ -350,29 +382,28 @@ def to_torch(state: Any, optimizer: Any, params: Any = None) -> None:
       tensors = tuple(_to_tensor(torch, np.asarray(value), p) for value in owner.values)
       writes.append((p, group, steps, tensors))
       i += 1
+  return writes
 
-  for p, group, count, tensors in writes:
-    slot = optimizer.state[p]
-    if kind in ("Adam", "AdamW"):
-      _write_adam_state(torch, slot, group, p, count, tensors)
-      continue
-    (tensor,) = tensors
-    if kind == "SGD":
-      if group["momentum"] == 0 or count == 0:
-        # No buffer: PyTorch's next step is a first step (T = 0), or keeps none.
-        slot.pop("momentum_buffer", None)
-      else:
-        slot["momentum_buffer"] = tensor
+
+def write(torch: Any, kind: str, slot: dict, group: dict, p: Any, count: int, tensors: tuple) -> None:
+  """Rewrites one parameter's state entry ``slot`` (``optimizer.state[p]``) in place, from a checked
+  write (``count``: PyTorch's ``step``, the updates done)."""
+  if kind in ("Adam", "AdamW"):
+    _write_adam_state(torch, slot, group, p, count, tensors)
+    return
+  (tensor,) = tensors
+  if kind == "SGD":
+    if group["momentum"] == 0 or count == 0:
+      # No buffer: PyTorch's next step is a first step (count = 0), or keeps none.
+      slot.pop("momentum_buffer", None)
     else:
-      old = slot.get("step")
-      step_dtype = old.dtype if isinstance(old, torch.Tensor) else torch.float32
-      step_device = old.device if isinstance(old, torch.Tensor) else "cpu"
-      slot["step"] = torch.tensor(float(count), dtype=step_dtype, device=step_device)
-      slot["sum"] = tensor
-  if new_params is not None:
-    with torch.no_grad():
-      for p, value in zip(torch_params_, new_params):
-        p.copy_(value)
+      slot["momentum_buffer"] = tensor
+  else:
+    old = slot.get("step")
+    step_dtype = old.dtype if isinstance(old, torch.Tensor) else torch.float32
+    step_device = old.device if isinstance(old, torch.Tensor) else "cpu"
+    slot["step"] = torch.tensor(float(count), dtype=step_dtype, device=step_device)
+    slot["sum"] = tensor
 
 
 def torch_params(optimizer: Any, like: Any = None) -> Any:
@@ -703,9 +734,9 @@ def _transform(kind: str, g: int, group: dict, R: Any, T: int) -> optax.Gradient
   )
 
 
-def _read_state(torch: Any, kind: str, optimizer: Any, group: dict, p: Any) -> tuple[int, tuple[Any, ...]]:
+def _read_state(torch: Any, view: View, group: dict, p: Any) -> tuple[int, tuple[Any, ...]]:
   """``(T, state tensors, each a NumPy array or None for zeros)`` of one parameter."""
-  slot = optimizer.state.get(p, {})
+  kind, slot = view.kind, view.state.get(p, {})
   if kind in ("Adam", "AdamW"):
     return _read_adam_state(torch, kind, slot)
   if kind == "SGD":
@@ -716,7 +747,13 @@ def _read_state(torch: Any, kind: str, optimizer: Any, group: dict, p: Any) -> t
   if "sum" not in slot:
     # Adagrad fills the state of a parameter added after its constructor at
     # that parameter's first step, from the optimizer's defaults.
-    value = optimizer.defaults["initial_accumulator_value"]
+    if view.defaults is None:
+      raise ValueError(
+        f"Adagrad's state has no 'sum' for {p!r}: PyTorch fills it at the parameter's first step from "
+        f"the constructor's initial_accumulator_value, which a state dict does not hold. Take one step "
+        f"in PyTorch before saving, or use from_torch on the live optimizer"
+      )
+    value = view.defaults["initial_accumulator_value"]
     return 0, (np.full(tuple(p.shape), value, _common.dtype_name(p.dtype)),)
   step = float(slot["step"])
   if step != int(step) or not 0 <= step <= 2**31 - 1:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -11,7 +12,7 @@ import pytest
 
 from onnx_optax import rules
 from onnx_optax.conformance import __main__ as cli
-from onnx_optax.conformance import check
+from onnx_optax.conformance import check, report
 
 SMALL = ["--platform", "cpu", "--rule", "adagrad", "--dtype", "float32", "--no-large", "--no-onnx", "--quiet"]
 
@@ -41,11 +42,9 @@ def test_report_fails_on_a_wrong_rule(monkeypatch, capsys):
   assert "FAIL" in capsys.readouterr().out
 
 
-def test_missing_platform_exits_2(capsys):
-  missing = [p for p in ("gpu", "tpu") if p not in check.platforms()]
-  if not missing:
-    pytest.skip("this machine has both a GPU and a TPU")
-  assert cli.main(["--platform", missing[0], "--quiet"]) == 2
+def test_missing_platform_exits_3(monkeypatch, capsys):
+  monkeypatch.setattr(check, "platforms", lambda: ["cpu"])  # Whatever this machine has.
+  assert cli.main(["--platform", "tpu", "--quiet"]) == cli.NO_PLATFORM == 3
   assert "finds no" in capsys.readouterr().err
 
 
@@ -54,3 +53,106 @@ def test_module_runs_as_a_command():
     [sys.executable, "-m", "onnx_optax.conformance", "--help"], capture_output=True, text=True, check=True
   ).stdout
   assert "--platform" in out and "--json" in out and "--markdown" in out
+
+
+def test_nothing_checked_is_not_a_pass(monkeypatch, capsys):
+  """A run whose every case is skipped (float64 on a device without it) says so and exits 4, not 0."""
+  monkeypatch.setattr(check, "has_float64", lambda platform: False)  # This CPU standing in for a TPU.
+  code = cli.main(["--platform", "cpu", "--dtype", "float64", "--rule", "adagrad", "--no-large", "--quiet"])
+  out = capsys.readouterr().out
+  assert code == cli.NOTHING_CHECKED == 4
+  assert "NOTHING CHECKED" in out and "PASSED" not in out
+
+
+@pytest.mark.parametrize("flag", ["--json", "--markdown"])
+@pytest.mark.parametrize("where", ["missing_dir/r.out", "."])
+def test_unwritable_path_is_refused_before_the_run(monkeypatch, tmp_path, capsys, flag, where):
+  def no_run(*args, **kwargs):
+    raise AssertionError("the suite ran before the output paths were checked")
+
+  monkeypatch.setattr(report, "run", no_run)
+  path = str(tmp_path / where)
+  assert cli.main(SMALL + [flag, path]) == cli.USAGE == 2
+  err = capsys.readouterr().err
+  assert flag in err and path in err and "nothing was run" in err
+
+
+def test_failed_write_keeps_the_other_report_and_the_verdict(monkeypatch, tmp_path, capsys):
+  def full_disk(result, path):
+    raise OSError(28, "No space left on device")
+
+  monkeypatch.setattr(report, "write_json", full_disk)
+  js, md = tmp_path / "r.json", tmp_path / "r.md"
+  assert cli.main(SMALL + ["--json", str(js), "--markdown", str(md)]) == cli.NOT_WRITTEN == 5
+  captured = capsys.readouterr()
+  assert "PASSED" in captured.out and "could not write the JSON report" in captured.err
+  assert "**PASSED**" in md.read_text()
+
+
+def test_a_failure_outranks_a_failed_write(monkeypatch, tmp_path):
+  monkeypatch.setattr(report, "write_json", lambda result, path: (_ for _ in ()).throw(OSError("full")))
+  monkeypatch.setattr(rules, "adagrad_elementwise", _wrong_adagrad(rules.adagrad_elementwise))
+  assert cli.main(SMALL + ["--json", str(tmp_path / "r.json")]) == cli.FAILED
+
+
+def _wrong_adagrad(original):
+  def wrong(s, X, G, H):
+    U, H_new = original(s, X, G, H)
+    return U * jnp.asarray(1.001, U.dtype), H_new
+
+  return wrong
+
+
+def test_usage_error_exits_2(capsys):
+  with pytest.raises(SystemExit) as exit_:
+    cli.main(["--no-such-flag"])
+  assert exit_.value.code == cli.USAGE == 2
+
+
+def test_exit_codes_are_distinct_and_documented():
+  """One code per outcome, each in --help and in docs/conformance.md."""
+  assert sorted(cli.EXIT_CODES) == [0, 1, 2, 3, 4, 5]
+  assert [cli.PASSED, cli.FAILED, cli.USAGE, cli.NO_PLATFORM, cli.NOTHING_CHECKED, cli.NOT_WRITTEN] == list(
+    range(6)
+  )
+  out = subprocess.run(
+    [sys.executable, "-m", "onnx_optax.conformance", "--help"], capture_output=True, text=True, check=True
+  ).stdout
+  help_text = " ".join(out.split())
+  docs = (pathlib.Path(__file__).parents[2] / "docs" / "conformance.md").read_text()
+  for code, what in cli.EXIT_CODES.items():
+    assert f"{code}: {what}" in help_text
+    assert f"| {code} |" in docs
+
+
+def test_rule_and_dtype_filter_onnx_references(monkeypatch):
+  """``--rule``/``--dtype`` select ONNX's backend cases and evaluator nodes too."""
+  pytest.importorskip("onnx")
+  from onnx_optax.conformance import onnx_references as refs
+
+  ran: list[tuple[str, str]] = []
+
+  def backend(name, platform, cases):
+    ran.append(("backend", name))
+    return check.CaseResult("r", "float32", name, platform, 0.0, "")
+
+  def evaluator(label, node, inputs, platform):
+    ran.append(("evaluator", label))
+    return check.CaseResult("r", "float64", label, platform, 0.0, "")
+
+  monkeypatch.setattr(refs, "run_backend_case", backend)
+  monkeypatch.setattr(refs, "run_evaluator_case", evaluator)
+  monkeypatch.setattr(
+    check,
+    "run_case",
+    lambda case, platform="cpu": check.CaseResult(case.rule, case.dtype, case.name, platform, 0.0, ""),
+  )
+  result = report.run(["cpu"], large=False, rules=["ort_sgd"], dtypes=["float16"])
+  assert ran == [] and result["onnx_rows"] == [] and result["skipped"] == []
+  result = report.run(["cpu"], large=False, rules=["adagrad"], dtypes=["float32"])
+  assert ran == [("backend", "test_adagrad"), ("backend", "test_adagrad_multiple")]
+  ran.clear()
+  result = report.run(["cpu"], large=False, rules=["momentum_nesterov"], dtypes=["float64"])
+  assert [kind for kind, _ in ran] == ["evaluator", "evaluator"]
+  assert all("Momentum(nesterov)" in label for _, label in ran)
+  assert {r["rule"] for r in result["onnx_rows"]} == {"momentum_nesterov"}

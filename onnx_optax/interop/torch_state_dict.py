@@ -1,0 +1,338 @@
+"""PyTorch optimizer state dicts (checkpoints on disk) to and from the transforms.
+
+What a PyTorch run leaves on disk is a state dict, not an optimizer:
+``torch.save(optimizer.state_dict(), "optimizer.pt")`` (Hugging Face's Trainer
+writes exactly this as ``optimizer.pt``, Lightning keeps it under
+``"optimizer_states"`` in its ``.ckpt``), keyed by the parameters' indices; or
+``torch.distributed.checkpoint.state_dict.get_optimizer_state_dict`` (FSDP2 and
+DCP checkpoints), keyed by their fully qualified names. Both have the form::
+
+    {"state": {key: {"step": ..., "exp_avg": ..., ...}, ...},
+     "param_groups": [{"lr": ..., ..., "params": [key, ...]}, ...]}
+
+:func:`from_torch_state_dict` continues such a run in JAX from the state dict
+alone (no PyTorch model or optimizer is built), and
+:func:`to_torch_state_dict` writes a JAX run back as a state dict that
+``optimizer.load_state_dict`` (or ``set_optimizer_state_dict``) accepts. The
+hyperparameters, the state and the refusals are those of
+:func:`onnx_optax.interop.from_torch`: the two read the same fields through
+the same code, and place the parameters with the same
+:func:`onnx_optax.interop.torch.mapping` (by name where the state dict has
+names: its keys when they are names, else its groups' ``param_names``; by
+position otherwise).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import optax
+
+from onnx_optax.interop import _common
+from onnx_optax.interop import torch as bridge
+
+__all__ = ["from_torch_state_dict", "to_torch_state_dict"]
+
+# The keys that tell each optimizer's param groups apart (with _KEYS, the keys it may have).
+_SIGNATURE = {
+  "SGD": frozenset({"momentum", "dampening", "nesterov"}),
+  "Adagrad": frozenset({"lr_decay", "initial_accumulator_value"}),
+  "Adam": frozenset({"betas", "amsgrad"}),
+}
+_ENTRY = {
+  "SGD": frozenset({"momentum_buffer"}),
+  "Adagrad": frozenset({"step", "sum"}),
+  "Adam": frozenset({"step", "exp_avg", "exp_avg_sq"}),
+  "AdamW": frozenset({"step", "exp_avg", "exp_avg_sq"}),
+}
+
+
+class _Param:
+  """A parameter of a state dict: its key, and the shape, dtype and device its state has."""
+
+  def __init__(self, key: Any, shape: tuple[int, ...], dtype: Any, device: Any) -> None:
+    self.key, self.shape, self.dtype, self.device = key, shape, dtype, device
+
+  def is_complex(self) -> bool:
+    return _common.dtype_name(self.dtype).startswith("complex")
+
+  def __repr__(self) -> str:
+    return f"state_dict['state'][{self.key!r}]"
+
+
+def from_torch_state_dict(
+  state_dict: Mapping[str, Any],
+  params: Any,
+  *,
+  optimizer: Any = None,
+  learning_rate: Any = None,
+) -> tuple[optax.GradientTransformationExtraArgs, Any]:
+  """The transform and state that continue a saved PyTorch optimizer's run in JAX.
+
+  The same as :func:`onnx_optax.interop.from_torch` of an optimizer that
+  loaded ``state_dict``: ``tx.update`` then takes the steps PyTorch would have
+  taken (float64: equal to about 1e-15 per step), with the same refusals.
+
+  Args:
+    state_dict: an optimizer state dict, as ``optimizer.state_dict()``
+      returns it and ``torch.load(path, weights_only=True)`` reads it back
+      (keyed by index), or as
+      ``torch.distributed.checkpoint.state_dict.get_optimizer_state_dict``
+      returns it (keyed by name). Tensors may be on any device.
+    params: the JAX parameters. Placed on the state dict's parameters by
+      :func:`onnx_optax.interop.torch.mapping`: keyed by name, a dict whose
+      names (nested dicts join their keys with ``'.'``) are the state dict's
+      parameter names (its keys, or its groups' ``param_names``); otherwise
+      ``jax.tree.leaves(params)`` in the state dict's order (group by group,
+      each group's ``params`` in order): a list. The state comes back with
+      each leaf's dtype and sharding (a ``NamedSharding`` stays one: each
+      device receives its own shard from the host).
+    optimizer: ``"SGD"``, ``"Adagrad"``, ``"Adam"`` or ``"AdamW"`` (or the
+      ``torch.optim`` class); None to infer it from the param groups' keys,
+      which tell them apart except an ``Adam`` from an ``AdamW`` of a
+      PyTorch without ``decoupled_weight_decay``.
+    learning_rate: as for :func:`~onnx_optax.interop.from_torch` (a
+      scheduler's groups carry ``initial_lr``: pass the rate or schedule).
+
+  Returns:
+    ``(tx, state)``, as :func:`~onnx_optax.interop.from_torch` returns them.
+
+  Raises:
+    TypeError: a state dict of another optimizer, or one it cannot tell.
+    ValueError: param groups that do not cover the state, a name missing on
+      either side, a state tensor whose shape or dtype differs from its
+      parameter's, a ``step`` that is not a count, and every refusal of
+      :func:`~onnx_optax.interop.from_torch`, each naming the entry.
+
+  Example:
+    >>> import io, torch, jax.numpy as jnp
+    >>> from onnx_optax.interop import from_torch_state_dict
+    >>> w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+    >>> opt = torch.optim.AdamW([w], lr=0.1)
+    >>> w.grad = torch.tensor([0.5, -0.5]); opt.step()
+    >>> buffer = io.BytesIO(); torch.save(opt.state_dict(), buffer); _ = buffer.seek(0)
+    >>> saved = torch.load(buffer, weights_only=True)  # the file alone
+    >>> tx, state = from_torch_state_dict(saved, [jnp.asarray(w.detach().numpy())])
+    >>> type(state).__name__, int(state.count)
+    ('PyTorchAdamState', 1)
+  """
+  torch = bridge._torch()
+  kind, groups, entries, keys, names = _read(state_dict, optimizer, "state_dict")
+  leaves, _, paths = _common.leaf_paths(params)
+  if len(leaves) != len(keys):
+    raise ValueError(
+      f"params has {len(leaves)} leaves but the state dict's param groups list {len(keys)} parameters: "
+      f"pass one leaf per parameter"
+    )
+  perm = bridge.mapping(params, names, "params")
+  stand_ins = {}
+  for i, key in enumerate(keys):
+    leaf, path = leaves[perm[i]], paths[perm[i]]
+    if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
+      raise TypeError(f"params{path} must be an array (or jax.ShapeDtypeStruct), got {type(leaf).__name__}")
+    _check_entry(kind, key, entries.get(key, {}), tuple(leaf.shape), _common.dtype_name(leaf.dtype), path)
+    stand_ins[key] = _Param(key, tuple(leaf.shape), leaf.dtype, "cpu")
+  view = bridge.View(
+    kind,
+    _groups(kind, groups, stand_ins, names),
+    {stand_ins[key]: dict(entries[key]) for key in keys if key in entries},
+    None,
+  )
+  return bridge.carry(torch, view, params, learning_rate)
+
+
+def to_torch_state_dict(state: Any, like: Mapping[str, Any], *, optimizer: Any = None) -> dict[str, Any]:
+  """A state dict of a JAX run, to load with ``optimizer.load_state_dict`` (or ``set_optimizer_state_dict``).
+
+  ``like`` is the template: the state dict the run came from (read back
+  with ``torch.load``), or ``optimizer.state_dict()`` of an optimizer built
+  the same way. The result has its param groups (hyperparameters copied),
+  its keys (indices or names) and, where ``like`` has an entry, its tensors'
+  dtypes and devices; ``like`` is not modified. After loading it,
+  ``optimizer.step()`` continues the JAX run: it is the next ``tx.update``
+  with the same gradients. ``state`` is placed on the parameters as
+  :func:`onnx_optax.interop.to_torch` places it (by name where ``like`` has
+  names and the state's trees are dicts, else by position). Weights are not
+  part of an optimizer's state dict: save them with the model's.
+
+  Args:
+    state: the state of a transform returned by :func:`from_torch_state_dict`
+      or :func:`~onnx_optax.interop.from_torch`, after any number of updates.
+    like: the template state dict.
+    optimizer: as for :func:`from_torch_state_dict`.
+
+  Returns:
+    ``{"state": ..., "param_groups": ...}`` with PyTorch tensors.
+
+  Raises:
+    TypeError, ValueError: as :func:`~onnx_optax.interop.to_torch`, and for
+      a template that is not an optimizer state dict.
+
+  Example:
+    >>> import torch, jax.numpy as jnp, optax
+    >>> from onnx_optax.interop import from_torch_state_dict, to_torch_state_dict
+    >>> w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+    >>> opt = torch.optim.SGD([w], lr=0.1, momentum=0.9)
+    >>> saved = opt.state_dict()
+    >>> params = [jnp.asarray(w.detach().numpy())]
+    >>> tx, state = from_torch_state_dict(saved, params)
+    >>> updates, state = tx.update([jnp.array([1.0, -1.0])], state, params)
+    >>> opt.load_state_dict(to_torch_state_dict(state, saved))
+    >>> opt.state[w]["momentum_buffer"]
+    tensor([ 1., -1.])
+  """
+  torch = bridge._torch()
+  kind, groups, entries, keys, names = _read(like, optimizer, "like")
+  # Each parameter's state value, placed as to_torch places it: its shape and
+  # dtype stand in for a parameter that has no entry in like yet.
+  owners = _common.positions(state, len(keys), bridge._STATES[kind])
+  perm = bridge.mapping(_common.first_field(state), names, "state", is_leaf=_common.is_masked)
+  stand_ins = {}
+  for i, key in enumerate(keys):
+    value = owners[perm[i]].values[0]
+    held = [v for v in entries.get(key, {}).values() if isinstance(v, torch.Tensor) and v.dim() > 0]
+    shape, dtype = (tuple(held[0].shape), held[0].dtype) if held else (tuple(value.shape), value.dtype)
+    device = held[0].device if held else "cpu"
+    stand_ins[key] = _Param(key, shape, dtype, device)
+  view_groups = _groups(kind, groups, stand_ins, names)
+  writes = bridge.checked_writes(torch, kind, view_groups, state)
+  out_state: dict[Any, dict] = {}
+  for p, group, count, tensors in writes:
+    slot = dict(entries.get(p.key, {}))  # a copy: like keeps its tensors
+    bridge.write(torch, kind, slot, group, p, count, tensors)
+    if slot:
+      out_state[p.key] = slot
+  out_groups = [{**group, "params": list(group["params"])} for group in groups]
+  return {"state": out_state, "param_groups": out_groups}
+
+
+def _read(state_dict: Any, optimizer: Any, argument: str) -> tuple[str, list[dict], dict, list, list | None]:
+  """The kind, the param groups, the entries, the parameters' keys in order and their names (or None)."""
+  if not isinstance(state_dict, Mapping) or "state" not in state_dict or "param_groups" not in state_dict:
+    found = sorted(map(str, state_dict)) if isinstance(state_dict, Mapping) else type(state_dict).__name__
+    raise TypeError(
+      f"{argument} must be an optimizer state dict ({{'state': ..., 'param_groups': ...}}, what "
+      f"optimizer.state_dict() returns), got {found}; a Lightning checkpoint keeps it under "
+      f"ckpt['optimizer_states'][0], a Trainer directory in optimizer.pt"
+    )
+  groups, entries = list(state_dict["param_groups"]), dict(state_dict["state"])
+  for g, group in enumerate(groups):
+    if not isinstance(group, Mapping) or not isinstance(group.get("params"), Sequence):
+      raise TypeError(f"{argument}['param_groups'][{g}] must be a dict with a 'params' list")
+  keys = [key for group in groups for key in group["params"]]
+  by_name = all(isinstance(key, str) for key in keys)
+  if not by_name and not all(isinstance(key, int) and not isinstance(key, bool) for key in keys):
+    raise TypeError(
+      f"{argument}'s param groups list parameters {keys[:6]}: a state dict keys them all by index "
+      f"(optimizer.state_dict()) or all by name (get_optimizer_state_dict)"
+    )
+  if len(set(keys)) != len(keys):
+    raise ValueError(f"{argument}'s param groups list a parameter twice: {_twice(keys)}")
+  orphans = [key for key in entries if key not in set(keys)]
+  if orphans:
+    raise ValueError(
+      f"{argument}['state'] has entries {orphans[:6]} that no param group lists: the groups do not "
+      f"cover the state (a state dict of another optimizer, or edited)"
+    )
+  kind = _kind(groups, optimizer, argument)
+  names: list | None = keys if by_name else None
+  if not by_name and groups and all("param_names" in group for group in groups):
+    names = [str(name) for group in groups for name in group["param_names"]]
+  return kind, groups, entries, keys, names
+
+
+def _twice(keys: list) -> list:
+  seen, twice = set(), []
+  for key in keys:
+    if key in seen:
+      twice.append(key)
+    seen.add(key)
+  return twice[:6]
+
+
+def _kind(groups: list[dict], optimizer: Any, argument: str) -> str:
+  """The optimizer's kind: given, or told by the param groups' keys."""
+  fitting = []
+  for kind, signature in _SIGNATURE.items():
+    allowed = bridge._KEYS[kind] | {"params", "param_names"}
+    if groups and all(signature <= set(group) <= allowed for group in groups):
+      fitting.append(kind)
+  inferred = None
+  if fitting == ["Adam"]:
+    flags = {group.get("decoupled_weight_decay") for group in groups}
+    inferred = "AdamW" if flags == {True} else "Adam" if None not in flags else None
+  elif len(fitting) == 1:
+    inferred = fitting[0]
+  if optimizer is None:
+    if inferred is None:
+      keys = sorted(set().union(*map(set, groups)) - {"params"}) if groups else []
+      raise TypeError(
+        f"{argument}'s param groups (options {keys}) are not those of torch.optim.SGD, Adagrad, Adam or "
+        f"AdamW in PyTorch 2.13"
+        + (
+          ": an Adam's or an AdamW's without 'decoupled_weight_decay'; pass optimizer='Adam' or 'AdamW'"
+          if fitting == ["Adam"]
+          else ""
+        )
+      )
+    return inferred
+  given = getattr(optimizer, "__name__", optimizer)
+  if given not in ("SGD", "Adagrad", "Adam", "AdamW"):
+    raise TypeError(
+      f"optimizer must be 'SGD', 'Adagrad', 'Adam' or 'AdamW' (or the class), got {optimizer!r}"
+    )
+  family = "Adam" if given in ("Adam", "AdamW") else given
+  if fitting and family not in fitting:
+    raise TypeError(f"optimizer={given!r}, but {argument}'s param groups are torch.optim.{fitting[0]}'s")
+  return given
+
+
+def _check_entry(kind: str, key: Any, entry: Mapping[str, Any], shape: tuple, dtype: str, path: str) -> None:
+  """A state entry's tensors have the parameter's shape and dtype; its ``step`` is a count."""
+  where = f"state_dict['state'][{key!r}]"
+  missing = sorted(_ENTRY[kind] - {"momentum_buffer"} - set(entry)) if entry else []
+  if missing:
+    raise ValueError(
+      f"{where} has no {missing}: torch.optim.{kind} keeps {sorted(_ENTRY[kind])} for every "
+      f"parameter it has stepped (a truncated or edited checkpoint)"
+    )
+  unknown = sorted(set(entry) - _ENTRY[kind])
+  if unknown:
+    raise ValueError(
+      f"{where} has {unknown}, which torch.optim.{kind} does not keep (amsgrad's max_exp_avg_sq, or "
+      f"another optimizer's state): no rule carries it"
+    )
+  for field, value in entry.items():
+    if field == "step":
+      number = _common.real_number(f"{where}['step']", value)
+      if number != int(number) or number < 0:
+        raise ValueError(f"{where}['step'] is {number}, not a count of updates")
+      continue
+    if value is None:  # SGD's momentum_buffer of a parameter without momentum
+      continue
+    if tuple(value.shape) != shape or _common.dtype_name(value.dtype) != dtype:
+      raise ValueError(
+        f"{where}[{field!r}] has shape {tuple(value.shape)} and dtype {_common.dtype_name(value.dtype)}, "
+        f"but its parameter params{path} has shape {shape} and dtype {dtype} (nothing is cast: "
+        f"for float64 enable jax_enable_x64)"
+      )
+
+
+def _groups(kind: str, groups: list[dict], stand_ins: dict, names: list | None) -> list[dict]:
+  """The param groups with stand-ins for ``params`` (and the names, when there are names).
+
+  A PyTorch older than ``decoupled_weight_decay`` told Adam from AdamW by the
+  class alone: the given kind says it then.
+  """
+  out, k = [], 0
+  for group in groups:
+    members = [stand_ins[key] for key in group["params"]]
+    view = {**group, "params": members}
+    if kind in ("Adam", "AdamW"):
+      view.setdefault("decoupled_weight_decay", kind == "AdamW")
+    if names is not None:
+      view["param_names"] = names[k : k + len(members)]
+    out.append(view)
+    k += len(members)
+  return out

@@ -1,0 +1,223 @@
+"""The device's arithmetic measured, and the per-update scalars measured, in place of assumed constants.
+
+The fixture :func:`degraded_arithmetic` stands in for an accelerator whose
+``expm1``, ``log``, division and square root are :data:`ULPS` units in the
+last place off (their float32 results moved away from zero; float16 and
+bfloat16 computed in float32, moved, rounded): it replaces them in
+``jax._src.lax.lax``, which ``jax.numpy`` calls, so the rules and the runner
+both compute with them. On it the suite passes the correct rules with the
+measured constants and fails them with the constants pinned to their
+documented values.
+"""
+
+from __future__ import annotations
+
+import decimal
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from jax import lax
+
+from onnx_optax import rules
+from onnx_optax.conformance import arithmetic, check, report, scalars, tolerance
+from onnx_optax.conformance import cases as grid
+
+ULPS = 40
+_DEGRADED = ("div", "sqrt", "log", "expm1")
+
+
+def _moved(y, ulps: int):
+  """``y`` moved ``ulps`` units in the last place away from zero; 0, infinities and NaN kept."""
+  bits = {4: jnp.int32, 8: jnp.int64}[y.dtype.itemsize]
+  moved = lax.bitcast_convert_type(lax.bitcast_convert_type(y, bits) + ulps, y.dtype)
+  return jnp.where(jnp.isfinite(y) & (y != 0) & jnp.isfinite(moved), moved, y)
+
+
+def _degraded(original):
+  def op(*args):
+    y = original(*args)
+    if not jnp.issubdtype(y.dtype, jnp.floating):
+      return y
+    if y.dtype.itemsize == 2:  # float16, bfloat16: computed in float32, as XLA does, then rounded.
+      wide = original(*(lax.convert_element_type(a, jnp.float32) for a in args))
+      return lax.convert_element_type(_moved(wide, ULPS), y.dtype)
+    return _moved(y, ULPS)
+
+  return op
+
+
+def _forget():
+  jax.clear_caches()
+  arithmetic.clear()
+  scalars.clear()
+
+
+@pytest.fixture
+def degraded_arithmetic(monkeypatch):
+  """An accelerator with worse arithmetic: ``expm1``, ``log``, ``/`` and ``sqrt`` 40 ulp off."""
+  from jax._src.lax import lax as lax_internal
+
+  for name in _DEGRADED:
+    monkeypatch.setattr(lax_internal, name, _degraded(getattr(lax_internal, name)))
+  _forget()
+  yield
+  monkeypatch.undo()
+  _forget()
+
+
+def _ulp(op: str, dtype: str, measured: arithmetic.DeviceArithmetic) -> float:
+  error = measured.get(op, dtype)
+  assert error is not None and error.n > 10_000, (op, dtype)
+  return error.ulp
+
+
+def test_degraded_fixture_is_measured(degraded_arithmetic):
+  """The sweep finds the 40 ulp of each degraded operation, and no more than one binade's worth."""
+  a = jnp.float32(1.0) / jnp.float32(3.0)
+  assert abs(float(a) - 1 / 3) > 30 * float(np.spacing(np.float32(1 / 3)))  # The fixture is in force.
+  measured = arithmetic.measure("cpu")
+  for op in _DEGRADED:
+    for dtype in ("float32", "float64"):
+      assert ULPS - 0.5 <= _ulp(op, dtype, measured) <= 2 * ULPS + 1, (op, dtype)
+  for op in ("mul", "add"):
+    assert _ulp(op, "float32", measured) <= 0.5
+  # float16 and bfloat16: 40 ulp of float32 within one rounding of theirs.
+  assert _ulp("div", "float16", measured) <= 0.5 + 80 * 2.0**-13
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_degraded_device_passes_correct_rules_with_measured_constants(degraded_arithmetic, dtype):
+  """Every rule that divides, takes a root or a bias correction passes on the degraded device,
+  and the report carries the measured constants; pinned to the documented ones, the same run fails."""
+  rules_ = ["adagrad", "adam", "directml_adam", "ort_adamw_mode0", "ort_adamw_mode1"]
+  result = report.run(["cpu"], include_onnx=False, large=False, rules=rules_, dtypes=[dtype])
+  failures = [f for r in result["rows"] for f in r["failures"]]
+  assert result["verdict"] == report.PASSED, failures
+  expm1 = next(e for e in result["arithmetic"]["cpu"] if e["op"] == "expm1" and e["dtype"] == dtype)
+  assert expm1["ulp"] >= ULPS - 0.5 and expm1["n"] > 10_000
+  table = report.format_table(result)
+  assert f"{dtype} div {_ulp('div', dtype, arithmetic.measure('cpu')):.2f}" in table
+  assert all(r["scalar_error"] > ULPS for r in result["rows"])  # Each row's scalars: the 40 ulp seen.
+  pinned = report.run(["cpu"], include_onnx=False, large=False, rules=rules_, dtypes=[dtype], pinned=True)
+  assert pinned["verdict"] == report.FAILED
+  assert all(not r["passed"] for r in pinned["rows"]), [r["rule"] for r in pinned["rows"] if r["passed"]]
+
+
+def test_this_cpu_is_measured_as_it_is():
+  """XLA:CPU: division, square root, products and sums correctly rounded; float32 expm1 beyond
+  the two ulps the pinned model assumes (K_TRANSCENDENTAL), which is why the scalars are measured."""
+  measured = arithmetic.measure("cpu")
+  for op in arithmetic.ELEMENTWISE:
+    for dtype in ("float32", "float64", "float16", "bfloat16"):
+      assert _ulp(op, dtype, measured) <= 0.5 + 1e-6, (op, dtype)
+  assert _ulp("expm1", "float32", measured) > tolerance.K_TRANSCENDENTAL / 2
+  assert measured.k("div", "float32", 1.0) == 1.0  # max(measured, floor): the floor here.
+
+
+def test_sweep_covers_every_binade_and_subnormals():
+  for dtype in ("float32", "float64", "float16", "bfloat16"):
+    d = arithmetic._np(dtype)
+    info = ml_dtypes.finfo(d)
+    (values,) = arithmetic.sweep("sqrt", dtype)
+    v = np.asarray(values, np.float64)
+    exponents = set(np.frexp(v[(v >= float(info.smallest_normal)) & np.isfinite(v)])[1].tolist())
+    assert exponents == set(range(int(info.minexp) + 1, int(info.maxexp) + 1)), dtype
+    assert np.any((v > 0) & (v < float(info.smallest_normal))), dtype
+    assert float(info.smallest_subnormal) in v and float(info.max) in v, dtype
+
+
+def test_sweep_holds_the_grids_operands():
+  """The operands the model meets over the grid reach the sweep (here: Adagrad's division in float32)."""
+  (numerators, denominators) = arithmetic.grid_operands("div", "float32")
+  a, b = arithmetic.sweep("div", "float32", [numerators, denominators])
+  assert np.isin(numerators.astype(np.float32), a).all() and np.isin(denominators.astype(np.float32), b).all()
+  assert numerators.size > 100
+
+
+def _rule_scalars(rule: str, R: float, T: int, hyper: dict, x64: bool) -> dict[str, float]:
+  """The rule's own scalars, jitted with ``T`` traced (as the transform computes them)."""
+  part = getattr(rules, f"{grid.base_rule(rule)}_scalars")
+  with jax.enable_x64(x64):
+    s = jax.jit(lambda T: part(R, T, **hyper))(jnp.asarray(T, jnp.int32))
+    return {k: float(v) for k, v in s._asdict().items() if v is not None and k in _NAMES}
+
+
+_NAMES = {
+  "r",
+  "R_adjusted",
+  "step_size",
+  "alpha_correction",
+  "lr_corrected",
+  "lr_weight_decay",
+  "one_minus_alpha",
+  "one_minus_beta",
+  "one_minus_beta1",
+  "one_minus_beta2",
+  "one_minus_post",
+  "one_over_beta_correction",
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("rule", [r for r in grid.RULES if not r.startswith(("momentum", "ort_sgd"))])
+def test_measured_error_covers_the_rules_own_scalars(rule, dtype):
+  """For every scalar the model reads, the rule's own value lies within the measured error of the exact one.
+
+  The runner never calls the rule; this test does, to show that the error the
+  runner measures covers what the rule computes.
+  """
+  checked = 0
+  for case in grid.cases(rule, dtype, large=False):
+    if case.schedule_steps is not None or case.state_dtype is not None:
+      continue
+    measured = scalars.measure_case(case, "cpu")
+    R, hyper = check.received(case.R, case.hyper, check.received_dtype(dtype))
+    exact = scalars.exact(rule, R, case.T, hyper)
+    own = _rule_scalars(rule, case.R, case.T, case.hyper, dtype == "float64")
+    for name, value in own.items():
+      if name not in exact:  # lr_corrected without bias correction is R: a hyperparameter.
+        assert name == "lr_corrected" and not case.hyper["correct_bias"], (case.id, name)
+        continue
+      error = abs(decimal.Decimal(value) - exact[name])
+      assert error <= decimal.Decimal(float(measured[name].e)), (case.id, name, value, exact[name])
+      checked += 1
+  assert checked > 10
+
+
+def test_exact_scalars_are_the_spec():
+  want = scalars.exact("adam", 0.5, 1, dict(alpha=0.5, beta=0.75, norm_coefficient_post=0.0))
+  assert want["R_adjusted"] == decimal.Decimal("0.5")  # 0.5 * sqrt(0.25) / 0.5
+  assert want["one_minus_beta"] == decimal.Decimal("0.25")
+  ort = scalars.exact(
+    "ort_adamw_mode0", 0.1, 2, dict(alpha=0.5, beta=0.5, weight_decay=0.0, adam_mode=0, correct_bias=True)
+  )
+  assert ort["alpha_correction"] == decimal.Decimal("0.75") and ort["one_over_beta_correction"] * 3 == 4
+
+
+def test_a_scalar_the_model_reads_must_be_declared():
+  """The model reads its scalars by name; one missing from the formulas is an error, not a fallback."""
+  case = next(c for c in grid.cases("adam", "float32") if c.name == "odd")
+  measured = scalars.measure_case(case, "cpu")
+  X, G, state = case.inputs()
+  args = ("adam", "float32", "cpu", case.learning_rate, case.T, X, G, state, case.hyper)
+  assert check.tolerances(*args, scalars=measured)
+  del measured["R_adjusted"]
+  with pytest.raises(KeyError, match="R_adjusted"):
+    check.tolerances(*args, scalars=measured)
+
+
+def test_measured_scalars_sharpen_the_bound():
+  """On this CPU the bias-corrected scalar's bound is its actual error (about 1 u), not ~20 u."""
+  case = next(c for c in grid.cases("adam", "float32") if c.name == "odd")
+  X, G, state = case.inputs()
+  args = ("adam", "float32", "cpu", case.learning_rate, case.T, X, G, state, case.hyper)
+  measured = scalars.measure_case(case, "cpu")
+  u = 2.0**-24
+  R_adjusted = measured["R_adjusted"]
+  assert float(R_adjusted.e) <= 3 * u * abs(float(R_adjusted.v))
+  tight = check.tolerances(*args, received_dtype=np.float32, scalars=measured)
+  pinned = check.tolerances(*args, received_dtype=np.float32)
+  assert np.all(tight[0][-1] < pinned[0][-1])  # U's bound, dominated by R_adjusted's error.

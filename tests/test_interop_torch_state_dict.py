@@ -1,0 +1,404 @@
+"""PyTorch optimizer state dicts from files: resumed in JAX, written back, continued in PyTorch.
+
+The expectation is always the run that never left PyTorch: N steps there, the
+optimizer's state dict saved with ``torch.save`` (keyed by index) or from
+``get_optimizer_state_dict`` (keyed by name, as DCP and FSDP2 write it),
+loaded back from the file alone, M steps in JAX, the state written back with
+``to_torch_state_dict`` and loaded by ``load_state_dict`` /
+``set_optimizer_state_dict`` into a fresh optimizer, K more steps in PyTorch:
+equal to N + M + K PyTorch steps, to 1e-12 in float64.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import torch
+from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+from onnx_optax.interop import from_torch_state_dict, to_torch_state_dict
+
+N, M, K = 3, 3, 2
+
+OPTIMIZERS = {
+  "SGD": lambda groups: torch.optim.SGD(groups, lr=0.1, momentum=0.9, dampening=0.2, weight_decay=0.01),
+  "SGD-nesterov": lambda groups: torch.optim.SGD(groups, lr=0.1, momentum=0.9, nesterov=True),
+  "Adagrad": lambda groups: torch.optim.Adagrad(
+    groups, lr=0.1, lr_decay=0.05, weight_decay=0.01, initial_accumulator_value=0.1
+  ),
+  "Adam": lambda groups: torch.optim.Adam(groups, lr=0.01, betas=(0.8, 0.99), weight_decay=0.01),
+  "AdamW": lambda groups: torch.optim.AdamW(groups, lr=0.01, weight_decay=0.05),
+}
+# The second group's own options, so that the two groups differ.
+SECOND = {
+  "SGD": {"lr": 0.05, "momentum": 0.5},
+  "SGD-nesterov": {"lr": 0.05},
+  "Adagrad": {"lr": 0.2, "lr_decay": 0.0},
+  "Adam": {"lr": 0.02, "weight_decay": 0.0},
+  "AdamW": {"lr": 0.02, "weight_decay": 0.0},
+}
+
+
+def _model(seed=0):
+  torch.manual_seed(seed)
+  return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2)).double()
+
+
+def _optimizer(kind, model, named):
+  """Two groups: the weights, then the biases (not the model's order, so order matters)."""
+  params = dict(model.named_parameters())
+  pick = lambda names: [(n, params[n]) for n in names] if named else [params[n] for n in names]
+  groups = [
+    {"params": pick(["0.weight", "2.weight"])},
+    {"params": pick(["0.bias", "2.bias"]), **SECOND[kind]},
+  ]
+  return OPTIMIZERS[kind](groups)
+
+
+ORDER = ["0.weight", "2.weight", "0.bias", "2.bias"]  # the optimizer's order
+X = torch.linspace(-1, 1, 15, dtype=torch.float64).reshape(5, 3)
+
+
+def _loss(model):
+  return (model(X) ** 2).mean() + model[0].bias.sum() ** 2
+
+
+def _torch_steps(model, opt, steps):
+  for _ in range(steps):
+    opt.zero_grad()
+    _loss(model).backward()
+    opt.step()
+
+
+def _jax_steps(tx, state, params, model, steps):
+  """Steps in JAX, the gradients taken by PyTorch at JAX's weights (the same loss)."""
+  for _ in range(steps):
+    values = params if isinstance(params, dict) else dict(zip(ORDER, params))
+    with torch.no_grad():
+      for name, p in model.named_parameters():
+        p.copy_(torch.from_numpy(np.array(values[name])))
+    model.zero_grad()
+    _loss(model).backward()
+    grads = {n: jnp.asarray(p.grad.numpy()) for n, p in model.named_parameters()}
+    g = grads if isinstance(params, dict) else [grads[n] for n in ORDER]
+    updates, state = tx.update(g, state, params)
+    params = optax.apply_updates(params, updates)
+  return params, state
+
+
+def _save_load(obj, path):
+  torch.save(obj, path)
+  return torch.load(path, weights_only=True, map_location="cpu")
+
+
+@pytest.mark.parametrize("keyed", ["index", "index-named", "name"])
+@pytest.mark.parametrize("kind", list(OPTIMIZERS))
+def test_resume_from_a_file_and_back(kind, keyed, tmp_path):
+  with jax.enable_x64(True):
+    ref = _model()
+    opt_ref = _optimizer(kind, ref, named=keyed == "index-named")
+    _torch_steps(ref, opt_ref, N + M + K)
+
+    model = _model()
+    opt = _optimizer(kind, model, named=keyed == "index-named")
+    _torch_steps(model, opt, N)
+    if keyed == "name":
+      saved = _save_load(get_optimizer_state_dict(model, opt), tmp_path / "optimizer.pt")
+      assert set(saved["state"]) == set(ORDER)
+    else:
+      saved = _save_load(opt.state_dict(), tmp_path / "optimizer.pt")
+      assert set(saved["state"]) == {0, 1, 2, 3}
+    weights = _save_load(model.state_dict(), tmp_path / "model.pt")
+    del opt  # from here on, the files alone
+
+    named = {name: jnp.asarray(weights[name].numpy()) for name in ORDER}
+    params = [named[n] for n in ORDER] if keyed == "index" else named
+    tx, state = from_torch_state_dict(saved, params)
+    params, state = _jax_steps(tx, state, params, model, M)
+
+    back = to_torch_state_dict(state, saved)
+    fresh = _model(seed=1)  # other weights: every value below comes from the JAX run
+    values = params if isinstance(params, dict) else dict(zip(ORDER, params))
+    with torch.no_grad():
+      for name, p in fresh.named_parameters():
+        p.copy_(torch.from_numpy(np.array(values[name])))
+    opt2 = _optimizer(kind, fresh, named=keyed == "index-named")
+    if keyed == "name":
+      set_optimizer_state_dict(fresh, opt2, _save_load(back, tmp_path / "back.pt"))
+    else:
+      opt2.load_state_dict(_save_load(back, tmp_path / "back.pt"))
+    _torch_steps(fresh, opt2, K)
+    for (name, p), q in zip(fresh.named_parameters(), ref.parameters()):
+      np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-12, err_msg=name)
+
+
+def test_state_dict_keeps_the_templates_dtypes_devices_and_groups():
+  """float32 and a float16 parameter: the written tensors keep the template's dtypes; ``like`` unchanged."""
+  ps = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2, dtype=torch.float16))]
+  opt = torch.optim.AdamW([{"params": [ps[0]]}, {"params": [ps[1]], "lr": 0.5}], lr=0.1)
+  for p in ps:
+    p.grad = torch.full_like(p, 0.5)
+  opt.step()
+  saved = opt.state_dict()
+  saved["state"][1]["step"] = saved["state"][1]["step"].double()  # as a float64-default PyTorch keeps it
+  before = {k: {f: v.clone() for f, v in e.items()} for k, e in saved["state"].items()}
+  params = [jnp.ones(3, jnp.float32), jnp.ones(2, jnp.float16)]
+  tx, state = from_torch_state_dict(saved, params)
+  updates, state = tx.update([jnp.full(3, 0.5, jnp.float32), jnp.full(2, 0.5, jnp.float16)], state, params)
+  back = to_torch_state_dict(state, saved)
+  assert [g["lr"] for g in back["param_groups"]] == [0.1, 0.5]
+  for key, entry in back["state"].items():
+    for field, value in entry.items():
+      assert value.dtype == saved["state"][key][field].dtype, (key, field)
+      assert value.device == saved["state"][key][field].device
+  assert float(back["state"][0]["step"]) == 2.0 and float(saved["state"][0]["step"]) == 1.0
+  assert back["state"][1]["step"].dtype == torch.float64
+  for key, entry in before.items():  # like is not modified
+    for field, value in entry.items():
+      assert torch.equal(saved["state"][key][field], value)
+  torch.optim.AdamW([{"params": [ps[0]]}, {"params": [ps[1]], "lr": 0.5}], lr=0.1).load_state_dict(back)
+
+
+def test_an_optimizer_that_has_not_stepped():
+  """No state yet (Adam creates it at the first step): resumed at its first step, written back."""
+  with jax.enable_x64(True):
+    model, ref = _model(), _model()
+    opt, opt_ref = _optimizer("Adam", model, False), _optimizer("Adam", ref, False)
+    _torch_steps(ref, opt_ref, 2)
+    saved = opt.state_dict()
+    assert not saved["state"]
+    params = [jnp.asarray(dict(model.named_parameters())[n].detach().numpy()) for n in ORDER]
+    tx, state = from_torch_state_dict(saved, params)
+    params, state = _jax_steps(tx, state, params, model, 2)
+    for x, name in zip(params, ORDER):
+      np.testing.assert_allclose(
+        np.asarray(x), dict(ref.named_parameters())[name].detach().numpy(), rtol=1e-12
+      )
+    assert set(to_torch_state_dict(state, saved)["state"]) == {0, 1, 2, 3}
+
+
+def _trainer_directory(path, steps, total, warmup):
+  """A checkpoint directory in Hugging Face Trainer's layout, written as the Trainer writes it."""
+  model = _model()
+  opt = _optimizer("AdamW", model, named=False)
+  schedule = lambda step: min((step + 1) / warmup, max(0.0, (total - step) / (total - warmup)))
+  scheduler = torch.optim.lr_scheduler.LambdaLR(opt, schedule)  # a linear schedule with warmup
+  for _ in range(steps):
+    opt.zero_grad()
+    _loss(model).backward()
+    opt.step()
+    scheduler.step()
+  path.mkdir()
+  torch.save(opt.state_dict(), path / "optimizer.pt")
+  torch.save(scheduler.state_dict(), path / "scheduler.pt")
+  torch.save(model.state_dict(), path / "pytorch_model.bin")
+  (path / "trainer_state.json").write_text(json.dumps({"global_step": steps, "max_steps": total}))
+  return model, opt, scheduler
+
+
+def test_a_trainer_checkpoint_directory(tmp_path):
+  """optimizer.pt, scheduler.pt, trainer_state.json: the schedule passed as an Optax schedule shifted
+  by the saved step; the JAX run equals the Trainer's own continuation to 1e-12."""
+  with jax.enable_x64(True):
+    total, warmup, steps = 12, 4, 5
+    ref, opt_ref, sched_ref = _trainer_directory(tmp_path / "ref", steps, total, warmup)
+    for _ in range(4):
+      opt_ref.zero_grad()
+      _loss(ref).backward()
+      opt_ref.step()
+      sched_ref.step()
+
+    ckpt = tmp_path / "ref"
+    saved = torch.load(ckpt / "optimizer.pt", weights_only=True)
+    scheduler = torch.load(ckpt / "scheduler.pt", weights_only=True)
+    step = json.loads((ckpt / "trainer_state.json").read_text())["global_step"]
+    assert scheduler["last_epoch"] == step
+    weights = torch.load(ckpt / "pytorch_model.bin", weights_only=True)
+    base = [g["initial_lr"] for g in saved["param_groups"]]
+
+    def factor(n):  # LambdaLR's factor at its epoch n + step, in float64 as PyTorch computes it
+      t = jnp.asarray(n + step, jnp.float64)
+      return jnp.minimum((t + 1) / warmup, jnp.maximum(0.0, (total - t) / (total - warmup)))
+
+    rates = [lambda n, b=b: b * factor(n) for b in base]
+    params = [jnp.asarray(weights[n].numpy()) for n in ORDER]
+    tx, state = from_torch_state_dict(saved, params, learning_rate=rates)
+    model = _model()
+    params, state = _jax_steps(tx, state, params, model, 4)
+    for x, name in zip(params, ORDER):
+      np.testing.assert_allclose(
+        np.asarray(x), dict(ref.named_parameters())[name].detach().numpy(), rtol=1e-12
+      )
+
+
+# --- refusals: each names the entry, and nothing is built ---------------------
+
+
+def _adam_saved():
+  model = _model()
+  opt = _optimizer("AdamW", model, named=False)
+  _torch_steps(model, opt, 1)
+  params = [jnp.asarray(dict(model.named_parameters())[n].detach().numpy(), jnp.float32) for n in ORDER]
+  return opt.state_dict(), params
+
+
+def test_refuses_what_it_cannot_place():
+  saved, params = _adam_saved()
+  with jax.enable_x64(True):
+    params = [p.astype(jnp.float64) for p in params]
+    with pytest.raises(TypeError, match=r"state_dict must be an optimizer state dict .*optimizer_states"):
+      from_torch_state_dict({"state_dict": saved}, params)
+    with pytest.raises(ValueError, match=r"params has 3 leaves but the state dict's param groups list 4"):
+      from_torch_state_dict(saved, params[:3])
+    orphan = {**saved, "state": {**saved["state"], 7: saved["state"][0]}}
+    with pytest.raises(
+      ValueError, match=r"state_dict\['state'\] has entries \[7\] that no param group lists"
+    ):
+      from_torch_state_dict(orphan, params)
+    twice = {
+      **saved,
+      "param_groups": [saved["param_groups"][0], {**saved["param_groups"][1], "params": [2, 0]}],
+    }
+    with pytest.raises(ValueError, match=r"list a parameter twice: \[0\]"):
+      from_torch_state_dict(twice, params)
+    with pytest.raises(
+      ValueError,
+      match=r"state_dict\['state'\]\[0\]\['exp_avg'\] has shape \(4, 3\).*params\[0\] has shape \(3, 4\)",
+    ):
+      from_torch_state_dict(saved, [params[0].T, *params[1:]])
+    with pytest.raises(
+      ValueError, match=r"state_dict\['state'\]\[0\]\['exp_avg'\] has .*dtype float64.*dtype float32"
+    ):
+      from_torch_state_dict(saved, [params[0].astype(jnp.float32), *params[1:]])
+    bad_step = {**saved, "state": {**saved["state"], 1: {**saved["state"][1], "step": torch.tensor(2.5)}}}
+    with pytest.raises(ValueError, match=r"state_dict\['state'\]\[1\]\['step'\] is 2.5, not a count"):
+      from_torch_state_dict(bad_step, params)
+    no_moment = {
+      **saved,
+      "state": {**saved["state"], 2: {k: v for k, v in saved["state"][2].items() if k != "exp_avg_sq"}},
+    }
+    with pytest.raises(ValueError, match=r"state_dict\['state'\]\[2\] has no \['exp_avg_sq'\]"):
+      from_torch_state_dict(no_moment, params)
+    amsgrad = {
+      **saved,
+      "state": {**saved["state"], 1: {**saved["state"][1], "max_exp_avg_sq": saved["state"][1]["exp_avg"]}},
+    }
+    with pytest.raises(ValueError, match=r"state_dict\['state'\]\[1\] has \['max_exp_avg_sq'\]"):
+      from_torch_state_dict(amsgrad, params)
+
+
+def test_refuses_names_missing_on_either_side():
+  model = _model()
+  opt = _optimizer("SGD", model, named=False)
+  _torch_steps(model, opt, 1)
+  saved = get_optimizer_state_dict(model, opt)
+  with jax.enable_x64(True):
+    params = {n: jnp.asarray(p.detach().numpy()) for n, p in model.named_parameters()}
+    from_torch_state_dict(saved, params)  # the names match
+    renamed = {("2.b" if n == "2.bias" else n): v for n, v in params.items()}
+    with pytest.raises(ValueError, match=r"no leaf for \['2.bias'\]; leaves named \['2.b'\]"):
+      from_torch_state_dict(saved, renamed)
+    _, state = from_torch_state_dict(saved, params)
+    keyed_other = {
+      **saved,
+      "param_groups": [saved["param_groups"][0], {**saved["param_groups"][1], "params": ["0.bias", "2.b"]}],
+    }
+    keyed_other["state"] = {("2.b" if k == "2.bias" else k): v for k, v in saved["state"].items()}
+    with pytest.raises(ValueError, match=r"state is keyed by names that are not.*no leaf for \['2.b'\]"):
+      to_torch_state_dict(state, keyed_other)
+
+
+def test_refuses_other_optimizers_and_tells_adam_from_adamw():
+  model = _model()
+  rms = torch.optim.RMSprop(model.parameters(), lr=0.1, momentum=0.9)
+  _torch_steps(model, rms, 1)
+  params = [jnp.zeros(p.shape) for p in model.parameters()]
+  with pytest.raises(TypeError, match=r"not those of torch.optim.SGD, Adagrad, Adam or AdamW"):
+    from_torch_state_dict(rms.state_dict(), params)
+  saved, params32 = _adam_saved()
+  old = {
+    **saved,
+    "param_groups": [
+      {k: v for k, v in g.items() if k != "decoupled_weight_decay"} for g in saved["param_groups"]
+    ],
+  }
+  with jax.enable_x64(True):
+    params = [p.astype(jnp.float64) for p in params32]
+    with pytest.raises(TypeError, match=r"pass optimizer='Adam' or 'AdamW'"):
+      from_torch_state_dict(old, params)
+    _, by_class = from_torch_state_dict(old, params, optimizer=torch.optim.AdamW)
+    _, inferred = from_torch_state_dict(saved, params)
+    assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), by_class, inferred))
+    with pytest.raises(
+      TypeError, match=r"optimizer='SGD', but state_dict's param groups are torch.optim.Adam's"
+    ):
+      from_torch_state_dict(saved, params, optimizer="SGD")
+    with pytest.raises(TypeError, match=r"optimizer must be 'SGD', 'Adagrad', 'Adam' or 'AdamW'"):
+      from_torch_state_dict(saved, params, optimizer="RMSprop")
+
+
+def test_adagrad_without_sum_is_refused():
+  """A parameter added after the constructor has no 'sum' until its first step; PyTorch fills it from the
+  constructor's value, which the state dict does not hold."""
+  model = _model()
+  opt = torch.optim.Adagrad([model[0].weight], lr=0.1)
+  opt.add_param_group({"params": [model[0].bias]})
+  saved = opt.state_dict()
+  with jax.enable_x64(True):
+    params = [jnp.asarray(model[0].weight.detach().numpy()), jnp.asarray(model[0].bias.detach().numpy())]
+    with pytest.raises(ValueError, match=r"Adagrad's state has no 'sum' for state_dict\['state'\]\[1\]"):
+      from_torch_state_dict(saved, params)
+
+
+def test_state_is_sharded_like_the_parameters():
+  """Parameters placed with a NamedSharding over two devices: the state comes back with the same sharding,
+  each device holding half of each moment. In a fresh interpreter with two CPU devices."""
+  code = textwrap.dedent("""
+      import os
+      os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+      import jax, jax.numpy as jnp, numpy as np, torch
+      from jax.sharding import Mesh, NamedSharding, PartitionSpec
+      from onnx_optax.interop import from_torch_state_dict
+      sharding = NamedSharding(Mesh(np.array(jax.devices()), ("d",)), PartitionSpec("d"))
+      p = torch.nn.Parameter(torch.arange(4.0))
+      opt = torch.optim.AdamW([p], lr=0.1)
+      p.grad = torch.arange(4.0) + 1
+      opt.step()
+      params = [jax.device_put(np.arange(4.0, dtype=np.float32), sharding)]
+      _, state = from_torch_state_dict(opt.state_dict(), params)
+      moments = (state.exp_avg[0], opt.state[p]["exp_avg"]), (state.exp_avg_sq[0], opt.state[p]["exp_avg_sq"])
+      for moment, want in moments:
+        sizes = [s.data.shape[0] for s in moment.addressable_shards]
+        same = np.array_equal(np.asarray(moment), want.numpy())
+        print(moment.sharding == sharding, sizes, same)
+  """)
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+  assert out.stdout.split("\n")[:2] == ["True [2, 2] True"] * 2, out
+
+
+def test_bfloat16_state_round_trips_bit_for_bit():
+  """A bfloat16 model's SGD state, saved and resumed: the buffer arrives bit for bit and goes back so."""
+  import ml_dtypes
+
+  p = torch.nn.Parameter(torch.randn(5, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16))
+  opt = torch.optim.SGD([p], lr=0.1, momentum=0.9)
+  p.grad = torch.randn(5, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+  opt.step()
+  saved = opt.state_dict()
+  params = [jnp.asarray(p.detach().float().numpy().astype(ml_dtypes.bfloat16))]
+  _, state = from_torch_state_dict(saved, params)
+  assert state.momentum_buffer[0].dtype == jnp.bfloat16
+  np.testing.assert_array_equal(
+    np.asarray(state.momentum_buffer[0], np.float32), saved["state"][0]["momentum_buffer"].float().numpy()
+  )
+  back = to_torch_state_dict(state, saved)
+  assert torch.equal(back["state"][0]["momentum_buffer"], saved["state"][0]["momentum_buffer"])
+  assert back["state"][0]["momentum_buffer"].dtype == torch.bfloat16
