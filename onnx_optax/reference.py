@@ -18,7 +18,19 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["RULES", "adagrad", "adam", "directml_adam", "momentum", "ort_adamw", "ort_sgd", "trajectory"]
+__all__ = [
+  "RULES",
+  "adagrad",
+  "adam",
+  "directml_adam",
+  "momentum",
+  "ort_adamw",
+  "ort_sgd",
+  "pytorch_adagrad",
+  "pytorch_adam",
+  "pytorch_sgd",
+  "trajectory",
+]
 
 
 def _arrays(dtype: Any, *values: Any) -> list[np.ndarray]:
@@ -193,3 +205,106 @@ def trajectory(
     xs.append(X)
     T += 1
   return xs, S, T
+
+
+# -- PyTorch-order twins: torch.optim's _single_tensor_* functions, in their order ----------------
+#
+# Written from PyTorch 2.13's torch/optim/sgd.py `_single_tensor_sgd`, adagrad.py
+# `_single_tensor_adagrad` and adam.py `_single_tensor_adam` (docs/spec.md, "PyTorch-order
+# twins"), not from onnx_optax.rules. Scalars are Python floats (float64), as PyTorch's; each
+# tensor operation computes in `dtype` and rounds its result to `dtype`. With dtype=np.float32
+# the operations that PyTorch's CPU kernels fuse (`add(other, alpha)`, `lerp`, `addcmul`) are
+# fused multiply-adds, emulated exactly enough in float64 (`_fma`); PyTorch's CPU `sqrt` (MKL's)
+# is not always correctly rounded, NumPy's is.
+
+
+def _fma(a: np.ndarray, b: Any, c: np.ndarray, dtype: Any) -> np.ndarray:
+  """``a * b + c`` rounded once to ``dtype`` (float32: through float64, where the product of two
+  float32 numbers is exact); in float64 the plain expression."""
+  if np.dtype(dtype) == np.float64:
+    return np.asarray(a * b + c, dtype)
+  wide = np.asarray(a, np.float64) * np.asarray(b, np.float64) + np.asarray(c, np.float64)
+  return wide.astype(dtype)
+
+
+def pytorch_sgd(
+  lr, count, X, G, buf, *, momentum, dampening, weight_decay, nesterov, maximize, dtype=np.float64
+):
+  """``torch.optim.SGD``'s step; ``count``: updates done (0: no buffer yet). Returns
+  ``(X_new, buf_new)`` (``buf_new`` None when ``momentum == 0``)."""
+  X, G = _arrays(dtype, X, G)
+  s = lambda v: np.asarray(v, X.dtype)  # noqa: E731  # a Python float as the kernel's scalar
+  grad = -G if maximize else G
+  if weight_decay != 0:
+    grad = _fma(X, s(weight_decay), grad, X.dtype)  # grad.add(param, alpha=weight_decay)
+  if momentum != 0:
+    if count == 0:
+      buf = grad.copy()
+    else:
+      buf = np.asarray(buf, X.dtype) * s(momentum)  # buf.mul_(momentum)
+      buf = _fma(grad, s(1 - dampening), buf, X.dtype)  # .add_(grad, alpha=1 - dampening)
+    grad = _fma(buf, s(momentum), grad, X.dtype) if nesterov else buf
+  else:
+    buf = None
+  return _fma(grad, s(-lr), X, X.dtype), buf  # param.add_(grad, alpha=-lr)
+
+
+def pytorch_adagrad(lr, count, X, G, state_sum, *, lr_decay, eps, weight_decay, maximize, dtype=np.float64):
+  """``torch.optim.Adagrad``'s step; ``count``: PyTorch's ``step`` before it. Returns
+  ``(X_new, sum_new)``."""
+  X, G, state_sum = _arrays(dtype, X, G, state_sum)
+  s = lambda v: np.asarray(v, X.dtype)  # noqa: E731
+  step = count + 1
+  grad = -G if maximize else G
+  if weight_decay != 0:
+    grad = _fma(X, s(weight_decay), grad, X.dtype)
+  clr = lr / (1 + (step - 1) * lr_decay)  # Python floats
+  state_sum = _fma(grad, grad, state_sum, X.dtype)  # addcmul_(grad, grad, value=1)
+  std = np.sqrt(state_sum) + s(eps)
+  return X + (s(-clr) * grad) / std, state_sum  # param.addcdiv_(grad, std, value=-clr)
+
+
+def pytorch_adam(
+  lr,
+  count,
+  X,
+  G,
+  exp_avg,
+  exp_avg_sq,
+  *,
+  betas,
+  eps,
+  weight_decay,
+  decoupled_weight_decay,
+  maximize,
+  dtype=np.float64,
+):
+  """``torch.optim.Adam`` (``AdamW``: ``decoupled_weight_decay=True``); ``count``: PyTorch's
+  ``step`` before it. Returns ``(X_new, exp_avg_new, exp_avg_sq_new)``."""
+  X, G, exp_avg, exp_avg_sq = _arrays(dtype, X, G, exp_avg, exp_avg_sq)
+  s = lambda v: np.asarray(v, X.dtype)  # noqa: E731
+  beta1, beta2 = betas
+  step = count + 1
+  grad = -G if maximize else G
+  if weight_decay != 0:
+    if decoupled_weight_decay:
+      X = X * s(1 - lr * weight_decay)  # param.mul_(1 - lr * weight_decay)
+    else:
+      grad = _fma(X, s(weight_decay), grad, X.dtype)
+  weight = s(1 - beta1)  # exp_avg.lerp_(grad, 1 - beta1), PyTorch's two branches
+  if abs(weight) < 0.5:
+    exp_avg = _fma(weight, grad - exp_avg, exp_avg, X.dtype)
+  else:
+    exp_avg = _fma(weight - s(1), grad - exp_avg, grad, X.dtype)
+  exp_avg_sq = exp_avg_sq * s(beta2)  # exp_avg_sq.mul_(beta2)
+  exp_avg_sq = _fma(s(1 - beta2) * grad, grad, exp_avg_sq, X.dtype)  # .addcmul_(grad, grad, value=1 - beta2)
+  bias_correction1 = 1 - beta1**step  # Python floats
+  bias_correction2 = 1 - beta2**step
+  step_size = lr / bias_correction1
+  bias_correction2_sqrt = bias_correction2**0.5
+  denom = np.sqrt(exp_avg_sq) / s(bias_correction2_sqrt) + s(eps)
+  return (
+    X + (s(-step_size) * exp_avg) / denom,
+    exp_avg,
+    exp_avg_sq,
+  )  # addcdiv_(exp_avg, denom, value=-step_size)

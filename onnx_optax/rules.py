@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 import numbers
 from collections.abc import Iterator
 from typing import Any, NamedTuple, TypeVar
@@ -72,9 +73,13 @@ __all__ = [
   "AdagradScalars",
   "AdamScalars",
   "DirectMLAdamScalars",
+  "KerasAdamScalars",
   "MomentumScalars",
   "OrtAdamWScalars",
   "OrtSGDScalars",
+  "PyTorchAdagradScalars",
+  "PyTorchAdamScalars",
+  "PyTorchSGDScalars",
   "adagrad",
   "adagrad_elementwise",
   "adagrad_scalars",
@@ -84,6 +89,8 @@ __all__ = [
   "directml_adam",
   "directml_adam_elementwise",
   "directml_adam_scalars",
+  "keras_adam_elementwise",
+  "keras_adam_scalars",
   "like",
   "momentum",
   "momentum_elementwise",
@@ -94,6 +101,12 @@ __all__ = [
   "ort_sgd",
   "ort_sgd_elementwise",
   "ort_sgd_scalars",
+  "pytorch_adagrad_elementwise",
+  "pytorch_adagrad_scalars",
+  "pytorch_adam_elementwise",
+  "pytorch_adam_scalars",
+  "pytorch_sgd_elementwise",
+  "pytorch_sgd_scalars",
 ]
 
 #: The values of ONNX Momentum's ``mode`` attribute.
@@ -843,3 +856,440 @@ def ort_sgd(R: ArrayLike, T: ArrayLike, X: Array, G: Array) -> tuple[Array]:
     ``(U,)`` with ``X + U == W_new`` to the bit.
   """
   return ort_sgd_elementwise(like(ort_sgd_scalars(R, T), X.dtype), X, G)
+
+
+# -- PyTorch-order twins (torch.optim.SGD, Adagrad, Adam, AdamW) ------------------------
+#
+# The same rules as ONNX Momentum, ONNX Adagrad and ONNX Runtime's AdamW (mode 0) in exact
+# arithmetic, in the order and with the scalar conventions of PyTorch 2.13's own kernels
+# (torch/optim/sgd.py `_single_tensor_sgd`, adagrad.py `_single_tensor_adagrad`, adam.py
+# `_single_tensor_adam`; docs/spec.md, "PyTorch-order twins"), so that a run carried from
+# PyTorch continues in float32 as PyTorch would have. They are twins with their own names:
+# the ONNX and ONNX Runtime rules above keep their spec's order.
+#
+# Conventions (each one PyTorch's):
+#
+# * Every PyTorch operation (`mul_`, `add_`, `lerp_`, `addcmul_`, `addcdiv_`, `sqrt`, ...)
+#   computes in its "opmath" dtype (float32 for float32, bfloat16 and float16 tensors,
+#   float64 for float64) and stores its result in its output's dtype: `_stored` rounds there.
+# * Within one operation the element-wise part follows PyTorch's vectorized CPU code, which
+#   uses a fused multiply-add for `add(other, alpha)`, `lerp` and `addcmul` (measured: every
+#   element of torch 2.13's CPU results is the FMA's): such a product is written `a * b + c`,
+#   and XLA contracts it (XLA:CPU and XLA:GPU allow LLVM's contraction). A product that
+#   PyTorch stores before adding (`buf.mul_(momentum).add_(...)`, `param.mul_(1 - lr*wd)`,
+#   `exp_avg_sq.mul_(beta2)`) goes through `_stored`, whose addition of a run-time -0.0
+#   (exact: x + -0.0 is x for every x, signed zeros included) keeps LLVM from contracting it.
+# * The scalars are Python floats in PyTorch, computed in float64 (`1 - beta2`,
+#   `1 - lr * weight_decay`, `lr / (1 - beta1**step)`, ...) and rounded once to the opmath
+#   dtype by the kernel. Here those that depend only on the hyperparameters are computed in
+#   float64 on the host when the hyperparameters are Python numbers; those that depend on the
+#   step are computed at the update in the widest float dtype JAX has (float64 under
+#   `jax_enable_x64`, where they are PyTorch's; else float32, see `_pytorch_power_complement`).
+
+
+def _torch_opmath(*dtypes: Any) -> Any:
+  """The dtype PyTorch's CPU kernels compute in: float64 if any tensor is, else float32."""
+  return jnp.float64 if any(jnp.dtype(d) == jnp.float64 for d in dtypes) else jnp.float32
+
+
+def _stored(x: Array, dtype: DTypeLike, neg_zero: Array | None = None) -> Array:
+  """``x`` (in the opmath dtype) as PyTorch stores an operation's result in ``dtype``.
+
+  Narrower than ``x``: rounded to ``dtype``'s precision and range, kept in ``x``'s
+  dtype (``lax.reduce_precision``, round to nearest even, as PyTorch's conversion).
+  The same dtype: ``x`` itself, or, for a product that PyTorch stores and then adds
+  (``neg_zero`` given), ``x + neg_zero``: a run-time ``-0.0`` that XLA cannot fold, so
+  that LLVM does not contract the product into the next addition (``x + -0.0`` is ``x``
+  for every ``x``, signed zeros included).
+  """
+  dtype = jnp.dtype(dtype)
+  if dtype != x.dtype:
+    info = jnp.finfo(dtype)
+    return jax.lax.reduce_precision(x, exponent_bits=info.nexp, mantissa_bits=info.nmant)
+  return x if neg_zero is None else x + neg_zero
+
+
+def _in_place(x_new: Array, X: Array) -> Array:
+  """The additive update of a rule that writes ``X_new`` in place: ``X_new - X`` in ``X``'s dtype.
+
+  ``X + (X_new - X)`` is ``X_new`` to the bit when the two are within a factor of two of each
+  other (Sterbenz); where a step shrinks a parameter below half its magnitude ``X_new`` may be
+  finer than the spacing of ``X``, out of reach of any addition to ``X``: one rounding off.
+  """
+  return x_new.astype(X.dtype) - X
+
+
+def _added(x: Array | None, q: Array, X: Array | None, dt: Any, G: Array) -> Array:
+  """The update of a rule whose last operation is PyTorch's ``param + q`` (``addcdiv_``).
+
+  In the parameters' own dtype ``q`` itself is the update: ``optax.apply_updates`` adds it
+  to ``X`` with the one rounding of PyTorch's sum. For parameters narrower than the opmath
+  dtype PyTorch adds in float32 and rounds once to the parameters' dtype, which an update
+  rounded to that dtype cannot: ``X_new - X`` then (``_in_place``).
+  """
+  if G.dtype == dt:
+    return q
+  if x is None or X is None:
+    raise ValueError(
+      f"{G.dtype} parameters are updated in float32 and rounded once, in place: call "
+      f"update(grads, state, params)"
+    )
+  return _in_place(x + q, X)
+
+
+def _pytorch_power_complement(beta: float, step: Array, dtype: DTypeLike) -> Array:
+  """PyTorch's bias correction ``1 - beta**step`` (Python floats: float64) in ``dtype``.
+
+  float64: the same expression as PyTorch's. float32 (no ``jax_enable_x64``): ``-expm1(step *
+  log(beta))`` with ``log(beta)`` taken on the host in float64 (the float32 ``beta`` is not
+  PyTorch's ``beta``): a few float32 ulps from PyTorch's rounded float64 value.
+  """
+  step = jnp.asarray(step, dtype)
+  if jnp.dtype(dtype) == jnp.float64:
+    return 1 - jnp.asarray(beta, dtype) ** step
+  if beta == 0:
+    return jnp.ones((), dtype)
+  return -jnp.expm1(step * jnp.asarray(math.log(beta), dtype))
+
+
+def _scalar_dtype() -> Any:
+  """float64 under ``jax_enable_x64``, else float32: where step-dependent scalars are computed."""
+  return jnp.result_type(float)
+
+
+def _host_or_traced(value: Any, f: Any) -> Any:
+  """``f(value)`` in Python float64 for a Python number, in JAX for an array."""
+  if isinstance(value, numbers.Real) and not isinstance(value, bool):
+    return f(float(value))
+  return f(jnp.asarray(value))
+
+
+def _neg_zero(count: ArrayLike) -> Array:
+  """``-0.0`` computed from the update count at run time (see :func:`_stored`)."""
+  return jnp.where(jnp.asarray(count) < -1, 1.0, -0.0).astype(_scalar_dtype())
+
+
+def _divide_by_scalar(a: Array, b: Array) -> Array:
+  """``a / b`` correctly rounded, as PyTorch divides, for a scalar ``b``.
+
+  XLA rewrites a division by a broadcast scalar into a product with its reciprocal (one
+  rounding more). Markstein's correction undoes it: with ``r = 1 / b`` (a scalar division, which
+  XLA keeps) and ``q = a * r``, the residual ``a - q * b`` is exact as one fused multiply-add
+  (XLA contracts it), and ``q + residual * r`` is the correctly rounded quotient.
+  """
+  r = 1 / b
+  q = a * r
+  return (a - q * b) * r + q
+
+
+class PyTorchSGDScalars(NamedTuple):
+  """The per-update scalars of :func:`onnx_optax.pytorch_sgd`: ``-lr``, ``momentum`` (None when it
+  is the Python number 0: plain SGD), ``1 - dampening``, ``weight_decay``; ``first`` (a bool:
+  PyTorch has no momentum buffer yet) and ``neg_zero``."""
+
+  neg_lr: Any
+  momentum: Any
+  one_minus_dampening: Any
+  weight_decay: Any
+  first: Any
+  neg_zero: Any
+
+
+def pytorch_sgd_scalars(
+  lr: ArrayLike, count: ArrayLike, *, momentum: float, dampening: float, weight_decay: float
+) -> PyTorchSGDScalars:
+  """``-lr``, ``1 - dampening`` (Python float64, as PyTorch's ``alpha``), ``first = count == 0``.
+
+  ``count`` is the number of updates done (PyTorch's SGD keeps a momentum buffer from its
+  first step on: ``count > 0`` means there is one). ``1 - dampening`` is None when it is 1.
+  """
+  one_minus_dampening = _host_or_traced(dampening, lambda d: 1 - d)
+  if _is_static(one_minus_dampening, 1):
+    one_minus_dampening = None
+  return PyTorchSGDScalars(
+    _host_or_traced(lr, lambda r: -r),
+    None if _is_static_zero(momentum) else momentum,
+    one_minus_dampening,
+    None if _is_static_zero(weight_decay) else weight_decay,
+    jnp.asarray(count) == 0,
+    _neg_zero(count),
+  )
+
+
+def pytorch_sgd_elementwise(
+  s: PyTorchSGDScalars,
+  X: Array | None,
+  G: Array,
+  buf: Array,
+  *,
+  nesterov: bool,
+  maximize: bool,
+) -> tuple[Array, Array]:
+  """``torch.optim.SGD``'s step on one tensor, in ``_single_tensor_sgd``'s order::
+
+      grad = -grad if maximize
+      grad = grad.add(param, alpha=weight_decay)                   if weight_decay != 0
+      buf  = grad.clone() at the first step, else
+             buf.mul_(momentum).add_(grad, alpha=1 - dampening)     if momentum != 0
+      grad = grad.add(buf, alpha=momentum) if nesterov, else buf    if momentum != 0
+      param.add_(grad, alpha=-lr)
+
+  ``X``, ``G`` and ``buf`` in their own dtypes; computes in PyTorch's opmath dtype. Without
+  momentum (``s.momentum`` None) ``buf`` is returned as it is. Returns ``(U, buf_new)``:
+  ``param.add_`` is one fused multiply-add with the parameter, so the update is ``X_new - X``
+  (``_in_place``), in ``X``'s dtype.
+  """
+  if X is None:
+    raise ValueError("this update writes the parameters in place: call update(grads, state, params)")
+  dt = _torch_opmath(X.dtype, G.dtype, buf.dtype)
+  x, g, nz = X.astype(dt), G.astype(dt), jnp.asarray(s.neg_zero, dt)
+  g_dtype = jnp.promote_types(G.dtype, X.dtype)
+  if maximize:
+    g = -g
+  if s.weight_decay is not None:
+    g = _stored(x * s.weight_decay + g, g_dtype)
+  buf_new = buf
+  if s.momentum is not None:
+    b = buf.astype(dt)
+    decayed = _stored(b * s.momentum, buf.dtype, nz)
+    damped = g + decayed if s.one_minus_dampening is None else g * s.one_minus_dampening + decayed
+    b_new = jnp.where(s.first, _stored(g, buf.dtype), _stored(damped, buf.dtype))
+    buf_new = b_new.astype(buf.dtype)
+    g = _stored(b_new * s.momentum + g, jnp.promote_types(g_dtype, buf.dtype)) if nesterov else b_new
+  return _in_place(g * s.neg_lr + x, X), buf_new
+
+
+class PyTorchAdagradScalars(NamedTuple):
+  """The per-update scalars of :func:`onnx_optax.pytorch_adagrad`: ``-clr``, ``eps``, ``weight_decay``."""
+
+  neg_clr: Any
+  eps: Any
+  weight_decay: Any
+
+
+def pytorch_adagrad_scalars(
+  lr: ArrayLike, count: ArrayLike, *, lr_decay: float, eps: float, weight_decay: float
+) -> PyTorchAdagradScalars:
+  """``clr = lr / (1 + (step - 1) * lr_decay)`` with ``step = count + 1`` (PyTorch's step after its
+  increment), in float64 under ``jax_enable_x64``, else float32."""
+  if _is_static_zero(lr_decay):
+    neg_clr = _host_or_traced(lr, lambda r: -r)
+  else:
+    dtype = _scalar_dtype()
+    neg_clr = -(jnp.asarray(lr, dtype) / (1 + jnp.asarray(count, dtype) * jnp.asarray(lr_decay, dtype)))
+  return PyTorchAdagradScalars(neg_clr, eps, None if _is_static_zero(weight_decay) else weight_decay)
+
+
+def pytorch_adagrad_elementwise(
+  s: PyTorchAdagradScalars,
+  X: Array | None,
+  G: Array,
+  state_sum: Array,
+  *,
+  maximize: bool,
+) -> tuple[Array, Array]:
+  """``torch.optim.Adagrad``'s step on one tensor, in ``_single_tensor_adagrad``'s order::
+
+      grad = -grad if maximize
+      grad = grad.add(param, alpha=weight_decay)        if weight_decay != 0
+      clr  = lr / (1 + (step - 1) * lr_decay)
+      state_sum.addcmul_(grad, grad, value=1)
+      std  = state_sum.sqrt().add_(eps)
+      param.addcdiv_(grad, std, value=-clr)
+
+  Returns ``(U, sum_new)``: ``U`` is ``addcdiv_``'s addend (``_added``), ``X`` is read
+  only for ``weight_decay`` and for parameters narrower than float32 (else it may be None).
+  """
+  dt = _torch_opmath(G.dtype, state_sum.dtype)
+  x, g = None if X is None else X.astype(dt), G.astype(dt)
+  if maximize:
+    g = -g
+  if s.weight_decay is not None:
+    if x is None:
+      raise ValueError("weight_decay multiplies the parameters: call update(grads, state, params)")
+    g = _stored(x * s.weight_decay + g, G.dtype)
+  sum_new = _stored(g * g + state_sum.astype(dt), state_sum.dtype)
+  std = _stored(_stored(_sqrt(sum_new), state_sum.dtype) + s.eps, state_sum.dtype)
+  return _added(x, (s.neg_clr * g) / std, X, dt, G), sum_new.astype(state_sum.dtype)
+
+
+class PyTorchAdamScalars(NamedTuple):
+  """The per-update scalars of :func:`onnx_optax.pytorch_adam`.
+
+  ``one_minus_beta1`` is the lerp weight ``1 - beta1``, ``decay_factor`` AdamW's
+  ``1 - lr * weight_decay`` (None without decoupled decay), ``weight_decay`` Adam's coupled
+  coefficient (None without), ``neg_step_size`` ``-lr / bias_correction1``.
+  """
+
+  one_minus_beta1: Any
+  beta2: Any
+  one_minus_beta2: Any
+  eps: Any
+  decay_factor: Any
+  weight_decay: Any
+  neg_step_size: Any
+  bias_correction2_sqrt: Any
+  neg_zero: Any
+
+
+def pytorch_adam_scalars(
+  lr: ArrayLike,
+  count: ArrayLike,
+  *,
+  beta1: float,
+  beta2: float,
+  eps: float,
+  weight_decay: float,
+  decoupled_weight_decay: bool,
+) -> PyTorchAdamScalars:
+  """PyTorch's scalars, with ``step = count + 1`` (its step after the increment)::
+
+      bias_correction1      = 1 - beta1 ** step
+      bias_correction2      = 1 - beta2 ** step
+      step_size             = lr / bias_correction1
+      bias_correction2_sqrt = bias_correction2 ** 0.5
+
+  and the hyperparameters' ``1 - beta1``, ``1 - beta2``, ``1 - lr * weight_decay`` (Python
+  float64 when they are Python numbers, as PyTorch computes them).
+  """
+  dtype = _scalar_dtype()
+  step = jnp.asarray(count, dtype) + 1
+  bias_correction1 = _pytorch_power_complement(beta1, step, dtype)
+  bias_correction2 = _pytorch_power_complement(beta2, step, dtype)
+  decays = not _is_static_zero(weight_decay)
+  decay_factor = None
+  if decays and decoupled_weight_decay:
+    decay_factor = (
+      1 - float(lr) * float(weight_decay)
+      if isinstance(lr, numbers.Real)
+      else 1 - jnp.asarray(lr, dtype) * weight_decay
+    )
+  return PyTorchAdamScalars(
+    1 - beta1,
+    beta2,
+    1 - beta2,
+    eps,
+    decay_factor,
+    weight_decay if decays and not decoupled_weight_decay else None,
+    -(jnp.asarray(lr, dtype) / bias_correction1),
+    jnp.sqrt(bias_correction2),
+    _neg_zero(count),
+  )
+
+
+def _lerp(start: Array, end: Array, weight: Any, *, small: bool) -> Array:
+  """``start.lerp_(end, weight)`` as PyTorch's vectorized CPU kernel: one fused multiply-add.
+
+  ``small`` (``|weight| < 0.5``, known when the update is traced): ``start + weight * (end -
+  start)``; else ``end + (weight - 1) * (end - start)`` (``weight - 1`` is exact in the
+  opmath dtype for ``weight`` in ``[0.5, 1]``, Sterbenz).
+  """
+  if small:
+    return weight * (end - start) + start
+  return (weight - 1) * (end - start) + end
+
+
+def pytorch_adam_elementwise(
+  s: PyTorchAdamScalars,
+  X: Array | None,
+  G: Array,
+  exp_avg: Array,
+  exp_avg_sq: Array,
+  *,
+  maximize: bool,
+  lerp_small: bool,
+) -> tuple[Array, Array, Array]:
+  """``torch.optim.Adam`` / ``AdamW``'s step on one tensor, in ``_single_tensor_adam``'s order::
+
+      grad = -grad if maximize
+      param.mul_(1 - lr * weight_decay)               AdamW (decoupled), weight_decay != 0
+      grad = grad.add(param, alpha=weight_decay)      Adam (coupled), weight_decay != 0
+      exp_avg.lerp_(grad, 1 - beta1)
+      exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+      denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+      param.addcdiv_(exp_avg, denom, value=-step_size)
+
+  ``lerp_small`` is ``|1 - beta1| < 0.5``, the branch of PyTorch's lerp. Returns
+  ``(U, exp_avg_new, exp_avg_sq_new)``: ``U`` is ``addcdiv_``'s addend (``_added``),
+  ``X_new - X`` for AdamW (``_in_place``). ``X`` is read only for ``weight_decay`` and
+  for parameters narrower than float32 (else it may be None).
+  """
+  dt = _torch_opmath(G.dtype, exp_avg.dtype, exp_avg_sq.dtype)
+  x, g, nz = None if X is None else X.astype(dt), G.astype(dt), jnp.asarray(s.neg_zero, dt)
+  if x is None and (s.decay_factor is not None or s.weight_decay is not None):
+    raise ValueError("weight_decay multiplies the parameters: call update(grads, state, params)")
+  if maximize:
+    g = -g
+  if s.decay_factor is not None:
+    x = _stored(x * s.decay_factor, G.dtype, nz)
+  if s.weight_decay is not None:
+    g = _stored(x * s.weight_decay + g, G.dtype)
+  m = _stored(_lerp(exp_avg.astype(dt), g, s.one_minus_beta1, small=lerp_small), exp_avg.dtype)
+  v2 = _stored(exp_avg_sq.astype(dt) * s.beta2, exp_avg_sq.dtype, nz)
+  v = _stored((s.one_minus_beta2 * g) * g + v2, exp_avg_sq.dtype)
+  root = _stored(_sqrt(v), exp_avg_sq.dtype)
+  denom = _stored(
+    _stored(_divide_by_scalar(root, s.bias_correction2_sqrt), exp_avg_sq.dtype) + s.eps,
+    exp_avg_sq.dtype,
+    nz,
+  )
+  q = (s.neg_step_size * m) / denom
+  if s.decay_factor is not None:  # AdamW's decayed parameter is stored first: no addition to X.
+    assert x is not None and X is not None  # checked above
+    return _in_place(x + q, X), m.astype(exp_avg.dtype), v.astype(exp_avg_sq.dtype)
+  U = _added(x, q, X, dt, G)
+  return U, m.astype(exp_avg.dtype), v.astype(exp_avg_sq.dtype)
+
+
+# -- Keras-order twin (keras.optimizers.Adam) ------------------------------------------------
+
+
+class KerasAdamScalars(NamedTuple):
+  """The per-update inputs of :func:`onnx_optax.keras_adam`: the learning rate and the count
+  (Keras's ``iterations``); Keras computes its scalars from them in each variable's dtype."""
+
+  lr: Any
+  count: Any
+
+
+def keras_adam_scalars(lr: ArrayLike, count: ArrayLike) -> KerasAdamScalars:
+  """``(lr, count)``: Keras derives ``alpha`` per variable, in the variable's dtype."""
+  return KerasAdamScalars(lr, count)
+
+
+def keras_adam_elementwise(
+  s: KerasAdamScalars,
+  X: Array | None,
+  G: Array,
+  m: Array,
+  v: Array,
+  *,
+  beta_1: float,
+  beta_2: float,
+  epsilon: float,
+) -> tuple[Array, Array, Array]:
+  """Keras 3 ``Adam.update_step`` on one variable, its expressions in its order::
+
+      local_step = cast(iterations + 1);  lr = cast(learning_rate)
+      alpha = lr * sqrt(1 - cast(beta_2) ** local_step) / (1 - cast(beta_1) ** local_step)
+      m += (g - m) * (1 - beta_1)
+      v += (square(g) - v) * (1 - beta_2)
+      variable -= (m * alpha) / (sqrt(v) + epsilon)
+
+  ``1 - beta_1`` and ``1 - beta_2`` are Python float64 numbers rounded once, as Keras's
+  Python arithmetic gives them; the rest is in the variable's dtype. Written as Keras's
+  JAX backend writes it, so that XLA compiles it as it compiles Keras's jitted step
+  (``model.fit``). ``X`` is not read: ``variable -= step`` is ``X + (-step)`` to the bit.
+  Returns ``(U, m_new, v_new)``, in the gradient's (the variable's) dtype.
+  """
+  del X  # Keras subtracts the step from the variable: the update is the negated step.
+  dt = G.dtype
+  g = G
+  lr = jnp.asarray(s.lr).astype(dt)
+  local_step = jnp.asarray(s.count).astype(dt) + jnp.asarray(1, dt)
+  beta_1_power = jnp.power(jnp.asarray(beta_1, dt), local_step)
+  beta_2_power = jnp.power(jnp.asarray(beta_2, dt), local_step)
+  alpha = lr * jnp.sqrt(1 - beta_2_power) / (1 - beta_1_power)
+  m_new = m + (g - m) * (1 - beta_1)
+  v_new = v + (jnp.square(g) - v) * (1 - beta_2)
+  return -((m_new * alpha) / (_sqrt(v_new) + epsilon)), m_new, v_new

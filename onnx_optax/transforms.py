@@ -56,15 +56,24 @@ __all__ = [
   "AdagradState",
   "AdamState",
   "DirectMLAdamState",
+  "KerasAdamState",
   "MomentumState",
   "OrtAdamWState",
   "OrtSGDState",
+  "PyTorchAdagradState",
+  "PyTorchAdamState",
+  "PyTorchSGDState",
   "adagrad",
   "adam",
   "directml_adam",
+  "keras_adam",
   "momentum",
   "ort_adamw",
   "ort_sgd",
+  "pytorch_adagrad",
+  "pytorch_adam",
+  "pytorch_adamw",
+  "pytorch_sgd",
 ]
 
 ScalarOrSchedule: TypeAlias = float | Array | optax.Schedule
@@ -819,4 +828,466 @@ def ort_sgd(
     minimum_count=0,
     read_params_for=(),
     decays={},
+  )
+
+
+# -- PyTorch-order twins ---------------------------------------------------------------
+
+
+class PyTorchSGDState(NamedTuple):
+  """State of :func:`pytorch_sgd`: ``count`` (updates done; 0: no momentum buffer yet) and
+  ``momentum_buffer`` (PyTorch's ``state[p]["momentum_buffer"]``; zeros, unused, without
+  momentum, where PyTorch keeps none)."""
+
+  count: Array  # type: ignore[assignment]  # shadows tuple.count, as in Optax's states
+  momentum_buffer: optax.Updates
+
+
+class PyTorchAdagradState(NamedTuple):
+  """State of :func:`pytorch_adagrad`: ``count`` (PyTorch's ``step``) and ``sum``."""
+
+  count: Array  # type: ignore[assignment]  # shadows tuple.count, as in Optax's states
+  sum: optax.Updates
+
+
+class PyTorchAdamState(NamedTuple):
+  """State of :func:`pytorch_adam` and :func:`pytorch_adamw`: ``count`` (PyTorch's ``step``, the
+  updates done), ``exp_avg`` and ``exp_avg_sq``."""
+
+  count: Array  # type: ignore[assignment]  # shadows tuple.count, as in Optax's states
+  exp_avg: optax.Updates
+  exp_avg_sq: optax.Updates
+
+
+class KerasAdamState(NamedTuple):
+  """State of :func:`keras_adam`: ``count`` (Keras's ``iterations``, the updates done), the
+  first moments ``momentums`` and the second ``velocities`` (Keras's ``_momentums`` and
+  ``_velocities``)."""
+
+  count: Array  # type: ignore[assignment]  # shadows tuple.count, as in Optax's states
+  momentums: optax.Updates
+  velocities: optax.Updates
+
+
+_PyTorchState: TypeAlias = PyTorchSGDState | PyTorchAdagradState | PyTorchAdamState | KerasAdamState
+
+
+def _scalars_in(s: tuple, dtype: Any) -> tuple:
+  """The float scalars of a twin rounded once to ``dtype`` (bool, integer and None fields kept)."""
+
+  def one(v):
+    kind = getattr(v, "dtype", None)
+    if kind is not None and (kind == jnp.bool_ or jnp.issubdtype(kind, jnp.integer)):
+      return v
+    return jnp.asarray(v, dtype)
+
+  return jax.tree.map(one, s)
+
+
+def _pytorch_transform(
+  scalars: Callable[..., tuple],
+  elementwise: Callable[..., tuple[Array, ...]],
+  state_cls: type[_PyTorchState],
+  learning_rate: ScalarOrSchedule,
+  initial_count: int | Array,
+  state_dtype: Any,
+  *,
+  initial_values: tuple[float | None, ...],
+  reads_params: bool,
+) -> optax.GradientTransformationExtraArgs:
+  """Maps a PyTorch-order (or Keras-order) twin over the leaves of a pytree.
+
+  As :func:`_transform`, except: ``count`` is the framework's (updates done, 0 at the
+  first); ``initial_values`` gives each state field's starting value (None: the field is
+  None, the rule keeps no such tensor); each leaf computes in the rule's compute dtype and
+  rounds where the framework stores. The rule returns the update: the addend of the
+  framework's last addition to the parameters where that addition is the whole step (then
+  ``optax.apply_updates`` reproduces it to the bit), else ``X_new - X``
+  (``onnx_optax.rules._in_place``). ``reads_params``: the rule needs ``params`` at every
+  update (else only where it says so, for parameters narrower than float32).
+  """
+  learning_rate = _learning_rate(learning_rate)
+  initial_count = _checks.count("initial_count", initial_count, minimum=0)
+  state_dtype = _checks.floating_dtype("state_dtype", state_dtype)
+
+  def init_fn(params: optax.Params) -> NamedTuple:
+    _checks.floating_leaves("params", params)
+
+    def field(value):
+      if value is None:
+        return None
+      return jax.tree.map(lambda p: jnp.full_like(p, value, dtype=state_dtype or p.dtype), params)
+
+    return state_cls(jnp.asarray(initial_count, jnp.int32), *(field(v) for v in initial_values))
+
+  def update_fn(updates, state, params=None, **extra_args):
+    del extra_args  # The GradientTransformationExtraArgs protocol.
+    if params is None and reads_params:
+      raise ValueError(
+        f"this transform needs the parameters: call update(grads, state, params). Its step "
+        f"({state_cls.__name__[: -len('State')]}) reads them: a weight decay, or an update "
+        f"written in place"
+      )
+    _checks.state(state_cls, state)
+    fields = [(name, tree) for name, tree in zip(state_cls._fields[1:], state[1:]) if tree is not None]
+    trees = {f"state.{name}": tree for name, tree in fields}
+    if params is not None:
+      trees["params"] = params
+    _checks.same_trees(updates, trees)
+
+    count = state.count
+    R = learning_rate(count - initial_count) if callable(learning_rate) else learning_rate
+    s = scalars(R, count)
+    grads, treedef = jax.tree.flatten(updates)
+    xs = treedef.flatten_up_to(params) if params is not None else [None] * len(grads)
+    present = [i for i, tree in enumerate(state[1:]) if tree is not None]
+    columns = [treedef.flatten_up_to(state[1 + i]) for i in present]
+    new_updates, new_columns = [], [[] for _ in present]
+    for j, (G, X) in enumerate(zip(grads, xs)):
+      S = [column[j] for column in columns]
+      S_all: list[Any] = [None] * (len(state_cls._fields) - 1)
+      for i, tensor in zip(present, S):
+        S_all[i] = tensor
+      dtype = rules._torch_opmath(G.dtype, *(t.dtype for t in S))
+      U, *S_new = elementwise(_scalars_in(s, dtype), X, G, *S_all)
+      new_updates.append(U)
+      for out, i in zip(new_columns, present):
+        out.append(S_new[i])
+    new_state: list[Any] = [None] * (len(state_cls._fields) - 1)
+    for i, column in zip(present, new_columns):
+      new_state[i] = treedef.unflatten(column)
+    return treedef.unflatten(new_updates), state_cls(optax.safe_increment(count), *new_state)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def pytorch_sgd(
+  learning_rate: ScalarOrSchedule,
+  *,
+  momentum: float = 0.0,
+  dampening: float = 0.0,
+  weight_decay: float = 0.0,
+  nesterov: bool = False,
+  maximize: bool = False,
+  initial_count: int = 0,
+  state_dtype: Any = None,
+) -> optax.GradientTransformationExtraArgs:
+  """``torch.optim.SGD``, in PyTorch's order: the float32 twin of :func:`momentum`.
+
+  The same rule as ONNX ``Momentum`` (``alpha = momentum``, ``beta = 1 - dampening``,
+  ``norm_coefficient = weight_decay``), evaluated as PyTorch 2.13's ``_single_tensor_sgd``
+  evaluates it, with its scalars (``1 - dampening`` in float64, rounded once) and its roundings
+  (docs/spec.md, "PyTorch-order twins")::
+
+      grad = -grad if maximize
+      grad = grad.add(param, alpha=weight_decay)                 if weight_decay != 0
+      buf  = grad at the first update (count == 0), else
+             buf.mul_(momentum).add_(grad, alpha=1 - dampening)   if momentum != 0
+      grad = grad.add(buf, alpha=momentum) if nesterov, else buf  if momentum != 0
+      param.add_(grad, alpha=-lr)
+
+  A run carried from PyTorch with :func:`onnx_optax.interop.from_torch` continues in float32
+  within PyTorch's own spread (docs/interop.md, "Float32 runs carried from PyTorch").
+
+  Args:
+    learning_rate: ``lr``, a float or an Optax schedule (of the updates made by this
+      transform, ``count - initial_count``).
+    momentum: in ``[0, 1]``; 0 is plain SGD (``state.momentum_buffer`` stays zero).
+    dampening: in ``[0, 1]``.
+    weight_decay: L2 coefficient added to the gradient, ``>= 0``.
+    nesterov: Nesterov momentum (PyTorch: needs ``momentum > 0`` and ``dampening = 0``).
+    maximize: negate the gradient first.
+    initial_count: the updates already done; ``> 0`` means the buffer exists.
+    state_dtype: dtype of the buffer; default each parameter's (PyTorch's).
+
+  Example:
+    >>> import jax.numpy as jnp, optax, onnx_optax
+    >>> opt = onnx_optax.pytorch_sgd(0.1, momentum=0.9, dampening=0.5)
+    >>> params = jnp.array([1.0, 2.0])
+    >>> state = opt.init(params)
+    >>> updates, state = opt.update(jnp.array([1.0, -1.0]), state, params)
+    >>> optax.apply_updates(params, updates)
+    Array([0.9, 2.1], dtype=float32)
+  """
+  momentum = _checks.decay("momentum", momentum)
+  dampening = _checks.hyperparameter("dampening", dampening, minimum=0.0, maximum=1.0)
+  weight_decay = _checks.coefficient("weight_decay", weight_decay)
+  nesterov, maximize = _flag("nesterov", nesterov), _flag("maximize", maximize)
+  if nesterov and (momentum == 0 or dampening != 0):
+    raise ValueError(
+      f"nesterov=True needs momentum > 0 and dampening = 0 (as torch.optim.SGD), got "
+      f"momentum={momentum}, dampening={dampening}"
+    )
+
+  def scalars(R, T):
+    return rules.pytorch_sgd_scalars(R, T, momentum=momentum, dampening=dampening, weight_decay=weight_decay)
+
+  def elementwise(s, X, G, buf):
+    return rules.pytorch_sgd_elementwise(s, X, G, buf, nesterov=nesterov, maximize=maximize)
+
+  return _pytorch_transform(
+    scalars,
+    elementwise,
+    PyTorchSGDState,
+    learning_rate,
+    initial_count,
+    state_dtype,
+    initial_values=(0.0,),
+    reads_params=True,
+  )
+
+
+def pytorch_adagrad(
+  learning_rate: ScalarOrSchedule,
+  *,
+  lr_decay: float = 0.0,
+  weight_decay: float = 0.0,
+  initial_accumulator_value: float = 0.0,
+  eps: float = 1e-10,
+  maximize: bool = False,
+  initial_count: int = 0,
+  state_dtype: Any = None,
+) -> optax.GradientTransformationExtraArgs:
+  """``torch.optim.Adagrad``, in PyTorch's order: the float32 twin of :func:`adagrad`.
+
+  The same rule as ONNX ``Adagrad`` (``decay_factor = lr_decay``, ``epsilon = eps``,
+  ``norm_coefficient = weight_decay``, ``T = count``), as ``_single_tensor_adagrad`` evaluates
+  it, with ``step = count + 1`` (PyTorch's step after its increment)::
+
+      grad = -grad if maximize
+      grad = grad.add(param, alpha=weight_decay)        if weight_decay != 0
+      clr  = lr / (1 + (step - 1) * lr_decay)
+      sum.addcmul_(grad, grad, value=1)
+      std  = sum.sqrt().add_(eps)
+      param.addcdiv_(grad, std, value=-clr)
+
+  ``clr`` is computed in float64 under ``jax_enable_x64`` (PyTorch's), else in float32.
+  Defaults are PyTorch's.
+
+  Args:
+    learning_rate: ``lr``, a float or an Optax schedule.
+    lr_decay: ``>= 0``.
+    weight_decay: L2 coefficient, ``>= 0``.
+    initial_accumulator_value: the starting ``sum``, ``>= 0``.
+    eps: added to ``sqrt(sum)``, ``>= 0``.
+    maximize: negate the gradient first.
+    initial_count: PyTorch's ``step`` before the first update here.
+    state_dtype: dtype of ``sum``; default each parameter's.
+
+  Example:
+    >>> import jax.numpy as jnp, optax, onnx_optax
+    >>> opt = onnx_optax.pytorch_adagrad(0.1, eps=0.0)
+    >>> params = jnp.array([1.0, 2.0])
+    >>> state = opt.init(params)
+    >>> updates, state = opt.update(jnp.array([2.0, -4.0]), state, params)
+    >>> optax.apply_updates(params, updates)
+    Array([0.9, 2.1], dtype=float32)
+  """
+  hyper = dict(
+    lr_decay=_checks.learning_rate_decay("lr_decay", lr_decay),
+    eps=_checks.epsilon("eps", eps),
+    weight_decay=_checks.coefficient("weight_decay", weight_decay),
+  )
+  initial = _checks.hyperparameter("initial_accumulator_value", initial_accumulator_value, minimum=0.0)
+  maximize = _flag("maximize", maximize)
+
+  def scalars(R, T):
+    return rules.pytorch_adagrad_scalars(R, T, **hyper)
+
+  def elementwise(s, X, G, state_sum):
+    return rules.pytorch_adagrad_elementwise(s, X, G, state_sum, maximize=maximize)
+
+  return _pytorch_transform(
+    scalars,
+    elementwise,
+    PyTorchAdagradState,
+    learning_rate,
+    initial_count,
+    state_dtype,
+    initial_values=(initial,),
+    reads_params=not rules._is_static_zero(hyper["weight_decay"]),
+  )
+
+
+def pytorch_adam(
+  learning_rate: ScalarOrSchedule,
+  *,
+  betas: tuple[float, float] = (0.9, 0.999),
+  eps: float = 1e-8,
+  weight_decay: float = 0.0,
+  decoupled_weight_decay: bool = False,
+  maximize: bool = False,
+  initial_count: int = 0,
+  state_dtype: Any = None,
+) -> optax.GradientTransformationExtraArgs:
+  """``torch.optim.Adam`` (and ``AdamW``), in PyTorch's order.
+
+  The float32 twin of :func:`ort_adamw` (``adam_mode=0``, ``correct_bias=True``): the same
+  rule in exact arithmetic, as ``_single_tensor_adam`` evaluates it, with ``step = count + 1``::
+
+      grad = -grad if maximize
+      param.mul_(1 - lr * weight_decay)             decoupled (AdamW), weight_decay != 0
+      grad = grad.add(param, alpha=weight_decay)    coupled (Adam), weight_decay != 0
+      exp_avg.lerp_(grad, 1 - beta1)
+      exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+      bias_correction1 = 1 - beta1 ** step;  bias_correction2 = 1 - beta2 ** step
+      step_size = lr / bias_correction1;     bias_correction2_sqrt = bias_correction2 ** 0.5
+      denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+      param.addcdiv_(exp_avg, denom, value=-step_size)
+
+  ``1 - beta1``, ``1 - beta2`` and ``1 - lr * weight_decay`` are Python float64 numbers
+  rounded once, as in PyTorch (``1 - 0.999`` is ``0.001f``; ONNX Runtime's ``1 - 0.999f`` is
+  0.00099998713). The bias corrections and ``step_size`` are computed in float64 under
+  ``jax_enable_x64`` (PyTorch's numbers), else in float32 (docs/spec.md). ``amsgrad`` is not
+  a rule here. Defaults are PyTorch's.
+
+  Args:
+    learning_rate: ``lr``, a float or an Optax schedule.
+    betas: ``(beta1, beta2)``, Python numbers, ``beta1`` in ``[0, 1)``, ``beta2`` in ``[0, 1]``.
+    eps: added after the bias correction of the root, ``>= 0``.
+    weight_decay: ``>= 0``; coupled (L2, added to the gradient) unless
+      ``decoupled_weight_decay``.
+    decoupled_weight_decay: AdamW's decay, ``param * (1 - lr * weight_decay)`` first.
+    maximize: negate the gradient first.
+    initial_count: PyTorch's ``step`` (updates done) before the first update here.
+    state_dtype: dtype of ``exp_avg`` and ``exp_avg_sq``; default each parameter's.
+
+  Example:
+    >>> import jax.numpy as jnp, optax, onnx_optax
+    >>> opt = onnx_optax.pytorch_adam(0.1, eps=0.0)
+    >>> params = jnp.array([1.0, 2.0])
+    >>> state = opt.init(params)
+    >>> updates, state = opt.update(jnp.array([3.0, -0.5]), state, params)
+    >>> optax.apply_updates(params, updates)
+    Array([0.9, 2.1], dtype=float32)
+  """
+  if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+    raise TypeError(f"betas must be a pair (beta1, beta2) of Python numbers, got {betas!r}")
+  beta1 = _checks.decay("betas[0]", betas[0], below_one=True)
+  beta2 = _checks.decay("betas[1]", betas[1])
+  for name, value in (("betas[0]", beta1), ("betas[1]", beta2)):
+    if not isinstance(value, numbers.Real):
+      raise TypeError(
+        f"{name} must be a Python number: PyTorch's 1 - beta and its lerp branch are Python "
+        f"float arithmetic; got {value!r}"
+      )
+  hyper = dict(
+    beta1=float(beta1),
+    beta2=float(beta2),
+    eps=_checks.epsilon("eps", eps),
+    weight_decay=_checks.coefficient("weight_decay", weight_decay),
+    decoupled_weight_decay=_flag("decoupled_weight_decay", decoupled_weight_decay),
+  )
+  maximize = _flag("maximize", maximize)
+
+  def scalars(R, T):
+    return rules.pytorch_adam_scalars(R, T, **hyper)
+
+  def elementwise(s, X, G, exp_avg, exp_avg_sq):
+    return rules.pytorch_adam_elementwise(
+      s, X, G, exp_avg, exp_avg_sq, maximize=maximize, lerp_small=abs(1 - hyper["beta1"]) < 0.5
+    )
+
+  return _pytorch_transform(
+    scalars,
+    elementwise,
+    PyTorchAdamState,
+    learning_rate,
+    initial_count,
+    state_dtype,
+    initial_values=(0.0, 0.0),
+    reads_params=not rules._is_static_zero(hyper["weight_decay"]),
+  )
+
+
+def pytorch_adamw(
+  learning_rate: ScalarOrSchedule,
+  *,
+  betas: tuple[float, float] = (0.9, 0.999),
+  eps: float = 1e-8,
+  weight_decay: float = 1e-2,
+  maximize: bool = False,
+  initial_count: int = 0,
+  state_dtype: Any = None,
+) -> optax.GradientTransformationExtraArgs:
+  """``torch.optim.AdamW``: :func:`pytorch_adam` with ``decoupled_weight_decay=True``.
+
+  PyTorch's defaults (``weight_decay = 0.01``). See :func:`pytorch_adam` for the order.
+
+  Example:
+    >>> import jax.numpy as jnp, optax, onnx_optax
+    >>> opt = onnx_optax.pytorch_adamw(0.1, eps=0.0, weight_decay=0.0)
+    >>> params = jnp.array([1.0, 2.0])
+    >>> state = opt.init(params)
+    >>> updates, state = opt.update(jnp.array([3.0, -0.5]), state, params)
+    >>> optax.apply_updates(params, updates)
+    Array([0.9, 2.1], dtype=float32)
+  """
+  return pytorch_adam(
+    learning_rate,
+    betas=betas,
+    eps=eps,
+    weight_decay=weight_decay,
+    decoupled_weight_decay=True,
+    maximize=maximize,
+    initial_count=initial_count,
+    state_dtype=state_dtype,
+  )
+
+
+def keras_adam(
+  learning_rate: ScalarOrSchedule,
+  *,
+  beta_1: float = 0.9,
+  beta_2: float = 0.999,
+  epsilon: float = 1e-7,
+  initial_count: int = 0,
+  state_dtype: Any = None,
+) -> optax.GradientTransformationExtraArgs:
+  """Keras 3 ``keras.optimizers.Adam``, in Keras's order: the float32 twin of :func:`directml_adam`.
+
+  The same rule as DirectML Adam (``T = count + 1``) in exact arithmetic, written as Keras's
+  ``Adam.update_step`` writes it (``count`` is Keras's ``iterations``)::
+
+      alpha = lr * sqrt(1 - beta_2 ** (count + 1)) / (1 - beta_1 ** (count + 1))
+      m += (g - m) * (1 - beta_1)
+      v += (square(g) - v) * (1 - beta_2)
+      variable -= (m * alpha) / (sqrt(v) + epsilon)
+
+  in the variable's dtype, ``1 - beta_1`` and ``1 - beta_2`` Python float64 numbers rounded
+  once (DirectML's rule computes ``1 - beta`` from the rounded ``beta``). Under ``jax.jit`` it
+  compiles as Keras's jitted step on the JAX backend (``model.fit``) compiles. Defaults are
+  Keras's.
+
+  Args:
+    learning_rate: a float or an Optax schedule.
+    beta_1: in ``[0, 1)``.  beta_2: in ``[0, 1]``.  epsilon: ``>= 0``.
+    initial_count: Keras's ``iterations`` before the first update here.
+    state_dtype: dtype of the moments; default each parameter's.
+
+  Example:
+    >>> import jax.numpy as jnp, optax, onnx_optax
+    >>> opt = onnx_optax.keras_adam(0.1, epsilon=0.0)
+    >>> params = jnp.array([1.0, 2.0])
+    >>> state = opt.init(params)
+    >>> updates, state = opt.update(jnp.array([3.0, -0.5]), state, params)
+    >>> optax.apply_updates(params, updates)  # Keras's float32 bias corrections: 0.9 +- ulps
+    Array([0.9000007, 2.0999994], dtype=float32)
+  """
+  beta_1 = float(_checks.decay("beta_1", beta_1, below_one=True))
+  beta_2 = float(_checks.decay("beta_2", beta_2))
+  epsilon = _checks.epsilon("epsilon", epsilon)
+
+  def elementwise(s, X, G, m, v):
+    return rules.keras_adam_elementwise(s, X, G, m, v, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon)
+
+  return _pytorch_transform(
+    rules.keras_adam_scalars,
+    elementwise,
+    KerasAdamState,
+    learning_rate,
+    initial_count,
+    state_dtype,
+    initial_values=(0.0, 0.0),
+    reads_params=False,
   )

@@ -365,7 +365,7 @@ def test_parameters_at_different_steps_get_their_own_transforms():
   tx, state = from_torch(opt, torch_params(opt, like(jnp.float32)))
 
   def rule_state(inner):  # maximize chains a negation before the rule
-    return inner if isinstance(inner, onnx_optax.MomentumState) else inner[-1]
+    return inner if isinstance(inner, onnx_optax.PyTorchSGDState) else inner[-1]
 
   counts = {label: int(rule_state(s.inner_state).count) for label, s in state.inner_states.items()}
   assert counts == {"group0.T0": 0, "group0.T1": 1, "group1": 1}
@@ -446,7 +446,7 @@ def test_single_group_returns_the_plain_transform():
   ps = torch_parameters(initial(np.float32))
   opt = torch.optim.Adagrad(ps, lr=0.1)
   tx, state = from_torch(opt, torch_params(opt, like(jnp.float32)))
-  assert isinstance(state, onnx_optax.AdagradState) and int(state.count) == 0
+  assert isinstance(state, onnx_optax.PyTorchAdagradState) and int(state.count) == 0
 
 
 # --- refusals ----------------------------------------------------------------
@@ -533,7 +533,10 @@ def test_to_torch_refuses_before_writing():
   params = torch_params(opt, structure)
   tx, state = from_torch(opt, params)
   ada_state = from_torch(torch.optim.Adagrad(ps), params)[1]
-  with pytest.raises(TypeError, match="state holds a AdagradState, this optimizer needs MomentumState"):
+  with pytest.raises(
+    TypeError,
+    match="state holds a PyTorchAdagradState, this optimizer needs PyTorchSGDState or MomentumState",
+  ):
     to_torch(ada_state, opt, params)
   wide = jax.tree.map(lambda x: x.astype(jnp.float16) if x.dtype == jnp.float32 else x, state)
   with pytest.raises(
@@ -607,7 +610,7 @@ def test_narrow_state_round_trips_bit_for_bit(dtype):
   params = torch_params(opt, [jax.ShapeDtypeStruct((5,), jnp.dtype(name))])
   assert np.array_equal(np.asarray(params[0], np.float32), ps[0].detach().float().numpy())
   tx, state = from_torch(opt, params)
-  assert state.v[0].dtype == jnp.dtype(name)
+  assert state.momentum_buffer[0].dtype == jnp.dtype(name)
   ps2 = [torch.nn.Parameter(torch.zeros(5, dtype=dtype))]
   opt2 = torch.optim.SGD(ps2, lr=0.1, momentum=0.9)
   to_torch(state, opt2, params)
@@ -702,7 +705,9 @@ def test_named_parameters_are_matched_by_name():
       params = optax.apply_updates(params, updates)
     to_torch(state, opt)  # the state's dict is matched by name too
     for name, p in model.named_parameters():
-      np.testing.assert_array_equal(opt.state[p]["momentum_buffer"].numpy(), np.asarray(state.v[name]))
+      np.testing.assert_array_equal(
+        opt.state[p]["momentum_buffer"].numpy(), np.asarray(state.momentum_buffer[name])
+      )
     to_torch(state, opt, params)
     torch_step(model, opt)
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
@@ -829,7 +834,11 @@ def test_to_torch_refuses_states_it_cannot_place():
   params = torch_params(opt, structure)
   rule = onnx_optax.momentum(0.1, alpha=0.9, beta=1.0, mode="standard", norm_coefficient=0.0)
   cases = [
-    (optax.sgd(0.1, momentum=0.9).init(params), TypeError, "state holds no MomentumState: pass the state"),
+    (
+      optax.sgd(0.1, momentum=0.9).init(params),
+      TypeError,
+      "state holds no PyTorchSGDState or MomentumState: pass the state",
+    ),
     (
       rule.init([params["p0"], params["p1"], params["p2"]]),
       ValueError,

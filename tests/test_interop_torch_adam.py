@@ -320,29 +320,29 @@ def test_parameters_at_different_steps(name):
     check_final(np.float64, *carried_from_torch(name, np.float64, 2, 4, missing))
 
 
-def test_counts_are_torch_steps_plus_one():
+def test_counts_are_torch_steps():
   ps = torch_parameters(initial(np.float32))
   opt = adam(ps)
   torch_steps(opt, ps, gradients(3, np.float32), missing={(0, 1), (1, 1), (2, 1)})
   tx, state = from_torch(opt, torch_params(opt, like(jnp.float32)))
 
   def rule_state(inner):
-    found = [s for s in jax.tree.leaves(inner, is_leaf=lambda s: isinstance(s, onnx_optax.OrtAdamWState))]
-    (only,) = [s for s in found if isinstance(s, onnx_optax.OrtAdamWState)]
+    found = [s for s in jax.tree.leaves(inner, is_leaf=lambda s: isinstance(s, onnx_optax.PyTorchAdamState))]
+    (only,) = [s for s in found if isinstance(s, onnx_optax.PyTorchAdamState)]
     return only
 
   counts = {label: int(rule_state(s).count) for label, s in state.inner_states.items()}
-  # p1 never had a gradient (no state: count 1); p0 took 3 steps; group 1 took 3.
-  assert counts == {"group0.T1": 1, "group0.T4": 4, "group1": 4}
+  # p1 never had a gradient (no state: count 0); p0 took 3 steps; group 1 took 3.
+  assert counts == {"group0.T0": 0, "group0.T3": 3, "group1": 3}
   assert float(opt.state[ps[0]]["step"]) == 3 and ps[1] not in opt.state
 
 
-def test_no_step_yet_is_count_one():
+def test_no_step_yet_is_count_zero():
   ps = torch_parameters(initial(np.float32))
   opt = torch.optim.AdamW(ps, lr=0.1)
   tx, state = from_torch(opt, torch_params(opt, [jax.ShapeDtypeStruct(s, jnp.float32) for s in SHAPES]))
-  assert isinstance(state, onnx_optax.OrtAdamWState) and int(state.count) == 1
-  assert all(float(jnp.abs(m).max()) == 0 for m in state.m1 + state.m2)
+  assert isinstance(state, onnx_optax.PyTorchAdamState) and int(state.count) == 0
+  assert all(float(jnp.abs(m).max()) == 0 for m in state.exp_avg + state.exp_avg_sq)
 
 
 @pytest.mark.parametrize("name", ["adamw", "adam"])
@@ -525,17 +525,17 @@ def test_refuses_other_adam_family_optimizers():
       from_torch(cls(ps), structure)
 
 
-@pytest.mark.parametrize("step", [2.0**31 - 1, 2.5, -1.0])
+@pytest.mark.parametrize("step", [2.0**31, 2.5, -1.0])
 def test_refuses_a_step_that_is_not_a_count(step):
-  """ORT's ``step`` is PyTorch's plus one and an int32 count: PyTorch's ``step`` must be an
-  integer in [0, 2**31 - 2]; the largest is carried."""
+  """The count is PyTorch's ``step``, an int32: PyTorch's ``step`` must be an integer in
+  [0, 2**31 - 1]; the largest is carried."""
   ps, structure = _params32()
   opt = adamw(ps)
   torch_steps(opt, ps, gradients(1, np.float32))
   opt.state[ps[0]]["step"] = torch.tensor(step, dtype=torch.float64)  # float32 would round 2**31 - 1
   with pytest.raises(ValueError, match=rf"AdamW's step of a parameter is {step}, not a count of updates"):
     from_torch(opt, structure)
-  for carried in (2.0**31 - 2, 0.0):  # 0: a state loaded before any step
+  for carried in (2.0**31 - 1, 0.0):  # 0: a state loaded before any step
     opt.state[ps[0]]["step"] = torch.tensor(carried, dtype=torch.float64)
     from_torch(opt, structure)
 
@@ -567,7 +567,8 @@ def test_to_torch_refuses_before_writing():
   params = torch_params(opt, structure)
   tx, state = from_torch(opt, params)
   sgd_state = from_torch(torch.optim.SGD(ps, lr=0.1, momentum=0.9), params)[1]
-  with pytest.raises(TypeError, match="state holds a MomentumState, this optimizer needs OrtAdamWState"):
+  needs = "state holds a PyTorchSGDState, this optimizer needs PyTorchAdamState or OrtAdamWState"
+  with pytest.raises(TypeError, match=needs):
     to_torch(sgd_state, opt, params)
   narrow = jax.tree.map(lambda x: x.astype(jnp.float16) if x.dtype == jnp.float32 else x, state)
   with pytest.raises(
@@ -687,7 +688,7 @@ def test_narrow_state_round_trips_bit_for_bit(dtype):
   name = str(dtype).removeprefix("torch.")
   params = torch_params(opt, [jax.ShapeDtypeStruct((5,), jnp.dtype(name))])
   tx, state = from_torch(opt, params)
-  assert state.m1[0].dtype == state.m2[0].dtype == jnp.dtype(name) and int(state.count) == 3
+  assert state.exp_avg[0].dtype == state.exp_avg_sq[0].dtype == jnp.dtype(name) and int(state.count) == 2
   ps2 = [torch.nn.Parameter(torch.zeros(5, dtype=dtype))]
   opt2 = torch.optim.AdamW(ps2, lr=0.1, betas=(0.9, 0.99))
   to_torch(state, opt2, params)
@@ -697,9 +698,22 @@ def test_narrow_state_round_trips_bit_for_bit(dtype):
   assert torch.equal(ps2[0], ps[0])
 
 
-def test_refuses_a_decay_that_rounds_to_one():
-  """bfloat16 rounds 0.999 to 1: ``exp_avg_sq.mul_(0.999)`` then never decays; the transform refuses."""
-  ps = [torch.nn.Parameter(torch.zeros(3, dtype=torch.bfloat16))]
+def test_a_decay_that_rounds_to_one_is_carried_as_pytorch_runs_it():
+  """bfloat16 rounds ``exp_avg_sq.mul_(0.999)`` back to ``exp_avg_sq``: PyTorch's bfloat16 moment
+  never decays, and the PyTorch-order twin does as PyTorch does (the spec-order rule refuses
+  such a decay), to the bit over a step."""
+  ps = [torch.nn.Parameter(torch.tensor([0.5, -1.0, 2.0], dtype=torch.bfloat16))]
   opt = torch.optim.AdamW(ps, lr=0.1)
-  with pytest.raises(ValueError, match=r"beta=0.999 rounds to 1.0 in bfloat16.*state_dtype"):
-    from_torch(opt, [jnp.zeros(3, jnp.bfloat16)])
+  ps[0].grad = torch.tensor([0.25, 0.5, -1.0], dtype=torch.bfloat16)
+  opt.step()
+  params = torch_params(opt, [jax.ShapeDtypeStruct((3,), jnp.bfloat16)])
+  tx, state = from_torch(opt, params)
+  g = jnp.array([0.5, -0.25, 1.0], jnp.bfloat16)
+  updates, state = tx.update([g], state, params)
+  ps[0].grad = torch.tensor([0.5, -0.25, 1.0], dtype=torch.bfloat16)
+  opt.step()
+  ours = np.asarray(optax.apply_updates(params, updates)[0], np.float32)
+  assert np.array_equal(ours, ps[0].detach().float().numpy())
+  assert np.array_equal(
+    np.asarray(state.exp_avg_sq[0], np.float32), opt.state[ps[0]]["exp_avg_sq"].float().numpy()
+  )

@@ -259,7 +259,7 @@ def test_nested_dicts_are_matched_by_dotted_names():
     layer, leaf = name.split(".")
     nested.setdefault(layer, {})[leaf] = value
   _, state = from_torch(torch.optim.Adagrad(model.named_parameters(), lr=0.1), nested)
-  assert set(state.h) == {"0", "1"} and state.h["1"]["weight"].shape == (2, 2)
+  assert set(state.sum) == {"0", "1"} and state.sum["1"]["weight"].shape == (2, 2)
 
 
 def test_named_optimizer_refuses_other_names():
@@ -274,7 +274,9 @@ def test_named_optimizer_refuses_other_names():
   with pytest.raises(ValueError, match=r"params\[0\]\['bias'\] is not keyed by dict keys alone"):
     from_torch(opt, [{"weight": params["weight"], "bias": params["bias"]}])
   _, state = from_torch(opt, params)
-  renamed = state._replace(v={"weight": state.v["weight"], "b": state.v["bias"]})
+  renamed = state._replace(
+    momentum_buffer={"weight": state.momentum_buffer["weight"], "b": state.momentum_buffer["bias"]}
+  )
   with pytest.raises(ValueError, match=r"state is keyed by names that are not"):
     to_torch(renamed, opt)
   assert not opt.state  # nothing written

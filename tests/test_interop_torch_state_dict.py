@@ -374,7 +374,8 @@ def test_state_is_sharded_like_the_parameters():
       opt.step()
       params = [jax.device_put(np.arange(4.0, dtype=np.float32), sharding)]
       _, state = from_torch_state_dict(opt.state_dict(), params)
-      for moment, want in ((state.m1[0], opt.state[p]["exp_avg"]), (state.m2[0], opt.state[p]["exp_avg_sq"])):
+      moments = (state.exp_avg[0], opt.state[p]["exp_avg"]), (state.exp_avg_sq[0], opt.state[p]["exp_avg_sq"])
+      for moment, want in moments:
         sizes = [s.data.shape[0] for s in moment.addressable_shards]
         same = np.array_equal(np.asarray(moment), want.numpy())
         print(moment.sharding == sharding, sizes, same)
@@ -394,9 +395,9 @@ def test_bfloat16_state_round_trips_bit_for_bit():
   saved = opt.state_dict()
   params = [jnp.asarray(p.detach().float().numpy().astype(ml_dtypes.bfloat16))]
   _, state = from_torch_state_dict(saved, params)
-  assert state.v[0].dtype == jnp.bfloat16
+  assert state.momentum_buffer[0].dtype == jnp.bfloat16
   np.testing.assert_array_equal(
-    np.asarray(state.v[0], np.float32), saved["state"][0]["momentum_buffer"].float().numpy()
+    np.asarray(state.momentum_buffer[0], np.float32), saved["state"][0]["momentum_buffer"].float().numpy()
   )
   back = to_torch_state_dict(state, saved)
   assert torch.equal(back["state"][0]["momentum_buffer"], saved["state"][0]["momentum_buffer"])

@@ -31,6 +31,10 @@ RULE_STATES = (
   transforms.AdamState,
   transforms.DirectMLAdamState,
   transforms.OrtAdamWState,
+  transforms.PyTorchSGDState,
+  transforms.PyTorchAdagradState,
+  transforms.PyTorchAdamState,
+  transforms.KerasAdamState,
 )
 
 

@@ -1,25 +1,29 @@
-"""Keras 3 ``keras.optimizers.Adam`` state to and from :func:`onnx_optax.directml_adam`.
+"""Keras 3 ``keras.optimizers.Adam`` state to and from :func:`onnx_optax.keras_adam`.
 
 Keras 3's Adam is DirectML Adam (docs/spec.md): epsilon after the bias
 correction, which Keras folds into the step size
 ``alpha = lr * sqrt(1 - beta_2^t) / (1 - beta_1^t)`` with ``t = iterations + 1``.
 Its moment updates ``m += (g - m) * (1 - beta_1)`` are DirectML's
-``M_new = Beta1 * M + (1 - Beta1) * G`` rearranged (equal up to rounding).
+``M_new = Beta1 * M + (1 - Beta1) * G`` rearranged (equal up to rounding), so
+:func:`from_keras` returns the rule's Keras-order twin, :func:`onnx_optax.keras_adam`,
+whose float32 runs follow Keras's (docs/spec.md, "PyTorch-order twins"):
 
 =============================  ==============================================
-``keras.optimizers.Adam``      :func:`onnx_optax.directml_adam`
+``keras.optimizers.Adam``      :func:`onnx_optax.keras_adam`
 =============================  ==============================================
 ``learning_rate``              ``learning_rate``
-``beta_1``, ``beta_2``         ``beta1``, ``beta2``
+``beta_1``, ``beta_2``         ``beta_1``, ``beta_2``
 ``epsilon``                    ``epsilon``
-``iterations``                 ``state.count - 1`` (``T = iterations + 1``)
-``_momentums[i]``              ``state.m``
-``_velocities[i]``             ``state.v``
+``iterations``                 ``state.count``
+``_momentums[i]``              ``state.momentums``
+``_velocities[i]``             ``state.velocities``
 =============================  ==============================================
 
-From ``T = 1`` on, ONNX ``Adam`` is the same rule (``onnx_optax.adam(lr,
-alpha=beta_1, beta=beta_2, epsilon=epsilon, initial_count=iterations + 1)``
-with ``AdamState(count, v=m, h=v)``): :func:`to_keras` accepts its state too.
+:func:`to_keras` also loads the states of DirectML Adam
+(:func:`onnx_optax.directml_adam`, ``count = iterations + 1``) and, from
+``T = 1`` on, of ONNX ``Adam`` (``onnx_optax.adam(lr, alpha=beta_1,
+beta=beta_2, epsilon=epsilon, initial_count=iterations + 1)`` with
+``AdamState(count, v=m, h=v)``), the same rule.
 
 The bridges work on every Keras backend: they read and assign Keras
 variables through ``keras.ops``. Importing this module does not import Keras;
@@ -81,7 +85,7 @@ def from_keras(
   params: Any,
   *,
   learning_rate: Any = None,
-) -> tuple[optax.GradientTransformationExtraArgs, transforms.DirectMLAdamState]:
+) -> tuple[optax.GradientTransformationExtraArgs, transforms.KerasAdamState]:
   """The transform and state that continue a Keras 3 Adam run in JAX.
 
   ``optimizer`` may have taken any number of steps, zero included (an
@@ -104,9 +108,9 @@ def from_keras(
       schedule evaluated at ``n + optimizer.iterations``.
 
   Returns:
-    ``(tx, state)``: ``onnx_optax.directml_adam`` with the optimizer's
-    hyperparameters and ``initial_count = iterations + 1``, and its
-    ``DirectMLAdamState`` holding the moments.
+    ``(tx, state)``: ``onnx_optax.keras_adam`` with the optimizer's
+    hyperparameters and ``initial_count = iterations``, and its
+    ``KerasAdamState`` holding the moments.
 
   Raises:
     TypeError: another optimizer (Keras ``AdamW``, ``SGD``, ...), or a
@@ -125,8 +129,8 @@ def from_keras(
     >>> opt.apply([np.array([1.0, -1.0], np.float32)], [w])
     >>> params = [jnp.asarray(w.numpy())]
     >>> tx, state = from_keras(opt, params)
-    >>> int(state.count)  # T of the next update: iterations + 1
-    2
+    >>> int(state.count)  # iterations
+    1
     >>> updates, state = tx.update([jnp.array([0.5, 0.5])], state)
     >>> opt.apply([np.array([0.5, 0.5], np.float32)], [w])
     >>> bool(jnp.allclose(optax.apply_updates(params, updates)[0], w.numpy()))
@@ -149,14 +153,13 @@ def from_keras(
   variables = _variables(optimizer)
   if variables is not None:
     _common.check_leaves(leaves, paths, _described(variables), "Keras")
-  T = _iterations(keras, optimizer) + 1
-  tx = transforms.directml_adam(
+  tx = transforms.keras_adam(
     learning_rate,
     # Checked under Keras's names, with the ranges of their kinds (docs/spec.md).
-    beta1=_checks.decay("beta_1", _common.real_number("beta_1", optimizer.beta_1), below_one=True),
-    beta2=_checks.decay("beta_2", _common.real_number("beta_2", optimizer.beta_2)),
+    beta_1=_checks.decay("beta_1", _common.real_number("beta_1", optimizer.beta_1), below_one=True),
+    beta_2=_checks.decay("beta_2", _common.real_number("beta_2", optimizer.beta_2)),
     epsilon=_checks.epsilon("epsilon", _common.real_number("epsilon", optimizer.epsilon)),
-    initial_count=T,
+    initial_count=_iterations(keras, optimizer),
   )
   state = tx.init(params)
   if variables is not None:
@@ -175,9 +178,10 @@ def from_keras(
 def to_keras(state: Any, optimizer: Any, params: Any = None, *, variables: Any = None) -> None:
   """Loads a transform's state (and optionally the weights) into a Keras 3 Adam.
 
-  ``state`` is a :class:`~onnx_optax.DirectMLAdamState` (of
-  :func:`from_keras`'s transform, after any number of JAX updates) or an
-  ONNX :class:`~onnx_optax.AdamState` with ``count >= 1``, for a transform
+  ``state`` is a :class:`~onnx_optax.KerasAdamState` (of
+  :func:`from_keras`'s transform, after any number of JAX updates), a
+  :class:`~onnx_optax.DirectMLAdamState` or an ONNX
+  :class:`~onnx_optax.AdamState` with ``count >= 1``, for a transform
   with the optimizer's hyperparameters. Afterwards ``optimizer.apply(grads,
   variables)`` continues the JAX run. Keras keeps one step count for all
   variables, so every leaf must have the same ``count``.
@@ -219,8 +223,13 @@ def to_keras(state: Any, optimizer: Any, params: Any = None, *, variables: Any =
       )
     built = list(variables)
   described = _described(built)
-  owners = _common.positions(state, len(built), (transforms.DirectMLAdamState, transforms.AdamState))
-  counts = {int(owner.rule_state.count) for owner in owners}
+  kinds = (transforms.KerasAdamState, transforms.DirectMLAdamState, transforms.AdamState)
+  owners = _common.positions(state, len(built), kinds)
+  # Keras's iterations: keras_adam's count, DirectML's and ONNX Adam's T minus one.
+  counts = {
+    int(owner.rule_state.count) + (1 if isinstance(owner.rule_state, transforms.KerasAdamState) else 0)
+    for owner in owners
+  }
   if len(counts) != 1:
     raise ValueError(
       f"the leaves of state have the counts {sorted(counts)}; Keras keeps one step count for all variables"

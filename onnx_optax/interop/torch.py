@@ -1,62 +1,60 @@
 """``torch.optim.SGD``, ``Adagrad``, ``Adam`` and ``AdamW`` state to and from the transforms.
 
 PyTorch's ``SGD`` is ONNX ``Momentum``, its ``Adagrad`` is ONNX ``Adagrad``
-(docs/spec.md; notebook 02 shows the equalities over 500 float64 steps) and
-its ``AdamW`` is ONNX Runtime's ``AdamWOptimizer`` with ``adam_mode=0``
-(docs/adam_family.md). This module maps the hyperparameters of every param
-group and the per-parameter state onto :func:`onnx_optax.momentum`,
-:func:`onnx_optax.adagrad` and :func:`onnx_optax.ort_adamw`, and back:
+and its ``Adam`` / ``AdamW`` are ONNX Runtime's ``AdamWOptimizer`` with
+``adam_mode=0`` in exact arithmetic (docs/spec.md; notebook 02 shows the
+equalities over 500 float64 steps). In float32 each evaluates its rule in its
+own order, so :func:`from_torch` returns the PyTorch-order twins of those
+rules, :func:`onnx_optax.pytorch_sgd`, :func:`onnx_optax.pytorch_adagrad`,
+:func:`onnx_optax.pytorch_adam` and :func:`onnx_optax.pytorch_adamw`
+(docs/spec.md, "PyTorch-order twins"): a carried float32 run stays within
+PyTorch's own spread (docs/interop.md). Their states hold PyTorch's tensors
+under its names, and their ``count`` is PyTorch's ``step``:
 
 ==========================  =============================================
-``torch.optim.SGD``         :func:`onnx_optax.momentum`
+``torch.optim.SGD``         :func:`onnx_optax.pytorch_sgd`
 ==========================  =============================================
-``lr``                      ``learning_rate``
-``momentum``                ``alpha``
-``1 - dampening``           ``beta``
-``nesterov``                ``mode="nesterov"`` (else ``"standard"``)
-``weight_decay``            ``norm_coefficient``
+``lr``, ``momentum``,       the same names
+``dampening``,
+``weight_decay``,
+``nesterov``
 ``maximize``                the gradient negated first (``optax.scale(-1)``)
-``momentum_buffer``         ``state.v``
+``momentum_buffer``         ``state.momentum_buffer``
 no ``momentum_buffer``      ``state.count == 0`` (the first update)
 ==========================  =============================================
 
-SGD keeps no step count: a buffer means ``T > 0``, and every ``T > 0`` is the
-same update, so a parameter with a buffer gets ``count = 1``. ``momentum = 0``
-(plain SGD, where PyTorch ignores ``dampening`` and keeps no buffer) is
-``alpha = 0, beta = 1``.
+SGD keeps no step count: a buffer means ``count > 0``, and every ``count > 0``
+is the same update, so a parameter with a buffer gets ``count = 1``.
+``momentum = 0`` (plain SGD, where PyTorch keeps no buffer) keeps a zero
+buffer that it never reads.
 
 ==============================  =========================================
-``torch.optim.Adagrad``         :func:`onnx_optax.adagrad`
+``torch.optim.Adagrad``         :func:`onnx_optax.pytorch_adagrad`
 ==============================  =========================================
-``lr``                          ``learning_rate``
-``lr_decay``                    ``decay_factor``
-``eps``                         ``epsilon``
-``weight_decay``                ``norm_coefficient``
+``lr``, ``lr_decay``, ``eps``,  the same names
+``weight_decay``
 ``maximize``                    the gradient negated first
-``sum``                         ``state.h`` (``initial_accumulator_value``
+``sum``                         ``state.sum`` (``initial_accumulator_value``
                                 is its starting value)
-``step``                        ``state.count`` (``T`` of the next update)
+``step``                        ``state.count``
 ==============================  =========================================
 
-==============================  =========================================
-``torch.optim.AdamW``           :func:`onnx_optax.ort_adamw`, ``adam_mode=0``
-==============================  =========================================
-``lr``                          ``learning_rate``
-``betas``                       ``(alpha, beta)``
-``eps``                         ``epsilon``
-``weight_decay``                ``weight_decay`` (``W - W * lr * wd`` first)
-``maximize``                    the gradient negated first
-``exp_avg``, ``exp_avg_sq``     ``state.m1``, ``state.m2``
-``step`` (updates done)         ``state.count = step + 1`` (ORT's ``step``
-                                input of the next update); no state yet is
-                                ``count = 1`` with zero moments
-==============================  =========================================
+================================  =========================================
+``torch.optim.Adam``, ``AdamW``   :func:`onnx_optax.pytorch_adam`
+================================  =========================================
+``lr``, ``betas``, ``eps``,       the same names
+``weight_decay``,
+``decoupled_weight_decay``
+``maximize``                      the gradient negated first
+``exp_avg``, ``exp_avg_sq``       ``state.exp_avg``, ``state.exp_avg_sq``
+``step`` (updates done)           ``state.count``; no state yet is
+                                  ``count = 0`` with zero moments
+================================  =========================================
 
-``torch.optim.Adam`` is the same with its ``weight_decay`` added to the
-gradient (L2, coupled): ``optax.chain(optax.add_decayed_weights(wd),
-ort_adamw(..., weight_decay=0))``; ``Adam(decoupled_weight_decay=True)`` is
-``AdamW``. ``amsgrad``, tensor ``lr`` or ``betas`` and complex parameters
-are refused (no rule is exact for them).
+``amsgrad``, tensor ``lr`` or ``betas`` and complex parameters are refused
+(no rule is exact for them). :func:`to_torch` also loads the states of the
+spec-order rules (``momentum``, ``adagrad``, ``ort_adamw``, whose count is
+PyTorch's ``step`` plus one), with the same hyperparameters.
 
 Parameters that need different transforms (param groups with different
 hyperparameters, SGD parameters with and without a buffer, Adagrad and Adam
@@ -140,11 +138,12 @@ _ADAM_KEYS = frozenset(
   }
 )
 _KEYS = {"SGD": _SGD_KEYS, "Adagrad": _ADAGRAD_KEYS, "Adam": _ADAM_KEYS, "AdamW": _ADAM_KEYS}
+# The twins' states (what from_torch returns), then the spec-order rules' (to_torch loads both).
 _STATES = {
-  "SGD": transforms.MomentumState,
-  "Adagrad": transforms.AdagradState,
-  "Adam": transforms.OrtAdamWState,
-  "AdamW": transforms.OrtAdamWState,
+  "SGD": (transforms.PyTorchSGDState, transforms.MomentumState),
+  "Adagrad": (transforms.PyTorchAdagradState, transforms.AdagradState),
+  "Adam": (transforms.PyTorchAdamState, transforms.OrtAdamWState),
+  "AdamW": (transforms.PyTorchAdamState, transforms.OrtAdamWState),
 }
 
 
@@ -218,14 +217,14 @@ def from_torch(
     >>> bool(jnp.allclose(optax.apply_updates(params, updates)["w"], w.detach().numpy()))
     True
 
-    ``torch.optim.AdamW`` gives :func:`onnx_optax.ort_adamw`, whose count is
-    PyTorch's ``step`` plus one (ONNX Runtime's ``step`` of the next update):
+    ``torch.optim.AdamW`` gives :func:`onnx_optax.pytorch_adamw`, whose count is
+    PyTorch's ``step``:
 
     >>> opt = torch.optim.AdamW([w], lr=0.1)
     >>> opt.step()
     >>> tx, state = from_torch(opt, params)
     >>> type(state).__name__, int(state.count), float(opt.state[w]["step"])
-    ('OrtAdamWState', 2, 1.0)
+    ('PyTorchAdamState', 1, 1.0)
   """
   torch = _torch()
   view = View(_kind(torch, optimizer), optimizer.param_groups, optimizer.state, optimizer.defaults)
@@ -346,10 +345,11 @@ def to_torch(state: Any, optimizer: Any, params: Any = None) -> None:
 def checked_writes(
   torch: Any, kind: str, groups: Sequence[dict], state: Any
 ) -> list[tuple[Any, dict, int, tuple]]:
-  """``(parameter, group, count, state tensors)`` per parameter, every check done, nothing written."""
+  """``(parameter, group, step, state tensors)`` per parameter, every check done, nothing written
+  (``step``: PyTorch's, the updates done)."""
   # The state's trees have the params' structure (optax.MaskedNode where a
   # label's transform does not own a leaf): the one mapping places them.
-  owners = _common.positions(state, len(_tensors(groups)), (_STATES[kind],))
+  owners = _common.positions(state, len(_tensors(groups)), _STATES[kind])
   perm = mapping(_common.first_field(state), _param_names(groups), "state", is_leaf=_common.is_masked)
   owners = [owners[j] for j in perm]
   described = _described(groups)
@@ -368,8 +368,8 @@ def checked_writes(
             f"{shape} and dtype {dtype}"
           )
       count = int(owner.rule_state.count)
-      # Adam's torch step counts the updates done: the next update's count minus one.
-      steps = count - 1 if kind in ("Adam", "AdamW") else count
+      # Adam's torch step counts the updates done: a twin's count, ort_adamw's minus one.
+      steps = count - 1 if isinstance(owner.rule_state, transforms.OrtAdamWState) else count
       if kind != "SGD" and steps > _FLOAT32_EXACT_COUNT:
         raise ValueError(
           f"the state of {where} has count {count}, beyond 2**24, where torch's float32 step stops counting"
@@ -380,20 +380,21 @@ def checked_writes(
           f"later (count >= 1, ort_adamw's initial_count)"
         )
       tensors = tuple(_to_tensor(torch, np.asarray(value), p) for value in owner.values)
-      writes.append((p, group, count, tensors))
+      writes.append((p, group, steps, tensors))
       i += 1
   return writes
 
 
 def write(torch: Any, kind: str, slot: dict, group: dict, p: Any, count: int, tensors: tuple) -> None:
-  """Rewrites one parameter's state entry ``slot`` (``optimizer.state[p]``) in place, from a checked write."""
+  """Rewrites one parameter's state entry ``slot`` (``optimizer.state[p]``) in place, from a checked
+  write (``count``: PyTorch's ``step``, the updates done)."""
   if kind in ("Adam", "AdamW"):
-    _write_adam_state(torch, slot, group, p, count - 1, tensors)
+    _write_adam_state(torch, slot, group, p, count, tensors)
     return
   (tensor,) = tensors
   if kind == "SGD":
     if group["momentum"] == 0 or count == 0:
-      # No buffer: PyTorch's next step is a first step (T = 0), or keeps none.
+      # No buffer: PyTorch's next step is a first step (count = 0), or keeps none.
       slot.pop("momentum_buffer", None)
     else:
       slot["momentum_buffer"] = tensor
@@ -709,29 +710,26 @@ def _transform(kind: str, g: int, group: dict, R: Any, T: int) -> optax.Gradient
 
   if kind in ("Adam", "AdamW"):
     return _adam_transform(kind, g, group, R, T)
-  norm_coefficient = number("weight_decay", _checks.coefficient)
+  weight_decay = number("weight_decay", _checks.coefficient)
   if kind == "SGD":
-    alpha = number("momentum", _checks.decay)
-    # momentum = 0 is plain SGD: PyTorch ignores dampening, and V_new is the
-    # regularized gradient itself when beta = 1.
-    beta = 1.0
-    if alpha != 0:
-      dampening = _common.real_number(f"param_groups[{g}]['dampening']", group["dampening"])
-      beta_name = f"1 - param_groups[{g}]['dampening'] (ONNX Momentum's beta)"
-      beta = _checks.gradient_weight(beta_name, 1.0 - dampening)
-    return transforms.momentum(
+    momentum = number("momentum", _checks.decay)
+    # momentum = 0 is plain SGD: PyTorch ignores dampening.
+    dampening = 0.0
+    if momentum != 0:
+      dampening = number("dampening", lambda n, v: _checks.hyperparameter(n, v, minimum=0.0, maximum=1.0))
+    return transforms.pytorch_sgd(
       R,
-      alpha=alpha,
-      beta=beta,
-      mode="nesterov" if group["nesterov"] else "standard",
-      norm_coefficient=norm_coefficient,
+      momentum=momentum,
+      dampening=dampening,
+      weight_decay=weight_decay,
+      nesterov=bool(group["nesterov"]),
       initial_count=T,
     )
-  return transforms.adagrad(
+  return transforms.pytorch_adagrad(
     R,
-    decay_factor=number("lr_decay", _checks.learning_rate_decay),
-    epsilon=number("eps", _checks.epsilon),
-    norm_coefficient=norm_coefficient,
+    lr_decay=number("lr_decay", _checks.learning_rate_decay),
+    eps=number("eps", _checks.epsilon),
+    weight_decay=weight_decay,
     initial_count=T,
   )
 
@@ -811,12 +809,8 @@ def _check_adam_group(g: int, group: dict, kind: str) -> None:
 
 
 def _adam_transform(kind: str, g: int, group: dict, R: Any, T: int) -> optax.GradientTransformationExtraArgs:
-  """``ort_adamw`` (mode 0), after ``add_decayed_weights`` for Adam's coupled L2 term.
-
-  The group's ``decoupled_weight_decay`` decides (AdamW sets it, and
-  ``Adam(decoupled_weight_decay=True)`` is AdamW), as it decides in PyTorch's
-  step.
-  """
+  """``pytorch_adam``: the group's ``decoupled_weight_decay`` decides (AdamW sets it, and
+  ``Adam(decoupled_weight_decay=True)`` is AdamW), as it decides in PyTorch's step."""
 
   # Each option checked under its PyTorch name with the range of its kind
   # (docs/spec.md, "Hyperparameter ranges"), as for SGD and Adagrad.
@@ -828,34 +822,25 @@ def _adam_transform(kind: str, g: int, group: dict, R: Any, T: int) -> optax.Gra
   beta = number("'betas'][1", group["betas"][1], _checks.decay)
   epsilon = number("'eps'", group["eps"], _checks.epsilon)
   weight_decay = number("'weight_decay'", group["weight_decay"], _checks.coefficient)
-  decoupled = bool(group["decoupled_weight_decay"])
-  rule = transforms.ort_adamw(
+  return transforms.pytorch_adam(
     R,
-    alpha=alpha,
-    beta=beta,
-    epsilon=epsilon,
-    weight_decay=weight_decay if decoupled else 0.0,
-    adam_mode=0,
-    correct_bias=True,
+    betas=(alpha, beta),
+    eps=epsilon,
+    weight_decay=weight_decay,
+    decoupled_weight_decay=bool(group["decoupled_weight_decay"]),
     initial_count=T,
   )
-  if decoupled or weight_decay == 0:
-    # PyTorch skips the decay when weight_decay == 0.
-    return rule
-  # Coupled L2: PyTorch adds weight_decay * param to the (maximize-negated)
-  # gradient before the moments, which is what add_decayed_weights does.
-  return optax.chain(optax.add_decayed_weights(weight_decay), rule)
 
 
 def _read_adam_state(torch: Any, kind: str, slot: dict) -> tuple[int, tuple[Any, ...]]:
-  """``(count, (exp_avg, exp_avg_sq))``: ``count`` is the next update's ORT ``step``."""
+  """``(count, (exp_avg, exp_avg_sq))``: ``count`` is PyTorch's ``step`` (updates done)."""
   if "exp_avg" not in slot:
     # PyTorch creates the state at a parameter's first step: zeros, step 0.
-    return 1, (None, None)
+    return 0, (None, None)
   step = float(slot["step"])
-  if step != int(step) or not 0 <= step <= 2**31 - 2:
+  if step != int(step) or not 0 <= step <= 2**31 - 1:
     raise ValueError(f"{kind}'s step of a parameter is {step}, not a count of updates")
-  return int(step) + 1, (_to_numpy(torch, slot["exp_avg"]), _to_numpy(torch, slot["exp_avg_sq"]))
+  return int(step), (_to_numpy(torch, slot["exp_avg"]), _to_numpy(torch, slot["exp_avg_sq"]))
 
 
 def _write_adam_state(torch: Any, slot: dict, group: dict, p: Any, steps: int, tensors: tuple) -> None:

@@ -115,7 +115,7 @@ def from_torch_state_dict(
     >>> saved = torch.load(buffer, weights_only=True)  # the file alone
     >>> tx, state = from_torch_state_dict(saved, [jnp.asarray(w.detach().numpy())])
     >>> type(state).__name__, int(state.count)
-    ('OrtAdamWState', 2)
+    ('PyTorchAdamState', 1)
   """
   torch = bridge._torch()
   kind, groups, entries, keys, names = _read(state_dict, optimizer, "state_dict")
@@ -186,7 +186,7 @@ def to_torch_state_dict(state: Any, like: Mapping[str, Any], *, optimizer: Any =
   kind, groups, entries, keys, names = _read(like, optimizer, "like")
   # Each parameter's state value, placed as to_torch places it: its shape and
   # dtype stand in for a parameter that has no entry in like yet.
-  owners = _common.positions(state, len(keys), (bridge._STATES[kind],))
+  owners = _common.positions(state, len(keys), bridge._STATES[kind])
   perm = bridge.mapping(_common.first_field(state), names, "state", is_leaf=_common.is_masked)
   stand_ins = {}
   for i, key in enumerate(keys):
