@@ -85,7 +85,7 @@ class OpError:
   """The largest error of one operation in one dtype on one device, over ``n`` points.
 
   Attributes:
-    op, dtype: the operation (:data:`OPS`) and its dtype.
+    op, dtype: the operation (``OPS``) and its dtype.
     ulp: the largest ``|computed - exact|`` in units in the last place of the
       exact result (0.5: correctly rounded), over results in the normal range.
     k: the same error relative to the exact result, in units of the dtype's
@@ -146,7 +146,7 @@ class DeviceArithmetic:
 
 
 def summary(errors: list[dict[str, Any]]) -> str:
-  """:meth:`DeviceArithmetic.summary` of its JSON form (:meth:`DeviceArithmetic.as_json`)."""
+  """:meth:`DeviceArithmetic.summary` of its JSON form (``DeviceArithmetic.as_json``)."""
   parts = []
   for dtype in ("float32", "float64", "float16", "bfloat16"):
     errs = [e for e in errors if e["dtype"] == dtype]
@@ -387,7 +387,7 @@ def clear() -> None:
 
 
 def measure(platform: str, dtypes: tuple[str, ...] | None = None) -> DeviceArithmetic:
-  """Measures every operation of :data:`OPS` in its dtypes on the first ``platform`` device.
+  """Measures every operation of ``OPS`` in its dtypes on the first ``platform`` device.
 
   Once per platform and process (:func:`clear` forgets). float64 is skipped
   where the platform has none (``check.has_float64``).

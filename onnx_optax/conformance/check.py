@@ -495,9 +495,9 @@ def run_case(case: Case, platform: str = "cpu", pinned: bool | None = None) -> C
   """Runs ``case`` through its Optax transform on ``platform`` and checks it.
 
   The tolerance charges the device's measured arithmetic
-  (:func:`arithmetic.measure`, once per platform) and the case's scalars as
-  the device computes them (:func:`scalars.measure_case`); with ``pinned``
-  (default :data:`PINNED`) the documented constants instead.
+  (:func:`~onnx_optax.conformance.arithmetic.measure`, once per platform) and the case's scalars as
+  the device computes them (:func:`~onnx_optax.conformance.scalars.measure_case`); with ``pinned``
+  (default ``check.PINNED``) the documented constants instead.
   """
   pinned = PINNED if pinned is None else pinned
   inputs = case.inputs()

@@ -176,7 +176,7 @@ def from_torch(
     optimizer: a ``torch.optim.SGD``, ``Adagrad``, ``Adam`` or ``AdamW``.
     params: the JAX parameters (a pytree of arrays, e.g. from
       :func:`torch_params`), placed on the optimizer's parameters by
-      :func:`mapping`: for an optimizer built from
+      :func:`~onnx_optax.interop.torch.mapping`: for an optimizer built from
       ``model.named_parameters()``, a dict keyed by those names (nested dicts
       join their keys with ``'.'``), matched by name in any order; otherwise
       ``jax.tree.leaves(params)`` in the order of ``optimizer.param_groups``
@@ -300,7 +300,7 @@ def to_torch(state: Any, optimizer: Any, params: Any = None) -> None:
   ``params`` (the JAX parameters) to copy them in as well, or copy them
   yourself. The state and ``params`` are each placed on the optimizer's
   parameters by their own structure, with the mapping of :func:`from_torch`
-  (:func:`mapping`): by name for an optimizer built from
+  (:func:`~onnx_optax.interop.torch.mapping`): by name for an optimizer built from
   ``named_parameters()`` and a dict-keyed tree, else by position.
 
   The state's tensors must have the parameters' dtypes (PyTorch keeps its
@@ -418,7 +418,7 @@ def torch_params(optimizer: Any, like: Any = None) -> Any:
     ``dict(model.named_parameters())``, or any pytree whose leaves are
     tensors, JAX arrays or ``jax.ShapeDtypeStruct``.
 
-  ``like`` is placed on the optimizer's parameters by :func:`mapping`: the
+  ``like`` is placed on the optimizer's parameters by :func:`~onnx_optax.interop.torch.mapping`: the
   optimizer's own tensors by identity, a dict keyed by the names the
   optimizer was built with (``named_parameters()``) by name, anything else
   by position (``jax.tree.leaves(like)`` in the optimizer's order). Shapes
