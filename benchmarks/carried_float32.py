@@ -302,8 +302,8 @@ def row(
   for mapping in mappings:
     try:
       out[mapping] = compare(carried_final(config, params, grads, mapping, move_at), reference, config.dtype)
-    except ValueError as e:  # a bridge that refuses the configuration
-      out[mapping] = str(e).split(";")[0]
+    except ValueError:  # a bridge that refuses the configuration (its message: in the tests)
+      out[mapping] = "refused"
   return out
 
 

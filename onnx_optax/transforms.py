@@ -1164,7 +1164,8 @@ def pytorch_adam(
   if not isinstance(betas, (tuple, list)) or len(betas) != 2:
     raise TypeError(f"betas must be a pair (beta1, beta2) of Python numbers, got {betas!r}")
   beta1 = _checks.decay("betas[0]", betas[0], below_one=True)
-  beta2 = _checks.decay("betas[1]", betas[1])
+  # PyTorch's constructor refuses betas[1] = 1 too: its step divides by 1 - beta2**step = 0.
+  beta2 = _checks.decay("betas[1]", betas[1], below_one=True)
   for name, value in (("betas[0]", beta1), ("betas[1]", beta2)):
     if not isinstance(value, numbers.Real):
       raise TypeError(

@@ -1014,3 +1014,24 @@ def test_carried_state_is_placed_like_the_parameters():
   """)
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
   assert out.stdout.split() == ["True", "2"], out
+
+
+def test_a_state_tensor_in_another_dtype_is_refused_not_cast():
+  """A float32 momentum buffer put by hand on a bfloat16 parameter: refused (casting it would round it);
+  the advice, run as printed, stores it as PyTorch's own steps would, and the state then carries."""
+  p = torch.nn.Parameter(torch.ones(3, dtype=torch.bfloat16))
+  opt = torch.optim.SGD([p], lr=0.1, momentum=0.9)
+  opt.state[p]["momentum_buffer"] = torch.full((3,), 1 / 3)  # float32: not a bfloat16 number
+  params = torch_params(opt)
+  with pytest.raises(
+    ValueError,
+    match=r"state tensor of param_groups\[0\]\['params'\]\[0\] has shape \(3,\) "
+    r"and dtype float32, not the parameter's \(3,\) and bfloat16",
+  ) as refused:
+    from_torch(opt, params)
+  fix = str(refused.value).split("Store it so (", 1)[1].split(") if that", 1)[0]
+  key = "momentum_buffer"
+  exec(fix, {"optimizer": opt, "p": p, "key": key})
+  _, state = from_torch(opt, params)
+  assert state.momentum_buffer[0].dtype == jnp.bfloat16
+  assert np.array_equal(np.asarray(state.momentum_buffer[0], np.float32), opt.state[p][key].float().numpy())

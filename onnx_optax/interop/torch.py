@@ -271,6 +271,18 @@ def carry(torch: Any, view: View, params: Any, learning_rate: Any) -> tuple[Any,
       labels.append(f"group{g}" if f"group{g}" in transforms_by_label else f"group{g}.T{T}")
       tensors.append(tensor)
 
+  # PyTorch keeps a parameter's state in the parameter's shape and dtype; a state made
+  # otherwise by hand is refused, not cast (nothing is cast).
+  for (shape, dtype, where), values, leaf in zip(_described(groups), tensors, leaves):
+    for value in values:
+      if value is not None and (tuple(value.shape) != shape or _common.dtype_name(value.dtype) != dtype):
+        raise ValueError(
+          f"a state tensor of {where} has shape {tuple(value.shape)} and dtype "
+          f"{_common.dtype_name(value.dtype)}, not the parameter's {shape} and {dtype}: PyTorch's own "
+          f"steps keep it in the parameter's dtype, and nothing is cast. Store it so "
+          f"(optimizer.state[p][key] = optimizer.state[p][key].to(p.dtype)) if that is what you mean"
+        )
+
   # labels and tensors are in the optimizer's order; the trees need the leaves' order.
   tree_labels, tree_tensors = _to_leaf_order(labels, perm), _to_leaf_order(tensors, perm)
   tx = _common.partition(transforms_by_label, tree_labels, treedef)
@@ -819,7 +831,7 @@ def _adam_transform(kind: str, g: int, group: dict, R: Any, T: int) -> optax.Gra
     return check(name, _common.real_number(name, value))
 
   alpha = number("'betas'][0", group["betas"][0], lambda n, v: _checks.decay(n, v, below_one=True))
-  beta = number("'betas'][1", group["betas"][1], _checks.decay)
+  beta = number("'betas'][1", group["betas"][1], lambda n, v: _checks.decay(n, v, below_one=True))
   epsilon = number("'eps'", group["eps"], _checks.epsilon)
   weight_decay = number("'weight_decay'", group["weight_decay"], _checks.coefficient)
   return transforms.pytorch_adam(
