@@ -434,10 +434,10 @@ def test_learning_rate_per_group():
   grads = jax.tree.map(jnp.ones_like, params)
   updates, _ = tx.update(grads, state, params)
   # Group 1 (p2, p3) has learning rate 0: no update at all.
-  assert float(jnp.abs(updates["p2"]).max()) == 0 and float(jnp.abs(updates["p3"]).max()) == 0
+  assert float(jnp.abs(updates[2]).max()) == 0 and float(jnp.abs(updates[3]).max()) == 0
   # Group 0 at T = 0 with maximize: -(lr) * (-1 + wd * x).
-  expected = -0.5 * (-1.0 + 0.01 * params["p0"])
-  np.testing.assert_allclose(updates["p0"], expected, rtol=1e-6)
+  expected = -0.5 * (-1.0 + 0.01 * params[0])
+  np.testing.assert_allclose(updates[0], expected, rtol=1e-6)
   with pytest.raises(ValueError, match="learning_rate has 3 entries but the optimizer has 2 param groups"):
     from_torch(opt, params, learning_rate=[0.1, 0.2, 0.3])
 
@@ -504,17 +504,17 @@ def test_refuses_differentiable():
 def test_refuses_mismatched_params():
   ps, structure = _params32()
   opt = torch.optim.SGD(ps, lr=0.1)
-  params = {k: jnp.zeros(v.shape, v.dtype) for k, v in structure.items()}
+  params = [jnp.zeros(v.shape, v.dtype) for v in structure]
   with pytest.raises(
     ValueError,
-    match=r"params\['p1'\] has shape \(4, 2\) but the PyTorch "
+    match=r"params\[1\] has shape \(4, 2\) but the PyTorch "
     r"param_groups\[0\]\['params'\]\[1\] has shape \(2, 4\)",
   ):
-    from_torch(opt, dict(params, p1=jnp.zeros((4, 2))))
-  with pytest.raises(ValueError, match=r"params\['p2'\] has dtype float16 but .* has dtype float32"):
-    from_torch(opt, dict(params, p2=jnp.zeros((), jnp.float16)))
+    from_torch(opt, [params[0], jnp.zeros((4, 2)), *params[2:]])
+  with pytest.raises(ValueError, match=r"params\[2\] has dtype float16 but .* has dtype float32"):
+    from_torch(opt, [*params[:2], jnp.zeros((), jnp.float16), params[3]])
   with pytest.raises(ValueError, match="params has 3 leaves but the PyTorch optimizer has 4"):
-    from_torch(opt, {k: params[k] for k in ("p0", "p1", "p2")})
+    from_torch(opt, params[:3])
 
 
 def test_names_named_parameters():
@@ -545,8 +545,8 @@ def test_to_torch_refuses_before_writing():
     r"\(3,\) and dtype float16",
   ):
     to_torch(wide, opt, params)
-  with pytest.raises(ValueError, match=r"params\['p0'\] has shape \(4,\)"):
-    to_torch(state, opt, dict(params, p0=jnp.zeros(4)))
+  with pytest.raises(ValueError, match=r"params\[0\] has shape \(4,\)"):
+    to_torch(state, opt, [jnp.zeros(4), *params[1:]])
   for p, (x, buffer) in zip(ps, before):
     assert torch.equal(p.detach(), x) and torch.equal(opt.state[p]["momentum_buffer"], buffer)
 
@@ -814,17 +814,15 @@ def test_a_scalar_tensor_learning_rate_is_read_with_its_value():
   params = torch_params(opt, structure)
   tx, state = from_torch(opt, params)
   updates, _ = tx.update(jax.tree.map(jnp.ones_like, params), state, params)
-  np.testing.assert_allclose(updates["p0"], -0.5 * np.ones(3), rtol=1e-7)
+  np.testing.assert_allclose(updates[0], -0.5 * np.ones(3), rtol=1e-7)
 
 
 def test_refuses_a_leaf_that_is_not_an_array():
   ps, structure = _params32()
   opt = torch.optim.SGD(ps, lr=0.1)
-  params = {k: jnp.zeros(v.shape, v.dtype) for k, v in structure.items()}
-  with pytest.raises(
-    TypeError, match=r"params\['p2'\] must be an array \(or jax.ShapeDtypeStruct\), got float"
-  ):
-    from_torch(opt, dict(params, p2=0.0))
+  params = [jnp.zeros(v.shape, v.dtype) for v in structure]
+  with pytest.raises(TypeError, match=r"params\[2\] must be an array \(or jax.ShapeDtypeStruct\), got float"):
+    from_torch(opt, [*params[:2], 0.0, params[3]])
 
 
 def test_to_torch_refuses_states_it_cannot_place():
@@ -840,15 +838,13 @@ def test_to_torch_refuses_states_it_cannot_place():
       "state holds no PyTorchSGDState or MomentumState: pass the state",
     ),
     (
-      rule.init([params["p0"], params["p1"], params["p2"]]),
+      rule.init([params[0], params[1], params[2]]),
       ValueError,
       "has 3 leaves but the optimizer has 4",
     ),
     (optax.chain(rule, rule).init(params), ValueError, "parameter 0 has state in two places"),
     (
-      optax.multi_transform(
-        {"a": rule, "b": optax.set_to_zero()}, {"p0": "a", "p1": "a", "p2": "b", "p3": "b"}
-      ).init(params),
+      optax.multi_transform({"a": rule, "b": optax.set_to_zero()}, ["a", "a", "b", "b"]).init(params),
       ValueError,
       r"parameters \[2, 3\] have no state in state",
     ),
@@ -864,7 +860,7 @@ def test_to_torch_refuses_a_state_of_another_shape():
   opt = torch.optim.SGD(ps, lr=0.1, momentum=0.9)
   params = torch_params(opt, structure)
   rule = onnx_optax.momentum(0.1, alpha=0.9, beta=1.0, mode="standard", norm_coefficient=0.0)
-  state = rule.init(dict(params, p1=jnp.zeros((4, 2))))
+  state = rule.init([params[0], jnp.zeros((4, 2)), *params[2:]])
   with pytest.raises(
     ValueError, match=r"the state of param_groups\[0\]\['params'\]\[1\] has shape \(4, 2\) and dtype float32"
   ):
@@ -880,7 +876,7 @@ def test_torch_params_and_to_torch_refuse_what_from_torch_refuses():
     to_torch(None, torch.optim.NAdam(ps), None)
   opt = torch.optim.SGD(ps, lr=0.1)
   with pytest.raises(ValueError, match=r"like has 3 leaves but the PyTorch optimizer has 4"):
-    torch_params(opt, [structure["p0"], structure["p1"], structure["p2"]])
+    torch_params(opt, [structure[0], structure[1], structure[2]])
 
 
 def _counts(state):

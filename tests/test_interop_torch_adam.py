@@ -301,7 +301,7 @@ def test_float32_bound_has_teeth():
       ),
       "b": onnx_optax.ort_adamw(0.02, epsilon=1e-6, weight_decay=0.2, adam_mode=1),
     },
-    {"p0": "a", "p1": "a", "p2": "b", "p3": "b"},
+    ["a", "a", "b", "b"],
   )
   wrong, _ = jax_steps(hf, hf.init(params), params, grads)
   for i, (x, e, b) in enumerate(zip(jax.tree.leaves(wrong), records[-1][0], bounds)):

@@ -21,8 +21,8 @@ GROUPS = [[0, 1], [2, 3]]  # indices into SHAPES, one list per param group
 
 
 def like(dtype):
-  """JAX structure of the parameters: a dict whose sorted keys follow the groups."""
-  return {f"p{i}": jax.ShapeDtypeStruct(shape, dtype) for i, shape in enumerate(SHAPES)}
+  """JAX structure of the parameters: a list in the optimizer's order (group by group)."""
+  return [jax.ShapeDtypeStruct(shape, dtype) for shape in SHAPES]
 
 
 def torch_parameters(values):

@@ -273,7 +273,7 @@ def carry(torch: Any, view: View, params: Any, learning_rate: Any) -> tuple[Any,
 
   # PyTorch keeps a parameter's state in the parameter's shape and dtype; a state made
   # otherwise by hand is refused, not cast (nothing is cast).
-  for (shape, dtype, where), values, leaf in zip(_described(groups), tensors, leaves):
+  for (shape, dtype, where), values in zip(_described(groups), tensors):
     for value in values:
       if value is not None and (tuple(value.shape) != shape or _common.dtype_name(value.dtype) != dtype):
         raise ValueError(
@@ -306,7 +306,9 @@ def to_torch(state: Any, optimizer: Any, params: Any = None) -> None:
   optimizer with the same classes, param groups and hyperparameters as
   ``optimizer`` (the same optimizer, or a fresh one built the same way),
   after any number of JAX updates. Afterwards ``optimizer.step()`` continues
-  the JAX run: it is the next ``tx.update`` with the same gradients.
+  the JAX run: it is the next ``tx.update`` with the same gradients. No
+  learning rate is written: with a scheduler attached, step it once per JAX
+  update, and the groups' rates follow.
 
   The optimizer's parameters are PyTorch tensors that JAX never touched: pass
   ``params`` (the JAX parameters) to copy them in as well, or copy them
@@ -525,11 +527,13 @@ def mapping(
      ``named_parameters()``, a state dict keyed by name) and the tree has
      dict keys: a leaf's name is its dict keys joined with ``'.'``, and the
      names must be exactly the parameters' names;
-  3. by position otherwise: the leaves are the parameters in their order.
+  3. by position, for a tree without dict keys (a list, nested lists and
+     tuples) or of one leaf: the leaves are the parameters in their order.
 
-  A named optimizer and a tree keyed by other names, or a tree mixing its
-  parameters' tensors with other leaves, is refused: no sorted key order is
-  ever taken for the optimizer's order.
+  A tree with dict keys that cannot be matched by name (the parameters have
+  no names, or other names), or a tree mixing its parameters' tensors with
+  other leaves, is refused: no sorted key order is ever taken for the
+  optimizer's order.
 
   Raises:
     ValueError: the tree's names or tensors do not place every parameter
@@ -550,8 +554,18 @@ def mapping(
       perm[i] = j  # type: ignore[index]
     return perm
   keyed = any(isinstance(key, jax.tree_util.DictKey) for path, _ in with_path for key in path)
-  if names is None or not keyed:
+  if not keyed or len(leaves) <= 1:
     return list(range(len(leaves)))
+  if names is None:
+    # jax.tree.leaves sorts dict keys: their order is the optimizer's only by accident.
+    keys = [_leaf_name(path) or jax.tree_util.keystr(path) for path, _ in with_path]
+    raise ValueError(
+      f"{argument} is a dict (keys {_few(keys)}), and the optimizer's parameters have no names to "
+      f"match them by: jax.tree.leaves sorts dict keys, which need not be the optimizer's order. "
+      f"Pass a list in the order of optimizer.param_groups (torch_params(optimizer) returns one), or "
+      f"build the optimizer from model.named_parameters() (or groups of (name, parameter) pairs) and "
+      f"key {argument} by those names"
+    )
   maybe_names = [_leaf_name(path) for path, _ in with_path]
   if None in maybe_names:
     where = jax.tree_util.keystr(with_path[maybe_names.index(None)][0])
