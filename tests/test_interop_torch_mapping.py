@@ -384,3 +384,75 @@ def test_learning_rate_errors_name_learning_rate():
       from_torch(opt, params, learning_rate=[0.1, float("nan")])
     with pytest.raises(TypeError, match=r"learning_rate\[0\] must be a real"):
       from_torch(opt, params, learning_rate=["0.1", 0.01])
+
+
+def test_a_dict_for_an_optimizer_without_names_is_refused():
+  """q, k, v registered in that order: a dict's sorted keys (k, q, v) are not the optimizer's order, and
+  one shape hides the swap. Refused, listing the keys; the advice followed (a list from torch_params,
+  or an optimizer built from named_parameters) places every state entry on its own parameter."""
+  torch.manual_seed(0)
+  m = torch.nn.ModuleDict({n: torch.nn.Linear(2, 2, bias=False) for n in "qkv"})
+  for names in (False, True):
+    opt = torch.optim.Adam(m.named_parameters() if names else m.parameters(), lr=0.1)
+    sum((layer.weight * (i + 1)).sum() for i, layer in enumerate(m.values())).backward()
+    opt.step()
+    params = {n: jnp.asarray(p.detach().numpy()) for n, p in m.named_parameters()}
+    if not names:
+      with pytest.raises(
+        ValueError,
+        match=r"params is a dict \(keys \['k.weight', 'q.weight', 'v.weight'\]\).*no names.*Pass a list",
+      ):
+        from_torch(opt, params)
+      with pytest.raises(ValueError, match=r"like is a dict"):
+        torch_params(opt, {n: jax.ShapeDtypeStruct((2, 2), jnp.float32) for n in params})
+      params = torch_params(opt)  # the advice: a list in the optimizer's order
+    _, state = from_torch(opt, params)
+    moments = (
+      state.exp_avg if isinstance(params, list) else [state.exp_avg[n] for n, _ in m.named_parameters()]
+    )
+    for moment, p in zip(moments, m.parameters()):
+      np.testing.assert_array_equal(np.asarray(moment), opt.state[p]["exp_avg"].numpy())
+
+
+@pytest.mark.parametrize("via", ["to_torch", "state_dict"])
+def test_back_in_pytorch_the_scheduler_is_stepped_once_per_jax_update(via):
+  """A StepLR run: 2 steps in PyTorch, 3 in JAX on the shifted schedule, back, the scheduler stepped 3
+  times as docs/interop.md says, 2 more steps: equal to the run that never left PyTorch (float64).
+  Without the 3 scheduler steps PyTorch continues on the rate of the switch (planted: fails)."""
+  from onnx_optax.interop import to_torch_state_dict
+
+  with jax.enable_x64(True):
+    grads = _grads(3, 7, 1)
+
+    def make():
+      p = torch.nn.Parameter(torch.ones(SHAPE, dtype=torch.float64))
+      opt = torch.optim.SGD([p], lr=0.4, momentum=0.9)
+      return p, opt, torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+
+    def torch_steps(p, opt, sched, grads):
+      for g in grads:
+        p.grad = torch.from_numpy(g[0].copy())
+        opt.step()
+        sched.step()
+
+    p_ref, opt_ref, sched_ref = make()
+    torch_steps(p_ref, opt_ref, sched_ref, grads)
+    p, opt, sched = make()
+    torch_steps(p, opt, sched, grads[:2])
+    schedule = lambda n: 0.4 * 0.5 ** ((n + 2) // 2)
+    params = torch_params(opt)
+    saved = opt.state_dict()
+    tx, state = from_torch(opt, params, learning_rate=schedule)
+    for g in grads[2:5]:
+      updates, state = tx.update([jnp.asarray(g[0])], state, params)
+      params = optax.apply_updates(params, updates)
+    if via == "to_torch":
+      to_torch(state, opt, params)
+    else:
+      opt.load_state_dict(to_torch_state_dict(state, saved))
+      with torch.no_grad():
+        p.copy_(torch.from_numpy(np.array(params[0])))
+    for _ in range(3):  # once per JAX update
+      sched.step()
+    torch_steps(p, opt, sched, grads[5:])
+    np.testing.assert_allclose(p.detach().numpy(), p_ref.detach().numpy(), rtol=1e-12)

@@ -151,7 +151,8 @@ def to_torch_state_dict(state: Any, like: Mapping[str, Any], *, optimizer: Any =
   its keys (indices or names) and, where ``like`` has an entry, its tensors'
   dtypes and devices; ``like`` is not modified. After loading it,
   ``optimizer.step()`` continues the JAX run: it is the next ``tx.update``
-  with the same gradients. ``state`` is placed on the parameters as
+  with the same gradients. The groups' ``lr`` are the template's: with a
+  learning-rate scheduler, step it once per JAX update after loading. ``state`` is placed on the parameters as
   :func:`onnx_optax.interop.to_torch` places it (by name where ``like`` has
   names and the state's trees are dicts, else by position). Weights are not
   part of an optimizer's state dict: save them with the model's.
