@@ -3,11 +3,14 @@
 Every check runs in Python before any computation, on static information
 (tree structures, shapes, dtypes) or on concrete values. Traced values (under
 ``jax.jit``, ``jax.vmap`` or ``optax.inject_hyperparams``) cannot be compared
-in Python; their value checks are skipped and only their shape is checked.
+in Python; their value checks are skipped and only their shape is checked,
+except whether a decay rounds to 1 in a 16-bit dtype, which a host callback
+checks when the program runs (:func:`decays_representable`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from collections.abc import Callable, Sequence
@@ -318,17 +321,36 @@ def decays_representable(
   gradient's share is small: a float32 computation stored in bfloat16 with
   ``beta = 0.999`` forgets nothing either (``V`` stalls at a running sum's
   value). So the state dtype gets the same check. A concrete rate is
-  checked; a traced one cannot be. ``may_be_one``: the rates whose range
-  includes 1, for which the message offers ``1.0`` as the other fix.
+  checked at once. A traced one (``jax.jit(tx.init)`` of injected
+  hyperparameters) is checked when the program runs, by a host callback,
+  wherever a leaf is computed or stored in a 16-bit dtype: running it raises
+  (as a ``JaxRuntimeError`` carrying this message), and an abstract
+  evaluation (``jax.eval_shape``), which computes nothing, passes.
+  ``may_be_one``: the rates whose range includes 1, for which the message
+  offers ``1.0`` as the other fix.
   """
-  concrete = {name: float(v) for name, v in decays.items() if not is_traced(v) and 0 <= float(v) < 1}
-  if not concrete:
-    return
+  dtypes = []
   for path, leaf in _leaves(params):
     stored = jnp.dtype(state_dtype or leaf.dtype)
-    computed = jnp.promote_types(leaf.dtype, stored)
+    dtypes.append((path, jnp.promote_types(leaf.dtype, stored), stored))
+  concrete = {name: v for name, v in decays.items() if not is_traced(v)}
+  _decays_round(concrete, dtypes, may_be_one)
+  traced = {name: v for name, v in decays.items() if is_traced(v)}
+  narrow = any(jnp.finfo(d).nmant < jnp.finfo(jnp.float32).nmant for _, c, s in dtypes for d in (c, s))
+  if traced and narrow:
+    jax.debug.callback(functools.partial(_decays_round, dtypes=dtypes, may_be_one=may_be_one), traced)
+
+
+def _decays_round(
+  decays: dict[str, Any], dtypes: Sequence[tuple[str, Any, Any]], may_be_one: Sequence[str]
+) -> None:
+  """Raises where a rate in ``[0, 1)`` of ``decays`` rounds to 1 (or its complement to 0) in a dtype."""
+  for path, computed, stored in dtypes:
     for dtype, where in ((computed, "is computed in"), (stored, "stores its state in")):
-      for name, value in concrete.items():
+      for name, value in decays.items():
+        value = float(value)
+        if not 0 <= value < 1:
+          continue
         # NumPy, not jnp: init may run under jit, where jnp would trace it.
         if float(np.asarray(value, dtype=dtype)) == 1.0 or float(np.asarray(1 - value, dtype=dtype)) == 0.0:
           one = f" or pass {name}=1.0 if that is what you mean" if name in may_be_one else ""

@@ -154,26 +154,56 @@ def test_a_state_dtype_in_which_a_decay_rounds_to_1_is_refused(make, name):
 
 
 def test_the_refused_bfloat16_state_would_have_stalled():
-  """What the refusal prevents, measured with a traced beta2 (which no check can read): V stalls.
+  """What the refusal prevents: DirectML's second moment computed in float32 and stored in bfloat16
+  (NumPy and ml_dtypes, the rule's arithmetic), G = 0.5 for 5,000 steps, then G = 0 for 1,000: the
+  float64 moving average is 0.25 (1 - 0.999^5000) = 0.2483, then 0.0913; the bfloat16 state stalls at
+  0.0625 and forgets nothing. The transform refuses that state, eagerly and when a jitted init runs
+  with a traced beta2; the float32 state the message advises follows float64."""
+  import ml_dtypes
 
-  G = 0.5 for 5,000 steps, then G = 0 for 1,000: the float64 moving average
-  is 0.25 (1 - 0.999^5000) = 0.2483, then 0.0913. A bfloat16 state stalls at
-  0.0625 and forgets nothing; the float32 state the message advises follows
-  float64.
-  """
-
-  def final_v(beta2, state_dtype):
-    opt = onnx_optax.directml_adam(1e-3, beta2=beta2, state_dtype=state_dtype)
-
-    def steps(state, G, n):
-      return jax.lax.scan(lambda s, _: (opt.update(jnp.full(1, G), s)[1], None), state, length=n)[0]
-
-    state = steps(opt.init(jnp.ones(1, jnp.float32)), 0.5, 5000)
-    return state.v[0], steps(state, 0.0, 1000).v[0]
+  def moment(G, n, v, dtype):
+    for _ in range(n):
+      v = (np.float32(0.999) * np.float32(v) + np.float32(1 - np.float32(0.999)) * np.float32(G * G)).astype(
+        dtype
+      )
+    return v
 
   want = 0.25 * (1 - 0.999**5000)
-  stalled = jax.jit(final_v, static_argnums=1)(0.999, jnp.bfloat16)
-  assert [float(v) for v in stalled] == [0.0625, 0.0625]
-  followed = final_v(0.999, jnp.float32)
-  assert float(followed[0]) == pytest.approx(want, rel=1e-4)
-  assert float(followed[1]) == pytest.approx(want * 0.999**1000, rel=1e-4)
+  v = moment(0.5, 5000, np.zeros((), ml_dtypes.bfloat16), ml_dtypes.bfloat16)
+  assert [float(v), float(moment(0.0, 1000, v, ml_dtypes.bfloat16))] == [0.0625, 0.0625]
+  with pytest.raises(ValueError, match=r"beta2=0.999 rounds to 1.0 in bfloat16"):
+    onnx_optax.directml_adam(1e-3, beta2=0.999, state_dtype=jnp.bfloat16).init(jnp.ones(1, jnp.float32))
+  init = jax.jit(
+    lambda b: onnx_optax.directml_adam(1e-3, beta2=b, state_dtype=jnp.bfloat16).init(jnp.ones(1))
+  )
+  with pytest.raises(Exception, match=r"beta2=0.99.* rounds to 1.0 in bfloat16"):
+    jax.block_until_ready(init(0.999))
+
+  opt = onnx_optax.directml_adam(1e-3, beta2=0.999, state_dtype=jnp.float32)
+
+  def steps(state, G, n):
+    return jax.lax.scan(lambda s, _: (opt.update(jnp.full(1, G), s)[1], None), state, length=n)[0]
+
+  state = steps(opt.init(jnp.ones(1, jnp.float32)), 0.5, 5000)
+  assert float(state.v[0]) == pytest.approx(want, rel=1e-4)
+  assert float(steps(state, 0.0, 1000).v[0]) == pytest.approx(want * 0.999**1000, rel=1e-4)
+
+
+def test_a_traced_decay_is_checked_when_the_program_runs():
+  """``jax.jit(tx.init)`` of injected hyperparameters traces the decays: with a bfloat16 state,
+  ``beta2 = 0.999`` would silently become 1.0. Running the program checks them (a host callback) and
+  raises with the message and its fix; an abstract evaluation computes nothing and passes; the
+  fix (a float32 state) passes under jit; a decay bfloat16 holds (0.9) passes."""
+  params = [jnp.ones(2, jnp.bfloat16)]
+  inj = optax.inject_hyperparams(
+    onnx_optax.directml_adam, hyperparam_dtype=jnp.float32, static_args=("state_dtype",)
+  )
+  with pytest.raises(Exception, match=r"beta2=0.999.* rounds to 1.0 in bfloat16.*state_dtype=jnp.float32"):
+    jax.block_until_ready(jax.jit(inj(0.1).init)(params))
+  shapes = jax.eval_shape(inj(0.1).init, params)
+  assert shapes.inner_state.v[0].dtype == jnp.bfloat16
+  with pytest.raises(ValueError, match=r"beta2=0.999.* rounds to 1.0 in bfloat16"):
+    inj(0.1).init(params)  # outside jit: checked at once
+  state = jax.jit(inj(0.1, state_dtype=jnp.float32).init)(params)
+  assert state.inner_state.v[0].dtype == jnp.float32
+  jax.block_until_ready(jax.jit(inj(0.1, beta2=0.9).init)(params))
