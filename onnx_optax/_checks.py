@@ -97,7 +97,8 @@ def wide_enough(name: str, value: Any) -> Any:
       f"(bfloat16 holds 0.999 as 1.0, float16 holds 1e-8 as 0); the rules compute their scalars in "
       f"float32 at least. optax.inject_hyperparams casts float hyperparameters to the parameters' "
       f"dtype unless told otherwise: pass hyperparam_dtype=jnp.float32, as in "
-      f"optax.inject_hyperparams(onnx_optax.adam, hyperparam_dtype=jnp.float32)(...); "
+      f"optax.inject_hyperparams(onnx_optax.adam, hyperparam_dtype=jnp.float32)(...), adding "
+      f"static_args=('state_dtype',) when you pass state_dtype (and 'adam_mode' for ort_adamw); "
       f"elsewhere pass a Python float or a float32 array"
     )
   return value

@@ -86,6 +86,13 @@ def test_the_issue_example_directml_in_bfloat16():
   inject = lambda **kw: optax.inject_hyperparams(onnx_optax.directml_adam, static_args=("state_dtype",), **kw)  # noqa: E731
   with pytest.raises(TypeError, match=r"arrived as a bfloat16 array.*hyperparam_dtype=jnp\.float32"):
     inject()(0.1, state_dtype=jnp.float32).init(p)
+  # The advice, literally: hyperparam_dtype, and state_dtype among the static_args.
+  advised = optax.inject_hyperparams(
+    onnx_optax.directml_adam, hyperparam_dtype=jnp.float32, static_args=("state_dtype",)
+  )
+  with pytest.raises(TypeError, match=r"static_args=\('state_dtype',\) when you pass state_dtype"):
+    inject()(0.1, state_dtype=jnp.float32).init(p)
+  advised(0.1, state_dtype=jnp.float32).init(p)
 
   def run(tx):
     x, s = p, tx.init(p)
