@@ -402,3 +402,32 @@ def test_bfloat16_state_round_trips_bit_for_bit():
   back = to_torch_state_dict(state, saved)
   assert torch.equal(back["state"][0]["momentum_buffer"], saved["state"][0]["momentum_buffer"])
   assert back["state"][0]["momentum_buffer"].dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("kind", ["SGD", "Adagrad", "AdamW"])
+def test_a_state_dict_of_an_older_pytorch(kind):
+  """Groups without the options PyTorch added later (maximize, foreach, differentiable, fused,
+  capturable) and a Python-number step, as older versions saved them: read as the behaviour they had,
+  and written back with a step PyTorch reads."""
+  with jax.enable_x64(True):
+    ref = _model()
+    opt_ref = _optimizer(kind, ref, named=False)
+    _torch_steps(ref, opt_ref, N + M)
+    model = _model()
+    opt = _optimizer(kind, model, named=False)
+    _torch_steps(model, opt, N)
+    saved = opt.state_dict()
+    later = {"maximize", "foreach", "differentiable", "fused", "capturable"}
+    saved["param_groups"] = [{k: v for k, v in g.items() if k not in later} for g in saved["param_groups"]]
+    for entry in saved["state"].values():
+      if "step" in entry:
+        entry["step"] = float(entry["step"])
+    params = [jnp.asarray(dict(model.named_parameters())[n].detach().numpy()) for n in ORDER]
+    tx, state = from_torch_state_dict(saved, params)
+    params, state = _jax_steps(tx, state, params, model, M)
+    for x, name in zip(params, ORDER):
+      np.testing.assert_allclose(
+        np.asarray(x), dict(ref.named_parameters())[name].detach().numpy(), rtol=1e-12
+      )
+    back = to_torch_state_dict(state, saved)
+    assert all(float(e["step"]) == N + M for e in back["state"].values() if "step" in e)

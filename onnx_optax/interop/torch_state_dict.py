@@ -48,6 +48,9 @@ _ENTRY = {
 }
 
 
+_OLDER_DEFAULTS = {"maximize": False, "foreach": None, "differentiable": False, "fused": None, "capturable": False}
+
+
 class _Param:
   """A parameter of a state dict: its key, and the shape, dtype and device its state has."""
 
@@ -329,7 +332,10 @@ def _groups(kind: str, groups: list[dict], stand_ins: dict, names: list | None) 
   out, k = [], 0
   for group in groups:
     members = [stand_ins[key] for key in group["params"]]
-    view = {**group, "params": members}
+    # Options an older PyTorch saved no key for: the behaviour it had (none of them but maximize
+    # changes the arithmetic, and maximize did not exist).
+    older = {key: value for key, value in _OLDER_DEFAULTS.items() if key in bridge._KEYS[kind]}
+    view = {**older, **group, "params": members}
     if kind in ("Adam", "AdamW"):
       view.setdefault("decoupled_weight_decay", kind == "AdamW")
     if names is not None:
