@@ -48,7 +48,13 @@ _ENTRY = {
 }
 
 
-_OLDER_DEFAULTS = {"maximize": False, "foreach": None, "differentiable": False, "fused": None, "capturable": False}
+_OLDER_DEFAULTS = {
+  "maximize": False,
+  "foreach": None,
+  "differentiable": False,
+  "fused": None,
+  "capturable": False,
+}
 
 
 class _Param:
