@@ -431,3 +431,46 @@ def test_a_state_dict_of_an_older_pytorch(kind):
       )
     back = to_torch_state_dict(state, saved)
     assert all(float(e["step"]) == N + M for e in back["state"].values() if "step" in e)
+
+
+def test_a_tensor_lr_in_a_state_dict_is_refused_and_the_advice_works():
+  """A saved ``Adam(lr=torch.tensor(...))``: refused with advice about the state dict (there is no
+  optimizer); run as printed on the state dict and on the optimizer that takes the run back, the
+  carried run equals PyTorch's."""
+  import torch_runs
+
+  with jax.enable_x64(True):
+    ref, model = _model(), _model()
+    make = lambda m: torch.optim.Adam(m.parameters(), lr=torch.tensor(0.01, dtype=torch.float64))
+    opt_ref, opt = make(ref), make(model)
+    with pytest.raises(ValueError) as refused_live:
+      from_torch_state_dict(opt.state_dict(), [jnp.zeros(p.shape, jnp.float64) for p in model.parameters()])
+    message = str(refused_live.value)
+    assert (
+      "in the state dict, then call from_torch_state_dict: for group in state_dict['param_groups']" in message
+    )
+    for o in (opt_ref, opt):  # the code as printed, on each optimizer's groups (what its state dict saves)
+      torch_runs.follow_advice(refused_live.value, state_dict={"param_groups": o.param_groups})
+    _torch_steps(ref, opt_ref, N + M)
+    _torch_steps(model, opt, N)
+    saved = opt.state_dict()
+    params = [jnp.asarray(p.detach().numpy()) for p in model.parameters()]
+    tx, state = from_torch_state_dict(saved, params)
+    params, _ = _jax_steps_list(tx, state, params, model, M)
+    for x, q in zip(params, ref.parameters()):
+      np.testing.assert_allclose(np.asarray(x), q.detach().numpy(), rtol=1e-12)
+
+
+def _jax_steps_list(tx, state, params, model, steps):
+  """Steps in JAX on a list in the model's order (a one-group optimizer's order)."""
+  names = [n for n, _ in model.named_parameters()]
+  for _ in range(steps):
+    with torch.no_grad():
+      for (_, p), x in zip(model.named_parameters(), params):
+        p.copy_(torch.from_numpy(np.array(x)))
+    model.zero_grad()
+    _loss(model).backward()
+    grads = [jnp.asarray(dict(model.named_parameters())[n].grad.numpy()) for n in names]
+    updates, state = tx.update(grads, state, params)
+    params = optax.apply_updates(params, updates)
+  return params, state

@@ -72,7 +72,7 @@ KEYWORD_ONLY = {
   onnx_optax.interop.to_torch: [],  # no option: only nothing positional-only
   onnx_optax.interop.torch_params: [],
   onnx_optax.interop._common.check_leaves: ["argument", "order"],
-  torch_bridge._check_group: [],
+  torch_bridge._check_group: ["source"],
   torch_bridge.mapping: ["tensors", "is_leaf"],
   tolerance._momentum: ["alpha", "beta", "mode", "norm_coefficient"],
   tolerance._adagrad: ["decay_factor", "epsilon", "norm_coefficient"],

@@ -7,6 +7,7 @@ in the optimizer code being compared.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -52,8 +53,7 @@ def jax_steps(tx, state, params, grads):
   return params, state
 
 
-def follow_advice(error: BaseException, optimizer: Any) -> None:
+def follow_advice(error: BaseException, optimizer: Any = None, state_dict: Any = None) -> None:
   """Runs, as printed, the code that a refusal of a tensor hyperparameter tells the user to run."""
-  message = str(error)
-  code = message.split("then call from_torch: ", 1)[1].split(" (PyTorch's own", 1)[0]
-  exec(code, {"optimizer": optimizer})
+  code = re.split(r"then call from_torch(?:_state_dict)?: ", str(error), maxsplit=1)[1].split(" (", 1)[0]
+  exec(code, {"optimizer": optimizer, "state_dict": state_dict})

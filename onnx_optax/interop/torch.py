@@ -244,6 +244,7 @@ class View(NamedTuple):
   groups: Sequence[dict]
   state: Mapping[Any, dict]
   defaults: Mapping[str, Any] | None
+  source: str = "optimizer"  # "state_dict": a refusal's advice edits the state dict instead
 
 
 def carry(torch: Any, view: View, params: Any, learning_rate: Any) -> tuple[Any, Any]:
@@ -252,7 +253,7 @@ def carry(torch: Any, view: View, params: Any, learning_rate: Any) -> tuple[Any,
   leaves, treedef, perm = _ordered(params, groups, "params")
   rates = _common.learning_rates(learning_rate, len(groups))
   for g, group in enumerate(groups):
-    _check_group(g, group, kind)
+    _check_group(g, group, kind, source=view.source)
   _check_scheduler(groups, rates)
 
   transforms_by_label: dict[str, optax.GradientTransformation] = {}
@@ -659,7 +660,7 @@ def _described(groups: Sequence[dict]) -> list[tuple[tuple[int, ...], str, str]]
   return out
 
 
-def _check_group(g: int, group: dict, kind: str) -> None:
+def _check_group(g: int, group: dict, kind: str, *, source: str = "optimizer") -> None:
   known = _KEYS[kind]
   unknown = sorted(set(group) - known)
   if unknown:
@@ -676,7 +677,7 @@ def _check_group(g: int, group: dict, kind: str) -> None:
       f"param_groups[{g}]['lr'] is a {str(lr.dtype).removeprefix('torch.')} tensor ({lr!r}) and "
       f"lr_decay is {group['lr_decay']}: torch.optim.Adagrad then computes "
       f"lr / (1 + (step - 1) * lr_decay) in {str(lr.dtype).removeprefix('torch.')}, not in float64 as "
-      f"for a Python float, so no transform follows its rounding. {_float_advice('lr')}"
+      f"for a Python float, so no transform follows its rounding. {_float_advice('lr', source)}"
     )
   if group.get("differentiable"):
     raise ValueError(
@@ -685,7 +686,7 @@ def _check_group(g: int, group: dict, kind: str) -> None:
       f"(JAX differentiates through the transform itself)"
     )
   if kind in ("Adam", "AdamW"):
-    _check_adam_group(g, group, kind)
+    _check_adam_group(g, group, kind, source=source)
   if kind == "SGD":
     if group["nesterov"] and (group["momentum"] == 0 or group["dampening"] != 0):
       # PyTorch's constructor refuses this too; a group edited after it is not.
@@ -697,9 +698,15 @@ def _check_group(g: int, group: dict, kind: str) -> None:
       )
 
 
-def _float_advice(key: str) -> str:
+def _float_advice(key: str, source: str = "optimizer") -> str:
   """The advice of a refusal of a tensor hyperparameter: a Python float computes in float64, as the rules."""
   value = "tuple(float(b) for b in group['betas'])" if key == "betas" else f"float(group[{key!r}])"
+  if source == "state_dict":
+    return (
+      f"Make it a Python float in the state dict, then call from_torch_state_dict: "
+      f"for group in state_dict['param_groups']: group[{key!r}] = {value} "
+      f"(and in the optimizer that loads it back, whose next steps then compute in float64 too)"
+    )
   return (
     f"Make it a Python float in the optimizer, then call from_torch: "
     f"for group in optimizer.param_groups: group[{key!r}] = {value} "
@@ -808,7 +815,7 @@ def _to_tensor(torch: Any, value: np.ndarray, like: Any) -> Any:
 # --- torch.optim.Adam and AdamW: ONNX Runtime AdamW, adam_mode = 0 ------------
 
 
-def _check_adam_group(g: int, group: dict, kind: str) -> None:
+def _check_adam_group(g: int, group: dict, kind: str, *, source: str = "optimizer") -> None:
   """Refuses what no transform reproduces exactly (before anything is read or written)."""
   if group["amsgrad"]:
     raise ValueError(
@@ -823,7 +830,7 @@ def _check_adam_group(g: int, group: dict, kind: str) -> None:
       raise ValueError(
         f"param_groups[{g}][{key!r}] is a tensor ({group[key]!r}): PyTorch then computes the step "
         f"size in the tensor's dtype (float32 unless made otherwise), not in float64 as for a Python "
-        f"number, so no transform follows its rounding. {_float_advice(key)}"
+        f"number, so no transform follows its rounding. {_float_advice(key, source)}"
       )
   complex_params = [j for j, p in enumerate(group["params"]) if p.is_complex()]
   if complex_params:

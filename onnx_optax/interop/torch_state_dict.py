@@ -147,6 +147,7 @@ def from_torch_state_dict(
     _groups(kind, groups, stand_ins, names),
     {stand_ins[key]: dict(entries[key]) for key in keys if key in entries},
     None,
+    source="state_dict",
   )
   return bridge.carry(torch, view, params, learning_rate)
 
