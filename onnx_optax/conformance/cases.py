@@ -56,7 +56,9 @@ DTYPES = ("float32", "float64", "float16", "bfloat16")
 #: evaluated in the frameworks' order. They run a smaller grid (:func:`cases`), in the dtypes
 #: their frameworks train in with their own state: :data:`TWIN_DTYPES`.
 TWINS = ("pytorch_sgd", "pytorch_adagrad", "pytorch_adam", "pytorch_adamw", "keras_adam")
-TWIN_DTYPES = ("float32", "float64")
+#: bfloat16: parameters with a float32 state only (PyTorch's mixed precision), PyTorch's twins
+#: only (Keras computes in the variable's dtype, bfloat16 there).
+TWIN_DTYPES = ("float32", "float64", "bfloat16")
 
 INT32_MAX = int(np.iinfo(np.int32).max)
 LARGE = 10**6
@@ -380,10 +382,25 @@ def _twin_cases(rule: str, dtype: str) -> list[Case]:
   stores, which the tolerance model does not follow yet) and the 10^6-element case (the
   runtime: the same arithmetic as ``odd``).
   """
-  if dtype not in TWIN_DTYPES:
-    raise ValueError(f"the twins run in {TWIN_DTYPES}, got dtype={dtype!r}")
+  if dtype not in dtypes_of(rule):
+    raise ValueError(f"the twins run in {dtypes_of(rule)} ({rule}), got dtype={dtype!r}")
   c = lambda name, **kw: _case(rule, dtype, name, **kw)  # noqa: E731
   no_l2 = {"weight_decay": 0.0} if "weight_decay" in _DEFAULTS[rule] else {}
+  if dtype == "bfloat16":  # PyTorch's mixed precision: bfloat16 parameters, a float32 state.
+    f32 = dict(state_dtype="float32")
+    grid = [
+      c("state_dtype=float32", shapes=((), (3, 5), (1, 7, 2)), **f32),
+      c("state_dtype=float32,T=0", T=0, **f32),
+      c("state_dtype=float32,T=10^6", T=10**6, **f32),
+      c("state_dtype=float32,weight_decay=0", hyper=no_l2, **f32),
+      # The first state's increments alone, the gradient not rounded by a weight decay.
+      c("state_dtype=float32,state=0,T=0", T=0, state="zero", hyper=no_l2, **f32),
+      c("state_dtype=float32,|X|~step", x_scale=SMALL_X, **f32),
+    ]
+    if rule in _TWIN_EPSILON:
+      tiny = {_TWIN_EPSILON[rule]: _TINY[dtype], **no_l2}
+      grid.append(c("state_dtype=float32,gradient~epsilon", R=1.0, gradient="tiny", hyper=tiny, **f32))
+    return grid
   grid = [
     c("pytree", shapes=((), (3, 5), (1, 7, 2))),
     c("scalar", T=2, shapes=((),)),
@@ -408,7 +425,10 @@ def _twin_cases(rule: str, dtype: str) -> list[Case]:
 
 
 def dtypes_of(rule: str) -> tuple[str, ...]:
-  """The dtypes the grid checks ``rule`` in: :data:`DTYPES`, or :data:`TWIN_DTYPES` for a twin."""
+  """The dtypes the grid checks ``rule`` in: :data:`DTYPES`, or :data:`TWIN_DTYPES` for a twin
+  (Keras's Adam: float32 and float64)."""
+  if rule == "keras_adam":
+    return ("float32", "float64")
   return TWIN_DTYPES if rule in TWINS else DTYPES
 
 

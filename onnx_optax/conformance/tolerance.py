@@ -751,17 +751,27 @@ def _in_place_update(c: Context, X: Bounded, X_new: Bounded) -> tuple[Bounded, B
   ``U = X_new - X`` rounded in ``X``'s dtype (exact where the two are within a factor 2,
   Sterbenz; one rounding otherwise), for the implementation and the expectation alike; the
   implementation's output is then ``X + U`` (``optax.apply_updates``), one rounding more.
+  Parameters narrower than the compute dtype (``param``): ``X_new`` is rounded to theirs
+  first, as PyTorch stores it, and ``U`` and ``X + U`` are computed there.
   """
-  U = c.sub(X_new, X)
+  p = c.param or c
+  X_new = c.update(X_new)  # Rounded to the parameters' dtype (``param``), else as it is.
+  U = p.sub(X_new, X)
   if c.hyper_dtype is None:
     return X_new, U
-  return c.add(X, U), U
+  return p.add(X, U), U
+
+
+def _stored_like_params(c: Context, g: Bounded) -> Bounded:
+  """A tensor PyTorch stores in the gradient's (the parameters') dtype: the regularized
+  gradient, AdamW's decayed parameter. Rounded to it where it is narrower (``param``)."""
+  return c.update(g)
 
 
 def _pytorch_sgd(c: Context, R, T, X, G, buf, *, momentum, dampening, weight_decay, nesterov):
   """``_single_tensor_sgd``: ``grad + weight_decay * X``, the buffer, ``X + (-lr) * grad``."""
   X, G, buf = c.exact(X), c.exact(G), c.exact(buf)
-  g = G if weight_decay == 0 else c.add(c.mul(X, c.const(weight_decay)), G)
+  g = G if weight_decay == 0 else _stored_like_params(c, c.add(c.mul(X, c.const(weight_decay)), G))
   buf_new = buf
   if momentum != 0:
     if T == 0:
@@ -786,9 +796,12 @@ def _pytorch_adagrad(c: Context, R, T, X, G, S, *, lr_decay, eps, weight_decay):
       c.value("clr", lambda: s.div(s.const(R), s.add(s.exact(1.0), s.mul(T_, s.const(lr_decay)))))
     )
   X, G, S = c.exact(X), c.exact(G), c.exact(S)
-  g = G if weight_decay == 0 else c.add(c.mul(X, c.const(weight_decay)), G)
+  g = G if weight_decay == 0 else _stored_like_params(c, c.add(c.mul(X, c.const(weight_decay)), G))
   S_new = c.add(c.mul(g, g), S)
   step = c.div(c.mul(clr, g), c.add(c.sqrt(S_new), c.const(eps)))
+  if c.param is not None:  # Narrow parameters: X - step in the compute dtype, written in place.
+    X_out, U = _in_place_update(c, X, c.sub(X, step))
+    return X_out, c.store(S_new), U
   X_new = c.finish(X, step)
   return X_new, c.store(S_new), c.update_of(X, X_new, step)
 
@@ -803,10 +816,10 @@ def _pytorch_adam(c: Context, R, T, X, G, m, v, *, betas, eps, weight_decay, dec
   X, G, m, v = c.exact(X), c.exact(G), c.exact(m), c.exact(v)
   x, g = X, G
   if weight_decay != 0:
-    if decoupled:
-      x = c.mul(X, _host(c, 1 - R * weight_decay))  # param.mul_(1 - lr * weight_decay)
+    if decoupled:  # param.mul_(1 - lr * weight_decay)
+      x = _stored_like_params(c, c.mul(X, _host(c, 1 - R * weight_decay)))
     else:
-      g = c.add(c.mul(X, c.const(weight_decay)), G)
+      g = _stored_like_params(c, c.add(c.mul(X, c.const(weight_decay)), G))
   weight = _host(c, 1 - b1)
   if abs(1 - b1) < 0.5:  # lerp: start + weight * (end - start)
     m_new = c.add(c.mul(weight, c.sub(g, m)), m)
@@ -815,7 +828,7 @@ def _pytorch_adam(c: Context, R, T, X, G, m, v, *, betas, eps, weight_decay, dec
   v_new = c.add(c.mul(c.mul(_host(c, 1 - b2), g), g), c.mul(v, c.const(b2)))
   denom = c.add(c.div(c.sqrt(v_new), bc2_sqrt), c.const(eps))
   step = c.div(c.mul(step_size, m_new), denom)
-  if decoupled and weight_decay != 0:  # The decayed parameter is stored first: X_new - X.
+  if (decoupled and weight_decay != 0) or c.param is not None:  # Written in place: X_new - X.
     X_out, U = _in_place_update(c, X, c.sub(x, step))
   else:
     X_out = c.finish(X, step)

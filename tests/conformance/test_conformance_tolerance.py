@@ -8,7 +8,7 @@ import pytest
 
 from onnx_optax import reference
 from onnx_optax.conformance import tolerance
-from onnx_optax.conformance.cases import RULES
+from onnx_optax.conformance.cases import RULES, TWINS, dtypes_of
 
 U32 = 2.0**-24
 
@@ -238,10 +238,7 @@ def test_model_tracks_the_spec_values(rule, dtype, context):
 
 
 @pytest.mark.parametrize("context", sorted(CONTEXTS))
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize(
-  "rule", ["pytorch_sgd", "pytorch_adagrad", "pytorch_adam", "pytorch_adamw", "keras_adam"]
-)
+@pytest.mark.parametrize("rule,dtype", [(r, d) for r in TWINS for d in dtypes_of(r)])
 def test_twin_model_tracks_the_framework_values(rule, dtype, context):
   """The twins' bounds follow their frameworks' formulas: every twin case (and each at ``T = 0``,
   1 and the int32 maximum), the model's tracked values agree with ``reference.pytorch_*`` and,

@@ -29,8 +29,7 @@ from onnx_optax.conformance import check
 PLATFORMS = check.platforms()
 
 
-@pytest.mark.parametrize("dtype", grid.TWIN_DTYPES)
-@pytest.mark.parametrize("rule", grid.TWINS)
+@pytest.mark.parametrize("rule,dtype", [(r, d) for r in grid.TWINS for d in grid.dtypes_of(r)])
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_twin_conforms(platform, rule, dtype):
   if dtype == "float64" and not check.has_float64(platform):
@@ -43,10 +42,12 @@ def test_twin_conforms(platform, rule, dtype):
 def test_twins_have_their_own_grid():
   """Every twin has cases in every twin dtype, and none in the others (no silent empty rows)."""
   for rule in grid.TWINS:
-    assert grid.dtypes_of(rule) == grid.TWIN_DTYPES
-    for dtype in grid.TWIN_DTYPES:
+    assert grid.dtypes_of(rule) == (grid.TWIN_DTYPES if rule != "keras_adam" else ("float32", "float64"))
+    for dtype in grid.dtypes_of(rule):
       names = [c.name for c in grid.cases(rule, dtype)]
-      assert len(names) == len(set(names)) >= 17, (rule, dtype)
+      assert len(names) == len(set(names)) >= (17 if dtype != "bfloat16" else 6), (rule, dtype)
+      # bfloat16 parameters train with a float32 state (PyTorch's mixed precision).
+      assert dtype != "bfloat16" or {c.state_dtype for c in grid.cases(rule, dtype)} == {"float32"}
     with pytest.raises(ValueError, match="twins run in"):
       grid.cases(rule, "float16")
 
@@ -186,13 +187,15 @@ EQUIVALENT = {
     pytest.param(name, twins, parts, dtype, id=f"{name}-{dtype}")
     for name, twins, parts in MUTANTS
     for dtype in grid.TWIN_DTYPES
-    if dtype not in EQUIVALENT.get(name, ())
+    if dtype not in EQUIVALENT.get(name, ()) and any(dtype in grid.dtypes_of(r) for r in twins)
   ],
 )
 def test_wrong_twin_is_caught(monkeypatch, name, twins, parts, dtype):
   for part, mutant in parts.items():
     monkeypatch.setattr(rules, part, mutant)
   for rule in twins:
+    if dtype not in grid.dtypes_of(rule):
+      continue
     failed = [r for r in _results(rule, dtype, stop=True) if not r.passed]
     assert failed, f"{name} passes the {rule} {dtype} cases"
     print(f"{name} {rule} {dtype}: caught by {failed[0].name} at {failed[0].worst:.3g} x tolerance")
@@ -220,7 +223,7 @@ def test_rounding_sized_variant_is_within_the_bound(monkeypatch, name, twins, pa
   for part, mutant in parts.items():
     monkeypatch.setattr(rules, part, mutant)
   for rule in twins:
-    for dtype in grid.TWIN_DTYPES:
+    for dtype in grid.dtypes_of(rule):
       assert all(r.passed for r in _results(rule, dtype, stop=False)), (name, rule, dtype)
 
 
@@ -235,6 +238,8 @@ def test_unmutated_copies_pass(monkeypatch, dtype):
     "keras_adam": ("keras_adam_elementwise", lambda *a, **k: _keras_ort_one_minus(*a, **k, mutate=False)),
   }
   for rule, (part, copy) in copies.items():
+    if dtype not in grid.dtypes_of(rule):
+      continue
     with monkeypatch.context() as m:
       m.setattr(rules, part, copy)
       failed = [
@@ -255,6 +260,9 @@ def _margins() -> None:
       for dtype in grid.TWIN_DTYPES:
         if dtype in EQUIVALENT.get(name, ()):
           cells.append("equivalent")
+          continue
+        if dtype not in grid.dtypes_of(rule):
+          cells.append("")
           continue
         with mp.context() as m:
           for part, mutant in parts.items():
