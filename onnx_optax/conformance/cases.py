@@ -376,11 +376,11 @@ def _twin_edges(rule: str, dtype: str) -> list[Case]:
 def _twin_cases(rule: str, dtype: str) -> list[Case]:
   """The twins' grid: the rule's cases of :func:`cases` that apply to a framework's step.
 
-  Every twin's ``count`` is its framework's (updates done, 0 at the first). Left out: the
-  Optax layer's cases (schedules, ``initial_count``, state dtypes: the twins share that layer
-  with each other, not with the ONNX rules, and their state dtypes round where the framework
-  stores, which the tolerance model does not follow yet) and the 10^6-element case (the
-  runtime: the same arithmetic as ``odd``).
+  Every twin's ``count`` is its framework's (updates done, 0 at the first). bfloat16:
+  PyTorch's mixed precision only, bfloat16 parameters with a float32 state. Left out: the
+  Optax layer's cases (schedules, ``initial_count``, narrow states: the twins share that
+  layer with each other, not with the ONNX rules) and the 10^6-element case (the runtime:
+  the same arithmetic as ``odd``).
   """
   if dtype not in dtypes_of(rule):
     raise ValueError(f"the twins run in {dtypes_of(rule)} ({rule}), got dtype={dtype!r}")

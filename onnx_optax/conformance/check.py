@@ -42,9 +42,11 @@ __all__ = [
   "platforms",
   "received",
   "received_dtype",
+  "received_dtype_of",
   "run_case",
   "run_transform",
   "tolerances",
+  "update_dtype",
 ]
 
 _PLATFORM_ORDER = ("cpu", "gpu", "tpu")
