@@ -842,7 +842,7 @@ def _pytorch_adamw(c: Context, R, T, X, G, m, v, **hyper):
 
 def _keras_adam(c: Context, R, T, X, G, m, v, *, beta_1, beta_2, epsilon):
   """Keras's ``Adam.update_step`` (``T`` its ``iterations``); its expectation is DirectML Adam
-  at ``T + 1`` (:func:`_directml_adam` bounds that)."""
+  at ``T + 1`` (``_directml_adam`` bounds that)."""
   if c.hyper_dtype is None:
     return _directml_adam(c, R, T + 1, X, G, m, v, beta1=beta_1, beta2=beta_2, epsilon=epsilon)
   s = _scalar(c)
