@@ -27,7 +27,7 @@ import sys
 from collections.abc import Callable
 
 from onnx_optax.conformance import check, report
-from onnx_optax.conformance.cases import DTYPES, RULES
+from onnx_optax.conformance.cases import DTYPES, RULES, TWINS
 
 __all__ = ["EXIT_CODES", "main"]
 
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--markdown", metavar="FILE", help="write the report as Markdown")
   parser.add_argument(
     "--rule",
-    choices=RULES,
+    choices=RULES + TWINS,
     action="append",
     help="rule to check (repeatable); default: all. Filters ONNX's references too",
   )
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     platforms,
     include_onnx=not args.no_onnx,
     large=not args.no_large,
-    rules=args.rule or RULES,
+    rules=args.rule or RULES + TWINS,
     dtypes=args.dtype or DTYPES,
     log=log,
     pinned=args.pinned,

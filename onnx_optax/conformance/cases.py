@@ -24,7 +24,18 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-__all__ = ["DTYPES", "RULES", "SMALL_X", "Case", "base_rule", "cases", "numpy_dtype"]
+__all__ = [
+  "DTYPES",
+  "RULES",
+  "SMALL_X",
+  "TWINS",
+  "TWIN_DTYPES",
+  "Case",
+  "base_rule",
+  "cases",
+  "dtypes_of",
+  "numpy_dtype",
+]
 
 #: The rules the suite checks; the two Momentum modes count as two rules, and so do the two
 #: ``adam_mode`` of ONNX Runtime's AdamW.
@@ -40,6 +51,14 @@ RULES = (
 )
 #: The parameter dtypes, float32 first.
 DTYPES = ("float32", "float64", "float16", "bfloat16")
+#: The PyTorch-order and Keras-order twins (docs/spec.md, "PyTorch-order twins"): the same rules
+#: as ONNX Momentum, Adagrad, ONNX Runtime's AdamW and DirectML Adam in exact arithmetic,
+#: evaluated in the frameworks' order. They run a smaller grid (:func:`cases`), in the dtypes
+#: their frameworks train in with their own state: :data:`TWIN_DTYPES`.
+TWINS = ("pytorch_sgd", "pytorch_adagrad", "pytorch_adam", "pytorch_adamw", "keras_adam")
+#: bfloat16: parameters with a float32 state only (PyTorch's mixed precision), PyTorch's twins
+#: only (Keras computes in the variable's dtype, bfloat16 there).
+TWIN_DTYPES = ("float32", "float64", "bfloat16")
 
 INT32_MAX = int(np.iinfo(np.int32).max)
 LARGE = 10**6
@@ -65,6 +84,12 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     alpha=0.9, beta=0.999, epsilon=1e-6, weight_decay=0.01, adam_mode=1, correct_bias=True
   ),
   "ort_sgd": {},
+  # The twins' hyperparameters by their frameworks' names; every term non-zero.
+  "pytorch_sgd": dict(momentum=0.9, dampening=0.1, weight_decay=0.01, nesterov=False),
+  "pytorch_adagrad": dict(lr_decay=0.1, eps=1e-6, weight_decay=0.01),
+  "pytorch_adam": dict(betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01),
+  "pytorch_adamw": dict(betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01),
+  "keras_adam": dict(beta_1=0.9, beta_2=0.999, epsilon=1e-7),
 }
 #: The state tensors of each rule, in the spec's order, and whether each is a
 #: second moment (non-negative).
@@ -77,6 +102,11 @@ STATE: dict[str, tuple[tuple[str, bool], ...]] = {
   "ort_adamw_mode0": (("m1", False), ("m2", True)),
   "ort_adamw_mode1": (("m1", False), ("m2", True)),
   "ort_sgd": (),
+  "pytorch_sgd": (("momentum_buffer", False),),
+  "pytorch_adagrad": (("sum", True),),
+  "pytorch_adam": (("exp_avg", False), ("exp_avg_sq", True)),
+  "pytorch_adamw": (("exp_avg", False), ("exp_avg_sq", True)),
+  "keras_adam": (("m", False), ("v", True)),
 }
 _EPSILON = {
   "adagrad": "epsilon",
@@ -301,18 +331,121 @@ def _transform_layer(rule: str, dtype: str, first: int) -> list[Case]:
   return grid
 
 
+_TWIN_EPSILON = {
+  "pytorch_adagrad": "eps",
+  "pytorch_adam": "eps",
+  "pytorch_adamw": "eps",
+  "keras_adam": "epsilon",
+}
+
+
+def _twin_edges(rule: str, dtype: str) -> list[Case]:
+  """Hyperparameter edges of a twin, each one switching a term of its framework's code off or on."""
+  c = lambda name, **kw: _case(rule, dtype, name, **kw)  # noqa: E731
+  if rule == "pytorch_sgd":
+    return [
+      c("nesterov", hyper=dict(nesterov=True, dampening=0.0)),
+      c("nesterov,T=0", T=0, hyper=dict(nesterov=True, dampening=0.0)),
+      c("momentum=0", hyper=dict(momentum=0.0, dampening=0.0)),
+      c("dampening=0", hyper=dict(dampening=0.0)),
+      c("weight_decay=0", hyper=dict(weight_decay=0.0)),
+    ]
+  if rule == "pytorch_adagrad":
+    return [
+      c("lr_decay=0", hyper=dict(lr_decay=0.0)),
+      c("eps=0", hyper=dict(eps=0.0)),
+      c("weight_decay=0", hyper=dict(weight_decay=0.0)),
+    ]
+  if rule in ("pytorch_adam", "pytorch_adamw"):
+    return [
+      c("weight_decay=0", hyper=dict(weight_decay=0.0)),
+      # Large enough to stand out of X's rounding (lr * 0.01 is a few ulps of X in float32).
+      c("weight_decay=5", hyper=dict(weight_decay=5.0)),
+      c("betas[0]=0", hyper=dict(betas=(0.0, 0.999))),  # lerp's other branch (weight 1 >= 0.5)
+      c("betas[0]=0.3", hyper=dict(betas=(0.3, 0.999))),  # the other branch, weight 0.7
+      c("eps=0", hyper=dict(eps=0.0)),
+      c("betas[0]=0.999,state=0", state="zero", hyper=dict(betas=(0.999, 0.999))),
+    ]
+  return [  # keras_adam
+    c("beta_1=0", hyper=dict(beta_1=0.0)),
+    c("epsilon=0", hyper=dict(epsilon=0.0)),
+    c("beta_1=0.999,state=0", state="zero", hyper=dict(beta_1=0.999)),
+  ]
+
+
+def _twin_cases(rule: str, dtype: str) -> list[Case]:
+  """The twins' grid: the rule's cases of :func:`cases` that apply to a framework's step.
+
+  Every twin's ``count`` is its framework's (updates done, 0 at the first). bfloat16:
+  PyTorch's mixed precision only, bfloat16 parameters with a float32 state. Left out: the
+  Optax layer's cases (schedules, ``initial_count``, narrow states: the twins share that
+  layer with each other, not with the ONNX rules) and the 10^6-element case (the runtime:
+  the same arithmetic as ``odd``).
+  """
+  if dtype not in dtypes_of(rule):
+    raise ValueError(f"the twins run in {dtypes_of(rule)} ({rule}), got dtype={dtype!r}")
+  c = lambda name, **kw: _case(rule, dtype, name, **kw)  # noqa: E731
+  no_l2 = {"weight_decay": 0.0} if "weight_decay" in _DEFAULTS[rule] else {}
+  if dtype == "bfloat16":  # PyTorch's mixed precision: bfloat16 parameters, a float32 state.
+    f32 = dict(state_dtype="float32")
+    grid = [
+      c("state_dtype=float32", shapes=((), (3, 5), (1, 7, 2)), **f32),
+      c("state_dtype=float32,T=0", T=0, **f32),
+      c("state_dtype=float32,T=10^6", T=10**6, **f32),
+      c("state_dtype=float32,weight_decay=0", hyper=no_l2, **f32),
+      # The first state's increments alone, the gradient not rounded by a weight decay.
+      c("state_dtype=float32,state=0,T=0", T=0, state="zero", hyper=no_l2, **f32),
+      c("state_dtype=float32,|X|~step", x_scale=SMALL_X, **f32),
+    ]
+    if rule in _TWIN_EPSILON:
+      tiny = {_TWIN_EPSILON[rule]: _TINY[dtype], **no_l2}
+      grid.append(c("state_dtype=float32,gradient~epsilon", R=1.0, gradient="tiny", hyper=tiny, **f32))
+    return grid
+  grid = [
+    c("pytree", shapes=((), (3, 5), (1, 7, 2))),
+    c("scalar", T=2, shapes=((),)),
+    c("odd", shapes=((13,),)),
+    c("T=0", T=0),
+    c("T=1", T=1),
+    c("T=10^6", T=10**6),
+    c("T=int32max", T=INT32_MAX),
+    c("gradient=0", gradient="zero"),
+    c("gradient=huge", gradient="huge"),
+    c("state=0,T=0", T=0, state="zero"),
+  ]
+  if rule in _TWIN_EPSILON:
+    grid.append(
+      c("gradient~epsilon", R=1.0, gradient="tiny", hyper={_TWIN_EPSILON[rule]: _TINY[dtype], **no_l2})
+    )
+  else:
+    grid.append(c("gradient=tiny", gradient="tiny", hyper=no_l2))
+  grid += _twin_edges(rule, dtype)
+  grid += [c(f"|X|~step,T={T}", T=T, x_scale=SMALL_X) for T in (0, 1, _LARGE_T)]
+  return grid
+
+
+def dtypes_of(rule: str) -> tuple[str, ...]:
+  """The dtypes the grid checks ``rule`` in: :data:`DTYPES`, or :data:`TWIN_DTYPES` for a twin
+  (Keras's Adam: float32 and float64)."""
+  if rule == "keras_adam":
+    return ("float32", "float64")
+  return TWIN_DTYPES if rule in TWINS else DTYPES
+
+
 def cases(rule: str, dtype: str, *, large: bool = True) -> list[Case]:
   """Every case of one rule in one dtype.
 
   Args:
-    rule: a name of :data:`RULES`.
-    dtype: a name of :data:`DTYPES`.
+    rule: a name of :data:`RULES` or :data:`TWINS`.
+    dtype: a name of :data:`DTYPES` (:data:`TWIN_DTYPES` for a twin).
     large: include the case with one tensor of 10^6 elements.
 
   Example:
     >>> [c.name for c in cases("adam", "float32")][:4]
     ['pytree', 'scalar', 'odd', 'T=0']
   """
+  if rule in TWINS:
+    return _twin_cases(rule, dtype)
   first = 1 if rule in ONE_BASED else 0  # DirectML's and ORT AdamW's T start at 1.
   c = lambda name, **kw: _case(rule, dtype, name, **kw)  # noqa: E731
   grid = [

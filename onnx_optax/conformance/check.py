@@ -24,7 +24,7 @@ from onnx_optax.conformance import arithmetic as arithmetic_lib
 from onnx_optax.conformance import scalars as scalars_lib
 from onnx_optax.conformance import tolerance
 from onnx_optax.conformance.arithmetic import DeviceArithmetic
-from onnx_optax.conformance.cases import INT32_MAX, STATE, Case, base_rule, numpy_dtype
+from onnx_optax.conformance.cases import INT32_MAX, STATE, TWINS, Case, base_rule, numpy_dtype
 
 __all__ = [
   "EXTENDED",
@@ -42,9 +42,11 @@ __all__ = [
   "platforms",
   "received",
   "received_dtype",
+  "received_dtype_of",
   "run_case",
   "run_transform",
   "tolerances",
+  "update_dtype",
 ]
 
 _PLATFORM_ORDER = ("cpu", "gpu", "tpu")
@@ -94,6 +96,11 @@ def make_transform(
     "directml_adam": onnx_optax.directml_adam,
     "ort_adamw": onnx_optax.ort_adamw,
     "ort_sgd": onnx_optax.ort_sgd,
+    "pytorch_sgd": onnx_optax.pytorch_sgd,
+    "pytorch_adagrad": onnx_optax.pytorch_adagrad,
+    "pytorch_adam": onnx_optax.pytorch_adam,
+    "pytorch_adamw": onnx_optax.pytorch_adamw,
+    "keras_adam": onnx_optax.keras_adam,
   }
   return makers[base_rule(rule)](R, **hyper, **extra)
 
@@ -105,6 +112,11 @@ _STATE_CLS = {
   "directml_adam": onnx_optax.DirectMLAdamState,
   "ort_adamw": onnx_optax.OrtAdamWState,
   "ort_sgd": onnx_optax.OrtSGDState,
+  "pytorch_sgd": onnx_optax.PyTorchSGDState,
+  "pytorch_adagrad": onnx_optax.PyTorchAdagradState,
+  "pytorch_adam": onnx_optax.PyTorchAdamState,
+  "pytorch_adamw": onnx_optax.PyTorchAdamState,
+  "keras_adam": onnx_optax.KerasAdamState,
 }
 
 
@@ -181,6 +193,13 @@ def received_dtype(dtype: str, state_dtype: str | None = None) -> np.dtype:
   return np.dtype(np.float64 if x64 else np.float32)
 
 
+def received_dtype_of(rule: str, dtype: str, state_dtype: str | None = None) -> np.dtype:
+  """:func:`received_dtype`, but float64 for a twin: PyTorch's and Keras's hyperparameters are
+  Python floats, and the twins compute their scalars from them on the host (``1 - beta2`` in
+  float64, rounded once), or round each one once where it meets a tensor."""
+  return np.dtype(np.float64) if rule in TWINS else received_dtype(dtype, state_dtype)
+
+
 def received(R: float, hyper: dict[str, Any], dtype: Any) -> tuple[float, dict[str, Any]]:
   """``R`` and the hyperparameters as the rule receives them: each float rounded to ``dtype``.
 
@@ -201,6 +220,30 @@ def received(R: float, hyper: dict[str, Any], dtype: Any) -> tuple[float, dict[s
 EXTENDED = np.dtype(np.longdouble) if np.finfo(np.longdouble).nmant > 52 else np.dtype(np.float64)
 
 
+def _twin_expected(rule: str, R: float, T: int, x, g, s, hyper, dtype: Any) -> tuple[np.ndarray, ...]:
+  """A twin's outputs from its framework's NumPy expectation (:mod:`onnx_optax.reference`).
+
+  PyTorch's rules: ``reference.pytorch_*`` (``count = T``; AdamW is ``pytorch_adam`` with
+  ``decoupled_weight_decay``). Keras's Adam is DirectML Adam in exact arithmetic (Keras's
+  ``m += (g - m) * (1 - beta_1)`` is ``beta_1 m + (1 - beta_1) g``, its ``alpha`` DirectML's
+  ``LearningRate * Alpha`` at ``T = count + 1``): ``reference.directml_adam``.
+  """
+  if rule == "pytorch_sgd":
+    X_new, buf = reference.pytorch_sgd(R, T, x, g, s[0], maximize=False, dtype=dtype, **hyper)
+    return X_new, (np.asarray(s[0], dtype) if buf is None else buf)  # No momentum: the buffer stays.
+  if rule == "pytorch_adagrad":
+    return reference.pytorch_adagrad(R, T, x, g, s[0], maximize=False, dtype=dtype, **hyper)
+  if rule in ("pytorch_adam", "pytorch_adamw"):
+    decoupled = rule == "pytorch_adamw"
+    return reference.pytorch_adam(
+      R, T, x, g, *s, decoupled_weight_decay=decoupled, maximize=False, dtype=dtype, **hyper
+    )
+  b1, b2, eps = hyper["beta_1"], hyper["beta_2"], hyper["epsilon"]
+  return reference.directml_adam(
+    x, s[0], s[1], g, T + 1, learning_rate=R, beta1=b1, beta2=b2, epsilon=eps, dtype=dtype
+  )
+
+
 def expected(
   rule: str, R: float, T: int, X, G, state, hyper, dtype: Any = np.float64
 ) -> list[tuple[np.ndarray, ...]]:
@@ -208,7 +251,9 @@ def expected(
   outs = []
   for i, (x, g) in enumerate(zip(X, G)):
     s = [block[i] for block in state]
-    if rule == "directml_adam":
+    if rule in TWINS:
+      outs.append(_twin_expected(rule, R, T, x, g, s, hyper, dtype))
+    elif rule == "directml_adam":
       outs.append(reference.directml_adam(x, s[0], s[1], g, T, learning_rate=R, dtype=dtype, **hyper))
     else:
       base = base_rule(rule)
@@ -222,11 +267,19 @@ def expected_update(rule: str, R: float, T: int, X, G, state, hyper) -> list[np.
   In float64 ``X_new - X`` would carry ``X_new``'s rounding, ``u |X|``,
   which is far more than ``u |U|`` when the step is small beside ``X``;
   in extended precision that error is ``2**-11`` times smaller.
+
+  A twin's expectation is computed in float64 (``reference.pytorch_*`` emulate PyTorch's fused
+  operations through float64 in any dtype but float64): :func:`update_dtype`.
   """
-  outs = expected(rule, R, T, X, G, state, hyper, dtype=EXTENDED)
-  return [
-    (np.asarray(out[0], EXTENDED) - np.asarray(x, EXTENDED)).astype(np.float64) for out, x in zip(outs, X)
-  ]
+  wide = update_dtype(rule)
+  outs = expected(rule, R, T, X, G, state, hyper, dtype=wide)
+  return [(np.asarray(out[0], wide) - np.asarray(x, wide)).astype(np.float64) for out, x in zip(outs, X)]
+
+
+def update_dtype(rule: str) -> np.dtype:
+  """The dtype of ``U``'s expectation: :data:`EXTENDED`, float64 for a twin (its ``X_new - X``
+  then carries ``X_new``'s float64 rounding, which the expectation's bound charges)."""
+  return np.dtype(np.float64) if rule in TWINS else EXTENDED
 
 
 def tolerances(
@@ -271,7 +324,7 @@ def tolerances(
     scalars=scalars,
   )
   ref = tolerance.reference_context(received_dtype=received_dtype)
-  ref_u = tolerance.reference_context(EXTENDED, received_dtype=received_dtype)
+  ref_u = tolerance.reference_context(update_dtype(rule), received_dtype=received_dtype)
   u64, tiny64 = ref.u, ref.tiny
   R_in, hyper_in = (R, hyper) if received_dtype is None else received(R, hyper, received_dtype)
   outs = []
@@ -378,6 +431,11 @@ OUTPUT_NAMES = {
   "directml_adam": ("X_new", "M_new", "V_new"),
   "ort_adamw": ("X_new", "M1_new", "M2_new"),
   "ort_sgd": ("X_new",),
+  "pytorch_sgd": ("X_new", "momentum_buffer"),
+  "pytorch_adagrad": ("X_new", "sum"),
+  "pytorch_adam": ("X_new", "exp_avg", "exp_avg_sq"),
+  "pytorch_adamw": ("X_new", "exp_avg", "exp_avg_sq"),
+  "keras_adam": ("X_new", "m", "v"),
 }
 
 
@@ -409,7 +467,7 @@ def check_outputs(
   passes them); without them the tolerance is the pinned model's.
   """
   X, G, state = inputs if inputs is not None else case.inputs()
-  received_in = received_dtype(case.dtype, case.state_dtype)
+  received_in = received_dtype_of(case.rule, case.dtype, case.state_dtype)
   R, hyper = received(case.learning_rate, case.hyper, received_in)
   want = expected(case.rule, R, case.T, X, G, state, hyper)
   want_u = expected_update(case.rule, R, case.T, X, G, state, hyper) if got_u is not None else None

@@ -98,7 +98,7 @@ def run(
   *,
   include_onnx: bool = True,
   large: bool = True,
-  rules: Sequence[str] = cases_lib.RULES,
+  rules: Sequence[str] = cases_lib.RULES + cases_lib.TWINS,
   dtypes: Sequence[str] = cases_lib.DTYPES,
   log: Callable[[str], None] | None = None,
   pinned: bool = False,
@@ -110,7 +110,8 @@ def run(
     include_onnx: also run ONNX's backend test cases and the
       ReferenceEvaluator comparison (when ``onnx`` is importable).
     large: include the 10^6-element case of each rule and dtype.
-    rules, dtypes: restrict the grid (names of ``cases.RULES``, ``cases.DTYPES``).
+    rules, dtypes: restrict the grid (names of ``cases.RULES`` and ``cases.TWINS``,
+      ``cases.DTYPES``); a twin runs in the dtypes of ``cases.TWIN_DTYPES`` only.
     log: called with a line of progress.
     pinned: charge the documented constants (``K_TRANSCENDENTAL``, ``k = 1`` on
       CPU) instead of each device's measured arithmetic and each case's
@@ -167,6 +168,8 @@ def _run_platform(
   """The grid's rows, then ONNX's references, of one platform, appended to ``report``."""
   for rule in rules:
     for dtype in dtypes:
+      if dtype not in cases_lib.dtypes_of(rule):
+        continue  # Not in the grid (a twin in float16 or bfloat16): no row.
       if dtype == "float64" and not check.has_float64(platform):
         report["skipped"].append(dict(platform=platform, rule=rule, dtype=dtype, reason=NO_FLOAT64))
         continue

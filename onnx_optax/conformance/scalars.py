@@ -71,6 +71,23 @@ class _Jax:
   def where(condition: Any, a: Any, b: Any) -> Any:
     return jnp.where(condition, a, b)
 
+  @staticmethod
+  def power(beta: Any, T: Any) -> Any:
+    """Keras's ``beta ** (T + 1)``: ``T`` cast to ``beta``'s dtype, plus one, then ``pow``."""
+    return jnp.power(beta, jnp.asarray(T).astype(beta.dtype) + 1)
+
+  @staticmethod
+  def pytorch_power_complement(beta: float, T: Any) -> Any:
+    """PyTorch's ``1 - beta ** step`` (``step = T + 1``, ``beta`` a Python float) on the device:
+    float64 under x64; else ``-expm1(step * log(beta))``, ``log`` of the float64 ``beta`` on the host."""
+    dtype = jnp.result_type(float)
+    step = jnp.asarray(T, dtype) + 1
+    if dtype == jnp.float64:
+      return 1 - jnp.asarray(beta, dtype) ** step
+    if beta == 0:
+      return jnp.ones((), dtype)
+    return -jnp.expm1(step * jnp.asarray(math.log(beta), dtype))
+
 
 _DECIMAL = decimal.Context(prec=45, Emin=-99999, Emax=99999, traps=[])
 
@@ -95,6 +112,14 @@ class _Exact:
   @staticmethod
   def where(condition: bool, a: Any, b: Any) -> Any:
     return a if condition else b
+
+  @staticmethod
+  def power(beta: decimal.Decimal, T: int) -> decimal.Decimal:
+    return _DECIMAL.power(beta, T + 1)
+
+  @staticmethod
+  def pytorch_power_complement(beta: float, T: int) -> decimal.Decimal:
+    return _DECIMAL.subtract(1, _DECIMAL.power(decimal.Decimal(beta), T + 1))
 
 
 # -- the formulas (docs/spec.md), one per rule ----------------------------------------------
@@ -155,6 +180,35 @@ def _ort_sgd(o: Any, R: Any, T: Any, h: dict[str, Any], raw: Mapping[str, Any]) 
   return {"R": R}
 
 
+# The twins: PyTorch computes its scalars in Python float64 from Python floats; the twins
+# compute the step-dependent ones on the device (float64 under x64, else float32, ``log(beta)``
+# taken on the host), the constant ones on the host (rounded once where they meet a tensor,
+# charged by the tolerance model without a measurement). Keras computes ``alpha`` in the
+# variable's dtype from the hyperparameters rounded to it.
+
+
+def _pytorch_sgd(o: Any, R: Any, T: Any, h: dict[str, Any], raw: Mapping[str, Any]) -> dict[str, Any]:
+  return {"R": R}  # -lr and 1 - dampening are Python floats.
+
+
+def _pytorch_adagrad(o: Any, R: Any, T: Any, h: dict[str, Any], raw: Mapping[str, Any]) -> dict[str, Any]:
+  return {"R": R, "clr": R / (1 + T * h["lr_decay"])}  # clr = lr / (1 + (step - 1) * lr_decay)
+
+
+def _pytorch_adam(o: Any, R: Any, T: Any, h: dict[str, Any], raw: Mapping[str, Any]) -> dict[str, Any]:
+  beta1, beta2 = (float(b) for b in raw["betas"])
+  return {
+    "R": R,
+    "step_size": R / o.pytorch_power_complement(beta1, T),
+    "bias_correction2_sqrt": o.sqrt(o.pytorch_power_complement(beta2, T)),
+  }
+
+
+def _keras_adam(o: Any, R: Any, T: Any, h: dict[str, Any], raw: Mapping[str, Any]) -> dict[str, Any]:
+  alpha = R * o.sqrt(1 - o.power(h["beta_2"], T)) / (1 - o.power(h["beta_1"], T))
+  return {"R": R, "alpha": alpha}
+
+
 #: Each rule's per-update scalars (by its name in :mod:`onnx_optax.reference`): the one place
 #: where a rule declares them.
 FORMULAS: dict[str, Callable[..., dict[str, Any]]] = {
@@ -164,6 +218,11 @@ FORMULAS: dict[str, Callable[..., dict[str, Any]]] = {
   "directml_adam": _directml_adam,
   "ort_adamw": _ort_adamw,
   "ort_sgd": _ort_sgd,
+  "pytorch_sgd": _pytorch_sgd,
+  "pytorch_adagrad": _pytorch_adagrad,
+  "pytorch_adam": _pytorch_adam,
+  "pytorch_adamw": _pytorch_adam,
+  "keras_adam": _keras_adam,
 }
 
 
@@ -290,6 +349,6 @@ def measure_case(case: Case, platform: str) -> dict[str, Bounded]:
     case.T,
     case.hyper,
     x64=np.float64 in (dtype, state_dtype),
-    received=check.received_dtype(case.dtype, case.state_dtype),
+    received=check.received_dtype_of(case.rule, case.dtype, case.state_dtype),
     schedule=schedule,
   )

@@ -730,6 +730,136 @@ def _ort_sgd(c: Context, R, T, X, G):
   return X_new, c.update_of(X, X_new, step)
 
 
+# -- the twins (docs/spec.md, "PyTorch-order twins") ----------------------------------------
+# In their frameworks' order (onnx_optax.rules, pytorch_* and keras_adam), which is also the
+# order of reference.pytorch_*; Keras's Adam is checked against reference.directml_adam, whose
+# own order its expectation's bound follows. Their hyperparameters reach them as Python floats
+# (Context.received is float64): each is rounded once where it meets a tensor (const), and the
+# scalars the frameworks compute in Python (1 - beta2, 1 - dampening, 1 - lr * weight_decay)
+# are float64 numbers rounded once (_host).
+
+
+def _host(c: Context, value: float) -> Bounded:
+  """A scalar the framework computes in Python float64 (two roundings at most, ``2 u64 |v|``),
+  rounded once to ``dtype`` where it meets a tensor (the expectation keeps the float64 number)."""
+  return c.to_elementwise(Bounded(value, 2 * 2.0**-53 * abs(value)))
+
+
+def _in_place_update(c: Context, X: Bounded, X_new: Bounded) -> tuple[Bounded, Bounded]:
+  """``(X_out, U)`` of a rule that writes ``X_new`` in place (``rules._in_place``).
+
+  ``U = X_new - X`` rounded in ``X``'s dtype (exact where the two are within a factor 2,
+  Sterbenz; one rounding otherwise), for the implementation and the expectation alike; the
+  implementation's output is then ``X + U`` (``optax.apply_updates``), one rounding more.
+  Parameters narrower than the compute dtype (``param``): ``X_new`` is rounded to theirs
+  first, as PyTorch stores it, and ``U`` and ``X + U`` are computed there.
+  """
+  p = c.param or c
+  X_new = c.update(X_new)  # Rounded to the parameters' dtype (``param``), else as it is.
+  U = p.sub(X_new, X)
+  if c.hyper_dtype is None:
+    return X_new, U
+  return p.add(X, U), U
+
+
+def _stored_like_params(c: Context, g: Bounded) -> Bounded:
+  """A tensor PyTorch stores in the gradient's (the parameters') dtype: the regularized
+  gradient, AdamW's decayed parameter. Rounded to it where it is narrower (``param``)."""
+  return c.update(g)
+
+
+def _pytorch_sgd(c: Context, R, T, X, G, buf, *, momentum, dampening, weight_decay, nesterov):
+  """``_single_tensor_sgd``: ``grad + weight_decay * X``, the buffer, ``X + (-lr) * grad``."""
+  X, G, buf = c.exact(X), c.exact(G), c.exact(buf)
+  g = G if weight_decay == 0 else _stored_like_params(c, c.add(c.mul(X, c.const(weight_decay)), G))
+  buf_new = buf
+  if momentum != 0:
+    if T == 0:
+      buf_new = g  # The first step copies the gradient.
+    else:
+      decayed = c.mul(buf, c.const(momentum))
+      buf_new = c.add(g if dampening == 0 else c.mul(g, _host(c, 1 - dampening)), decayed)
+    g = c.add(c.mul(buf_new, c.const(momentum)), g) if nesterov else buf_new
+  X_new = c.sub(X, c.mul(g, c.const(R)))
+  X_out, U = _in_place_update(c, X, X_new)
+  return X_out, c.store(buf_new), U
+
+
+def _pytorch_adagrad(c: Context, R, T, X, G, S, *, lr_decay, eps, weight_decay):
+  """``_single_tensor_adagrad``: ``clr`` per update, ``sum += g * g``, ``X - clr * g / (sqrt(sum) + eps)``."""
+  s = _scalar(c)
+  if lr_decay == 0:
+    clr = c.const(R)  # PyTorch's lr itself, a Python float.
+  else:
+    T_ = s.const(float(T), received=False)
+    clr = c.to_elementwise(
+      c.value("clr", lambda: s.div(s.const(R), s.add(s.exact(1.0), s.mul(T_, s.const(lr_decay)))))
+    )
+  X, G, S = c.exact(X), c.exact(G), c.exact(S)
+  g = G if weight_decay == 0 else _stored_like_params(c, c.add(c.mul(X, c.const(weight_decay)), G))
+  S_new = c.add(c.mul(g, g), S)
+  step = c.div(c.mul(clr, g), c.add(c.sqrt(S_new), c.const(eps)))
+  if c.param is not None:  # Narrow parameters: X - step in the compute dtype, written in place.
+    X_out, U = _in_place_update(c, X, c.sub(X, step))
+    return X_out, c.store(S_new), U
+  X_new = c.finish(X, step)
+  return X_new, c.store(S_new), c.update_of(X, X_new, step)
+
+
+def _pytorch_adam(c: Context, R, T, X, G, m, v, *, betas, eps, weight_decay, decoupled=False):
+  """``_single_tensor_adam`` (``decoupled``: AdamW): the lerp, ``mul_`` + ``addcmul_``, the root
+  divided by ``sqrt(1 - beta2^step)`` (a true division), ``X - step_size * m / denom``."""
+  s = _scalar(c)
+  b1, b2 = (float(b) for b in betas)
+  step_size = c.to_elementwise(c.value("step_size", lambda: s.div(s.const(R), s.one_minus_power(b1, T + 1))))
+  bc2_sqrt = c.to_elementwise(c.value("bias_correction2_sqrt", lambda: s.sqrt(s.one_minus_power(b2, T + 1))))
+  X, G, m, v = c.exact(X), c.exact(G), c.exact(m), c.exact(v)
+  x, g = X, G
+  if weight_decay != 0:
+    if decoupled:  # param.mul_(1 - lr * weight_decay)
+      x = _stored_like_params(c, c.mul(X, _host(c, 1 - R * weight_decay)))
+    else:
+      g = _stored_like_params(c, c.add(c.mul(X, c.const(weight_decay)), G))
+  weight = _host(c, 1 - b1)
+  if abs(1 - b1) < 0.5:  # lerp: start + weight * (end - start)
+    m_new = c.add(c.mul(weight, c.sub(g, m)), m)
+  else:  # end + (weight - 1) * (end - start)
+    m_new = c.add(c.mul(c.sub(weight, c.exact(1.0)), c.sub(g, m)), g)
+  v_new = c.add(c.mul(c.mul(_host(c, 1 - b2), g), g), c.mul(v, c.const(b2)))
+  denom = c.add(c.div(c.sqrt(v_new), bc2_sqrt), c.const(eps))
+  step = c.div(c.mul(step_size, m_new), denom)
+  if (decoupled and weight_decay != 0) or c.param is not None:  # Written in place: X_new - X.
+    X_out, U = _in_place_update(c, X, c.sub(x, step))
+  else:
+    X_out = c.finish(X, step)
+    U = c.update_of(X, X_out, step)
+  return X_out, c.store(m_new), c.store(v_new), U
+
+
+def _pytorch_adamw(c: Context, R, T, X, G, m, v, **hyper):
+  return _pytorch_adam(c, R, T, X, G, m, v, decoupled=True, **hyper)
+
+
+def _keras_adam(c: Context, R, T, X, G, m, v, *, beta_1, beta_2, epsilon):
+  """Keras's ``Adam.update_step`` (``T`` its ``iterations``); its expectation is DirectML Adam
+  at ``T + 1`` (``_directml_adam`` bounds that)."""
+  if c.hyper_dtype is None:
+    return _directml_adam(c, R, T + 1, X, G, m, v, beta1=beta_1, beta2=beta_2, epsilon=epsilon)
+  s = _scalar(c)
+
+  def bound() -> Bounded:
+    root = s.sqrt(s.one_minus_power(beta_2, T + 1))
+    return s.div(s.mul(s.const(R), root), s.one_minus_power(beta_1, T + 1))
+
+  alpha = c.to_elementwise(c.value("alpha", bound))
+  X, G, m, v = c.exact(X), c.exact(G), c.exact(m), c.exact(v)
+  m_new = c.add(m, c.mul(c.sub(G, m), _host(c, 1 - beta_1)))
+  v_new = c.add(v, c.mul(c.sub(c.mul(G, G), v), _host(c, 1 - beta_2)))
+  step = c.div(c.mul(m_new, alpha), c.add(c.sqrt(v_new), c.const(epsilon)))
+  X_new = c.finish(X, step)
+  return X_new, c.store(m_new), c.store(v_new), c.update_of(X, X_new, step)
+
+
 _BOUNDS: dict[str, Callable[..., tuple[Bounded, ...]]] = {
   "momentum": _momentum,
   "adagrad": _adagrad,
@@ -737,6 +867,11 @@ _BOUNDS: dict[str, Callable[..., tuple[Bounded, ...]]] = {
   "directml_adam": _directml_adam,
   "ort_adamw": _ort_adamw,
   "ort_sgd": _ort_sgd,
+  "pytorch_sgd": _pytorch_sgd,
+  "pytorch_adagrad": _pytorch_adagrad,
+  "pytorch_adam": _pytorch_adam,
+  "pytorch_adamw": _pytorch_adamw,
+  "keras_adam": _keras_adam,
 }
 
 

@@ -58,17 +58,18 @@ def test_every_platform_runs_the_same_cases(monkeypatch):
   monkeypatch.setattr(check, "run_case", record)
   monkeypatch.setattr(report, "_device_name", lambda platform: platform)
   result = report.run(["cpu", "gpu", "tpu"], include_onnx=False, large=False, pinned=True)  # No device.
-  everything = [c.id for r in grid.RULES for d in grid.DTYPES for c in grid.cases(r, d, large=False)]
+  every_rule = grid.RULES + grid.TWINS
+  everything = [c.id for r in every_rule for d in grid.dtypes_of(r) for c in grid.cases(r, d, large=False)]
   assert [i for i, _ in seen["cpu"]] == everything and len(set(everything)) == len(everything)
   assert seen["gpu"] == seen["cpu"]
   assert seen["tpu"] == [(i, h) for i, h in seen["cpu"] if "-float64-" not in i]
   skipped = {(s["platform"], s["rule"], s["dtype"]) for s in result["skipped"]}
-  assert skipped == {("tpu", r, "float64") for r in grid.RULES}
+  assert skipped == {("tpu", r, "float64") for r in every_rule}
   rows = {(r["platform"], r["rule"], r["dtype"]): r["cases"] for r in result["rows"]}
   assert all(
     rows[("cpu", r, d)] == rows[("gpu", r, d)] == len(grid.cases(r, d, large=False))
-    for r in grid.RULES
-    for d in grid.DTYPES
+    for r in every_rule
+    for d in grid.dtypes_of(r)
   )
 
 
@@ -83,8 +84,8 @@ def test_no_case_checks_nothing(platform):
   Adam and ORT AdamW mode 0 reach it), and on CPU and GPU no case has any.
   """
   limited = []
-  for rule in grid.RULES:
-    for dtype in grid.DTYPES:
+  for rule in grid.RULES + grid.TWINS:
+    for dtype in grid.dtypes_of(rule):
       for case in grid.cases(rule, dtype, large=False):
         X, G, state = case.inputs()
         tols = check.tolerances(
@@ -220,6 +221,9 @@ def test_expectations_use_the_hyperparameters_as_received():
     and check.received_dtype("bfloat16", "float32") == np.float32
   )
   assert check.received_dtype("float32", "float64") == np.float64
+  # The twins' hyperparameters are PyTorch's and Keras's Python floats, in every dtype.
+  assert check.received_dtype_of("pytorch_adam", "float32") == np.float64
+  assert check.received_dtype_of("adam", "float32") == np.float32
   R, hyper = check.received(0.05, {"beta": 0.999, "mode": "standard"}, np.float32)
   assert R == float(np.float32(0.05)) and hyper == {"beta": float(np.float32(0.999)), "mode": "standard"}
 

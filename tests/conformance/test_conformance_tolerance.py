@@ -8,7 +8,7 @@ import pytest
 
 from onnx_optax import reference
 from onnx_optax.conformance import tolerance
-from onnx_optax.conformance.cases import RULES
+from onnx_optax.conformance.cases import RULES, TWINS, dtypes_of
 
 U32 = 2.0**-24
 
@@ -178,7 +178,7 @@ def _model_and_expectation(case, context_of):
   from onnx_optax.conformance.cases import numpy_dtype
 
   X, G, state = case.inputs()
-  received_in = check.received_dtype(case.dtype, case.state_dtype)
+  received_in = check.received_dtype_of(case.rule, case.dtype, case.state_dtype)
   R, hyper = check.received(case.learning_rate, case.hyper, received_in)
   want = check.expected(case.rule, R, case.T, X, G, state, hyper)
   want_u = check.expected_update(case.rule, R, case.T, X, G, state, hyper)
@@ -231,6 +231,29 @@ def test_model_tracks_the_spec_values(rule, dtype, context):
         w = np.asarray(w, np.float64)
         # float64 evaluations of one formula in two orders: a few ulp of the largest term, |X| for
         # X_new and U (X_new - X cancels).
+        scale = np.abs(w) + (size_x if k in (0, len(got) - 1) else 0.0)
+        assert np.all(np.abs(g - w) <= 1e-12 * scale + 1e-300), (case.id, k, np.max(np.abs(g - w)))
+        checked += 1
+  assert checked > 50
+
+
+@pytest.mark.parametrize("context", sorted(CONTEXTS))
+@pytest.mark.parametrize("rule,dtype", [(r, d) for r in TWINS for d in dtypes_of(r)])
+def test_twin_model_tracks_the_framework_values(rule, dtype, context):
+  """The twins' bounds follow their frameworks' formulas: every twin case (and each at ``T = 0``,
+  1 and the int32 maximum), the model's tracked values agree with ``reference.pytorch_*`` and,
+  for Keras's Adam, ``reference.directml_adam`` at ``T + 1``. Planted: the bound's
+  ``bias_correction2`` at ``T`` instead of ``T + 1`` fails here."""
+  from onnx_optax.conformance.cases import cases, replace
+
+  grid = cases(rule, dtype)
+  grid += [replace(c, T=T) for c in grid if c.T == 5 for T in (0, 1, 2**31 - 1)]
+  checked = 0
+  for case in grid:
+    for got, want, size_x in _model_and_expectation(case, CONTEXTS[context]):
+      assert len(got) == len(want), case.id
+      for k, (g, w) in enumerate(zip(got, want)):
+        w = np.asarray(w, np.float64)
         scale = np.abs(w) + (size_x if k in (0, len(got) - 1) else 0.0)
         assert np.all(np.abs(g - w) <= 1e-12 * scale + 1e-300), (case.id, k, np.max(np.abs(g - w)))
         checked += 1
