@@ -15,7 +15,9 @@ Exit codes (one per outcome, :data:`EXIT_CODES`):
 * 4: nothing was checked (every selected case skipped, e.g. ``--dtype
   float64`` on a device without float64);
 * 5: every case passed, but a report file could not be written after the
-  run (the other report is written and the verdict printed all the same).
+  run (the other report is written and the verdict printed all the same);
+* 6: the run itself raised (a bug, or a broken installation): the traceback
+  is printed, and no verdict.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import argparse
 import os
 import shlex
 import sys
+import traceback
 from collections.abc import Callable
 
 from onnx_optax.conformance import check, report
@@ -31,7 +34,7 @@ from onnx_optax.conformance.cases import DTYPES, RULES, TWINS
 
 __all__ = ["EXIT_CODES", "main"]
 
-PASSED, FAILED, USAGE, NO_PLATFORM, NOTHING_CHECKED, NOT_WRITTEN = 0, 1, 2, 3, 4, 5
+PASSED, FAILED, USAGE, NO_PLATFORM, NOTHING_CHECKED, NOT_WRITTEN, CRASHED = 0, 1, 2, 3, 4, 5, 6
 
 #: Exit code -> outcome, as ``--help`` lists them.
 EXIT_CODES = {
@@ -44,6 +47,7 @@ EXIT_CODES = {
   "device without float64)",
   NOT_WRITTEN: "every case passed but a report file could not be written (the other one is written, "
   "the verdict printed)",
+  CRASHED: "the run itself raised (a bug or a broken installation; the traceback is printed, no verdict)",
 }
 
 
@@ -119,15 +123,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"JAX finds no {', '.join(missing)} device (found: {', '.join(found)})", file=sys.stderr)
     return NO_PLATFORM
   log = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
-  result = report.run(
-    platforms,
-    include_onnx=not args.no_onnx,
-    large=not args.no_large,
-    rules=args.rule or RULES + TWINS,
-    dtypes=args.dtype or DTYPES,
-    log=log,
-    pinned=args.pinned,
-  )
+  try:
+    result = report.run(
+      platforms,
+      include_onnx=not args.no_onnx,
+      large=not args.no_large,
+      rules=args.rule or RULES + TWINS,
+      dtypes=args.dtype or DTYPES,
+      log=log,
+      pinned=args.pinned,
+    )
+  except Exception:  # noqa: BLE001 -- any crash: not a failed case, which exits 1.
+    traceback.print_exc()
+    print("the conformance run raised: no verdict", file=sys.stderr)
+    return CRASHED
   print(report.format_table(result), flush=True)
   command = "python -m onnx_optax.conformance " + shlex.join(argv if argv is not None else sys.argv[1:])
   written = True

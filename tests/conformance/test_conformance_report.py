@@ -111,10 +111,17 @@ def test_usage_error_exits_2(capsys):
 
 def test_exit_codes_are_distinct_and_documented():
   """One code per outcome, each in --help and in docs/conformance.md."""
-  assert sorted(cli.EXIT_CODES) == [0, 1, 2, 3, 4, 5]
-  assert [cli.PASSED, cli.FAILED, cli.USAGE, cli.NO_PLATFORM, cli.NOTHING_CHECKED, cli.NOT_WRITTEN] == list(
-    range(6)
-  )
+  assert sorted(cli.EXIT_CODES) == [0, 1, 2, 3, 4, 5, 6]
+  codes = [
+    cli.PASSED,
+    cli.FAILED,
+    cli.USAGE,
+    cli.NO_PLATFORM,
+    cli.NOTHING_CHECKED,
+    cli.NOT_WRITTEN,
+    cli.CRASHED,
+  ]
+  assert codes == list(range(7))
   out = subprocess.run(
     [sys.executable, "-m", "onnx_optax.conformance", "--help"], capture_output=True, text=True, check=True
   ).stdout
@@ -123,6 +130,20 @@ def test_exit_codes_are_distinct_and_documented():
   for code, what in cli.EXIT_CODES.items():
     assert f"{code}: {what}" in help_text
     assert f"| {code} |" in docs
+
+
+def test_a_crash_is_not_a_failed_case(monkeypatch, capsys):
+  """The run raising (a bug, a broken installation) exits 6 with the traceback, never 1 ("a case
+  failed") nor a verdict."""
+
+  def broken(*args, **kwargs):
+    raise RuntimeError("planted")
+
+  monkeypatch.setattr(report, "run", broken)
+  assert cli.main(["--rule", "adagrad", "--quiet"]) == cli.CRASHED == 6
+  err = capsys.readouterr()
+  assert "RuntimeError: planted" in err.err and "no verdict" in err.err
+  assert "PASSED" not in err.out and "FAILED" not in err.out
 
 
 def test_rule_and_dtype_filter_onnx_references(monkeypatch):
