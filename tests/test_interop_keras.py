@@ -340,7 +340,7 @@ def test_keras_no_op_options_are_accepted_and_change_nothing(option):
   tx, state = from_keras(opt, [jnp.asarray(v.numpy()) for v in variables])
   params, state = jax_steps(tx, state, [jnp.asarray(v.numpy()) for v in variables], grads[3:])
   _, _, _, run64 = reference_run(np.float32, 7)
-  check_final(np.float32, params, state.m, state.v, records, run64)
+  check_final(np.float32, params, state.momentums, state.velocities, records, run64)
   to_keras(state, keras.optimizers.Adam(**HYPER, **option), params, variables=keras_variables(x0))
 
 
