@@ -51,13 +51,13 @@ RULES = (
 )
 #: The parameter dtypes, float32 first.
 DTYPES = ("float32", "float64", "float16", "bfloat16")
-#: The PyTorch-order and Keras-order twins (docs/spec.md, "PyTorch-order twins"): the same rules
-#: as ONNX Momentum, Adagrad, ONNX Runtime's AdamW and DirectML Adam in exact arithmetic,
-#: evaluated in the frameworks' order. They run a smaller grid (:func:`cases`), in the dtypes
-#: their frameworks train in with their own state: :data:`TWIN_DTYPES`.
+#: The PyTorch-order and Keras-order twins, the same rules as ONNX Momentum, Adagrad, ONNX
+#: Runtime's AdamW and DirectML Adam in exact arithmetic, evaluated in the frameworks' order
+#: (docs/spec.md, "PyTorch-order twins"). They run a smaller grid (:func:`cases`), in the
+#: dtypes their frameworks train in with their own state, :data:`TWIN_DTYPES`.
 TWINS = ("pytorch_sgd", "pytorch_adagrad", "pytorch_adam", "pytorch_adamw", "keras_adam")
-#: bfloat16: parameters with a float32 state only (PyTorch's mixed precision), PyTorch's twins
-#: only (Keras computes in the variable's dtype, bfloat16 there).
+#: The twins' dtypes. In bfloat16 the parameters only, with a float32 state (PyTorch's mixed
+#: precision), and PyTorch's twins only (Keras computes in the variable's dtype, bfloat16 there).
 TWIN_DTYPES = ("float32", "float64", "bfloat16")
 
 INT32_MAX = int(np.iinfo(np.int32).max)
