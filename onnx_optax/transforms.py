@@ -1013,7 +1013,8 @@ def pytorch_sgd(
   dampening = _checks.hyperparameter("dampening", dampening, minimum=0.0, maximum=1.0)
   weight_decay = _checks.coefficient("weight_decay", weight_decay)
   nesterov, maximize = _flag("nesterov", nesterov), _flag("maximize", maximize)
-  if nesterov and (momentum == 0 or dampening != 0):
+  concrete = not (_checks.is_traced(momentum) or _checks.is_traced(dampening))
+  if nesterov and concrete and (momentum == 0 or dampening != 0):  # injected, traced: unchecked
     raise ValueError(
       f"nesterov=True needs momentum > 0 and dampening = 0 (as torch.optim.SGD), got "
       f"momentum={momentum}, dampening={dampening}"
@@ -1275,8 +1276,10 @@ def keras_adam(
     >>> optax.apply_updates(params, updates)  # Keras's float32 bias corrections: 0.9 +- ulps
     Array([0.9000007, 2.0999994], dtype=float32)
   """
-  beta_1 = float(_checks.decay("beta_1", beta_1, below_one=True))
-  beta_2 = float(_checks.decay("beta_2", beta_2))
+  # Python floats, as Keras holds them (1 - beta is then rounded once from float64); an injected,
+  # traced value stays an array (optax.inject_hyperparams).
+  beta_1 = _python_float(_checks.decay("beta_1", beta_1, below_one=True))
+  beta_2 = _python_float(_checks.decay("beta_2", beta_2))
   epsilon = _checks.epsilon("epsilon", epsilon)
 
   def elementwise(s, X, G, m, v):
@@ -1292,3 +1295,8 @@ def keras_adam(
     initial_values=(0.0, 0.0),
     reads_params=False,
   )
+
+
+def _python_float(value: Any) -> Any:
+  """A concrete hyperparameter as a Python float; a traced one as it is."""
+  return value if _checks.is_traced(value) else float(value)

@@ -90,6 +90,19 @@ RULE_CONFIGS = {
 STATIC_ARGS = ("adam_mode",)
 
 
+#: The PyTorch- and Keras-order twins (no NumPy expectation in ``reference.RULES`` nor an ONNX
+#: bound, so not in RULE_CONFIGS): transform, hyperparameters and the ``static_args`` that
+#: ``optax.inject_hyperparams`` needs for those that are not numbers.
+TWIN_CONFIGS: dict[str, tuple[Any, dict[str, Any], tuple[str, ...]]] = {
+  "pytorch_sgd": (onnx_optax.pytorch_sgd, dict(momentum=0.9, dampening=0.1, weight_decay=0.01), ()),
+  "pytorch_sgd_nesterov": (onnx_optax.pytorch_sgd, dict(momentum=0.9, nesterov=True), ("nesterov",)),
+  "pytorch_adagrad": (onnx_optax.pytorch_adagrad, dict(lr_decay=0.01, weight_decay=0.01), ()),
+  "pytorch_adam": (onnx_optax.pytorch_adam, dict(betas=(0.9, 0.999), weight_decay=0.01), ("betas",)),
+  "pytorch_adamw": (onnx_optax.pytorch_adamw, dict(betas=(0.9, 0.999), weight_decay=0.01), ("betas",)),
+  "keras_adam": (onnx_optax.keras_adam, dict(beta_1=0.9, beta_2=0.999), ()),
+}
+
+
 def static_args(hyper: dict[str, Any], *more: str) -> tuple[str, ...]:
   """``static_args`` for ``optax.inject_hyperparams`` of a transform made with ``hyper``, plus ``more``."""
   return tuple(name for name in STATIC_ARGS if name in hyper) + more

@@ -1,4 +1,4 @@
-"""Sharded training with the four rules on 8 devices (run by test_sharding.py).
+"""Sharded training with every rule and twin on 8 devices (run by test_sharding.py).
 
 JAX fixes its device count when it starts, so this runs in a process of its
 own, on 8 virtual CPU devices::
@@ -35,9 +35,9 @@ COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "coll
 
 
 def _configs():
-  from rule_configs import RULE_CONFIGS, static_args
+  from rule_configs import RULE_CONFIGS, TWIN_CONFIGS, static_args
 
-  return {k: (c.make, c.hyper, static_args(c.hyper)) for k, c in RULE_CONFIGS.items()}
+  return {**{k: (c.make, c.hyper, static_args(c.hyper)) for k, c in RULE_CONFIGS.items()}, **TWIN_CONFIGS}
 
 
 def main() -> int:
