@@ -330,10 +330,13 @@ def decays_representable(
   ``may_be_one``: the rates whose range includes 1, for which the message
   offers ``1.0`` as the other fix.
   """
-  dtypes = []
+  # One check per distinct (compute, store) dtype pair, named by its first leaf: a model of
+  # thousands of leaves has two or three pairs.
+  pairs: dict[tuple[Any, Any], str] = {}
   for path, leaf in _leaves(params):
     stored = jnp.dtype(state_dtype or leaf.dtype)
-    dtypes.append((path, jnp.promote_types(leaf.dtype, stored), stored))
+    pairs.setdefault((jnp.promote_types(leaf.dtype, stored), stored), path)
+  dtypes = [(path, computed, stored) for (computed, stored), path in pairs.items()]
   concrete = {name: v for name, v in decays.items() if not is_traced(v)}
   _decays_round(concrete, dtypes, may_be_one)
   traced = {name: v for name, v in decays.items() if is_traced(v)}

@@ -24,6 +24,7 @@ position otherwise).
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -238,9 +239,11 @@ def _read(state_dict: Any, optimizer: Any, argument: str) -> tuple[str, list[dic
       f"{argument}'s param groups list parameters {keys[:6]}: a state dict keys them all by index "
       f"(optimizer.state_dict()) or all by name (get_optimizer_state_dict)"
     )
-  if len(set(keys)) != len(keys):
-    raise ValueError(f"{argument}'s param groups list a parameter twice: {_twice(keys)}")
-  orphans = [key for key in entries if key not in set(keys)]
+  twice = [key for key, n in collections.Counter(keys).items() if n > 1]
+  if twice:
+    raise ValueError(f"{argument}'s param groups list a parameter twice: {twice[:6]}")
+  listed = set(keys)
+  orphans = [key for key in entries if key not in listed]
   if orphans:
     raise ValueError(
       f"{argument}['state'] has entries {orphans[:6]} that no param group lists: the groups do not "
@@ -251,15 +254,6 @@ def _read(state_dict: Any, optimizer: Any, argument: str) -> tuple[str, list[dic
   if not by_name and groups and all("param_names" in group for group in groups):
     names = [str(name) for group in groups for name in group["param_names"]]
   return kind, groups, entries, keys, names
-
-
-def _twice(keys: list) -> list:
-  seen, twice = set(), []
-  for key in keys:
-    if key in seen:
-      twice.append(key)
-    seen.add(key)
-  return twice[:6]
 
 
 def _kind(groups: list[dict], optimizer: Any, argument: str) -> str:
