@@ -55,8 +55,10 @@ def configurations() -> dict[str, tuple[str, dict]]:
   """Every rule and variant the registry holds: name -> (transform name, hyperparameters)."""
   out = {}
   for rule in registry.rules():
+    assert rule.conformance is not None, rule.name
     tests = rule.conformance.tests
-    out[rule.name] = (rule.name, dict(tests.hyper))
+    if not rule.variants:
+      out[rule.name] = (rule.name, dict(tests.hyper))
     for variant in rule.variants:
       hyper = dict(variant.tests.hyper) if variant.tests else {**tests.hyper, **variant.hyper}
       out[f"{rule.name}_{variant.suffix}"] = (rule.name, hyper)

@@ -25,7 +25,8 @@ The spec, each rule's formulas, ``T``, defaults, dtypes and operand orders:
 docs/spec.md.
 """
 
-from onnx_optax import registry, rules
+from onnx_optax import registry as registry  # the registry, filled by the rules
+from onnx_optax import rules as rules
 from onnx_optax.transforms import (
   AdagradState,
   AdamState,

@@ -41,7 +41,9 @@ def _strings(tree: ast.AST) -> list[str]:
       body = node.body
       if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
         skip.add(id(body[0].value))
-    if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+    if isinstance(node, ast.Assign) and any(
+      isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+    ):
       skip.update(id(n) for n in ast.walk(node.value))
   return [
     node.value
@@ -80,7 +82,7 @@ def test_a_rule_name_is_spelled_at_most_three_times():
 
 def _imports(module: str, path: pathlib.Path) -> set[str]:
   """The package's modules that ``module`` imports, at module level or inside a function."""
-  found = set()
+  found: set[str] = set()
   package = module if path.name == "__init__.py" else module.rpartition(".")[0]
   for node in ast.walk(ast.parse(path.read_text())):
     if isinstance(node, ast.Import):
@@ -88,7 +90,9 @@ def _imports(module: str, path: pathlib.Path) -> set[str]:
     elif isinstance(node, ast.ImportFrom):
       base = node.module or ""
       if node.level:
-        base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+        base = ".".join(
+          package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+        )
       names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base for alias in node.names]
     else:
       continue
