@@ -51,7 +51,9 @@ def keras_adam_elementwise(
   Python arithmetic gives them; the rest is in the variable's dtype. Written as Keras's
   JAX backend writes it, so that XLA compiles it as it compiles Keras's jitted step
   (``model.fit``). ``X`` is not read: ``variable -= step`` is ``X + (-step)`` to the bit.
-  Returns ``(U, m_new, v_new)``, in the gradient's (the variable's) dtype.
+  Returns ``(U, m_new, v_new)``: ``U`` in the gradient's (the variable's) dtype, the moments
+  in their own, as Keras's ``assign`` stores them (with a ``state_dtype`` other than the
+  variable's, which Keras does not have, the arithmetic of the mixed dtypes rounded there).
   """
   del X  # Keras subtracts the step from the variable: the update is the negated step.
   dt = G.dtype
@@ -63,7 +65,13 @@ def keras_adam_elementwise(
   alpha = lr * jnp.sqrt(1 - beta_2_power) / (1 - beta_1_power)
   m_new = m + (g - m) * (1 - beta_1)
   v_new = v + (jnp.square(g) - v) * (1 - beta_2)
-  return -((m_new * alpha) / (_numerics.sqrt(v_new) + epsilon)), m_new, v_new
+  U = -((m_new * alpha) / (_numerics.sqrt(v_new) + epsilon))
+  return _stored(U, G.dtype), _stored(m_new, m.dtype), _stored(v_new, v.dtype)
+
+
+def _stored(x: Array, dtype: Any) -> Array:
+  """``x`` in ``dtype``; no operation where it is already (the variable's dtype throughout)."""
+  return x if x.dtype == dtype else x.astype(dtype)
 
 
 class KerasAdamState(NamedTuple):
