@@ -17,10 +17,18 @@ __all__ = ["KerasAdamScalars", "KerasAdamState", "keras_adam", "keras_adam_eleme
 
 class KerasAdamScalars(NamedTuple):
   """The per-update inputs of :func:`onnx_optax.keras_adam`: the learning rate and the count
-  (Keras's ``iterations``); Keras computes its scalars from them in each variable's dtype."""
+  (Keras's ``iterations``); Keras computes its scalars from them in each variable's dtype.
+
+  ``arrays``: the hyperparameters that arrive as arrays (``optax.inject_hyperparams``; traced
+  under ``jax.jit`` or ``jax.grad``), by name, None when all are Python numbers. They reach the
+  element-wise part through the scalars, the inputs of the leaf loop that a derivative is taken
+  through, never as constants captured by it (a traced constant would leak out of the loop's
+  ``jax.custom_jvp``).
+  """
 
   lr: Any
   count: Any
+  arrays: dict[str, Any] | None = None
 
 
 def keras_adam_scalars(lr: ArrayLike, count: ArrayLike) -> KerasAdamScalars:
@@ -143,7 +151,18 @@ def _beta_2(name: str, value: Any) -> Any:
 
 
 def _bind(rule: registry.Rule, hyper: dict[str, Any]) -> tuple[Any, Any]:
-  return (rule.scalars, lambda s, X, G, m, v: rule.elementwise(s, X, G, m, v, **hyper))
+  # Python numbers are constants of the element-wise part; arrays go through the scalars.
+  arrays = {k: v for k, v in hyper.items() if not isinstance(v, (int, float))} or None
+  numbers = {k: v for k, v in hyper.items() if arrays is None or k not in arrays}
+
+  def scalars(R: Any, T: Any) -> KerasAdamScalars:
+    s = rule.scalars(R, T)
+    return s if arrays is None else s._replace(arrays=arrays)
+
+  def elementwise(s: KerasAdamScalars, X: Any, G: Array, m: Array, v: Array) -> tuple[Array, Array, Array]:
+    return rule.elementwise(s, X, G, m, v, **numbers, **(s.arrays or {}))
+
+  return scalars, elementwise
 
 
 RULE = registry.register(
