@@ -71,10 +71,19 @@ def keras_adam_elementwise(
   beta_1_power = jnp.power(jnp.asarray(beta_1, dt), local_step)
   beta_2_power = jnp.power(jnp.asarray(beta_2, dt), local_step)
   alpha = lr * jnp.sqrt(1 - beta_2_power) / (1 - beta_1_power)
-  m_new = m + (g - m) * (1 - beta_1)
-  v_new = v + (jnp.square(g) - v) * (1 - beta_2)
-  U = -((m_new * alpha) / (_numerics.sqrt(v_new) + epsilon))
+  d_m = g - m
+  m_new = m + d_m * _weak(1 - beta_1, d_m)
+  d_v = jnp.square(g) - v
+  v_new = v + d_v * _weak(1 - beta_2, d_v)
+  root = _numerics.sqrt(v_new)
+  U = -((m_new * alpha) / (root + _weak(epsilon, root)))
   return _stored(U, G.dtype), _stored(m_new, m.dtype), _stored(v_new, v.dtype)
+
+
+def _weak(c: Any, x: Array) -> Any:
+  """A hyperparameter where it meets the tensor ``x``: a Python number as it is (JAX rounds it to
+  ``x``'s dtype, as Keras's Python floats are), an array (injected) rounded to ``x``'s dtype alike."""
+  return c if isinstance(c, (int, float)) else jnp.asarray(c, x.dtype)
 
 
 def _stored(x: Array, dtype: Any) -> Array:
