@@ -170,7 +170,9 @@ RULE = registry.register(
     twin_of=onnx_adagrad.RULE,
     conformance=registry.Conformance(
       hyper=dict(lr_decay=0.1, eps=1e-6, weight_decay=0.01),
-      tests=registry.TestConfig(dict(lr_decay=0.01, weight_decay=0.01), 0.05, ""),
+      tests=registry.TestConfig(
+        dict(lr_decay=0.01, weight_decay=0.01, initial_accumulator_value=0.1, eps=0.3), 0.05, ""
+      ),
       dtypes=("float32", "float64", "bfloat16"),
       edges=(
         registry.Edge("lr_decay=0", {"hyper": {"lr_decay": 0.0}}),

@@ -309,7 +309,7 @@ RULE = registry.register(
     twin_of=ort.RULE,
     conformance=registry.Conformance(
       hyper=dict(betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01),
-      tests=registry.TestConfig(dict(betas=(0.9, 0.999), weight_decay=0.01), 0.05, ""),
+      tests=registry.TestConfig(dict(betas=(0.9, 0.999), eps=0.3, weight_decay=0.01), 0.05, ""),
       dtypes=("float32", "float64", "bfloat16"),
       edges=_EDGES,
     ),
@@ -325,7 +325,7 @@ ADAMW_RULE = registry.register(
     bindings=(registry.Binding("torch", "AdamW"),),
     conformance=registry.Conformance(
       hyper=dict(betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01),
-      tests=registry.TestConfig(dict(betas=(0.9, 0.999), weight_decay=0.01), 0.05, ""),
+      tests=registry.TestConfig(dict(betas=(0.9, 0.999), eps=0.3, weight_decay=0.01), 0.05, ""),
       dtypes=("float32", "float64", "bfloat16"),
       edges=_EDGES,
     ),
