@@ -1,171 +1,339 @@
-"""The hyperparameters the tests run each rule with, in one place.
+"""The configurations the tests run each rule with, derived from the registry.
 
-Every term of every formula matters with these values: non-zero
-norm_coefficient, beta != 1, epsilon comparable to sqrt(H), decay_factor > 0,
-norm_coefficient_post > 0, weight_decay > 0 and the bias corrections of ONNX
-Runtime's AdamW in both modes. (test_numerics uses realistic defaults instead.)
+One configuration per registered rule, or per variant where a rule has some
+(Momentum's two modes, ONNX Runtime AdamW's two ``adam_mode``) and one more per
+entry of its ``more_tests`` (PyTorch SGD's Nesterov): the transform, its state
+class, the hyperparameters and learning rate of the rule's
+:class:`~onnx_optax.registry.TestConfig` (every term of the formula matters), the
+``static_args`` that ``optax.inject_hyperparams`` needs, the count at the first
+update and the NumPy expectation the tests compare with. A rule registered from
+outside the package (``tests/test_registry_outside.py``) is among them when it is
+registered before this module is imported.
+
+The expectations are written independently of the JAX code: the spec rules'
+are :data:`onnx_optax.reference.RULES` (or whatever a rule registered there
+under its name), the twins' those of their frameworks, ``reference.pytorch_*``
+and, for Keras's Adam, DirectML Adam at ``T = count + 1`` (the same rule in exact
+arithmetic). The trajectory tolerance below is the tests' own model, written
+from the formulas, never from the implementation. (test_numerics uses
+realistic defaults instead of these configurations.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
-import onnx_optax
+import onnx_optax  # noqa: F401  # registers the package's rules
+from onnx_optax import reference, registry
 
 
 class RuleConfig(NamedTuple):
-  rule: str  # the key of onnx_optax.reference.RULES
-  make: Callable[..., Any]
+  """One configuration of a registered rule, as the tests run it."""
+
+  name: str  #: the configuration: the rule's name, or ``f"{rule}_{suffix}"`` for a variant
+  rule: str  #: the registered rule's name (its expectation, bound model and tolerance model)
+  make: Callable[..., Any]  #: the transform, ``make(learning_rate, **hyper)``
   state_cls: type
+  #: every hyperparameter the transform takes: its defaults, the TestConfig's values over them
   hyper: dict[str, Any]
   learning_rate: float
-  sweep: str  # a second hyperparameter to sweep, besides the learning rate
+  sweep: str  #: a second hyperparameter to sweep, besides the learning rate ("": none)
+  #: the hyperparameters declared static: ``optax.inject_hyperparams``' ``static_args``
+  static_args: tuple[str, ...]
+  first_count: int  #: ``state.count`` at the first update by default
+  fields: tuple[registry.Field, ...]
+  framework: bool  #: a framework twin (its hyperparameters are Python numbers, as its framework's)
+
+  def seen(self, hyper: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``hyper`` (default: the configuration's) as a float32 run of the transform receives them.
+
+    A spec rule gets each float rounded to float32 (a Python float is a weakly typed
+    float32). A twin computes its scalars from the Python numbers as its framework does
+    (``1 - beta2`` in float64, rounded once), so its expectation gets them unrounded: the
+    float32 roundings where they meet a tensor are the arithmetic the tolerance charges.
+    """
+    hyper = self.hyper if hyper is None else hyper
+    return dict(hyper) if self.framework else {k: as_float32_sees(v) for k, v in hyper.items()}
+
+  def injected(self, hyper: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``hyper`` as ``optax.inject_hyperparams`` hands them to a float32 run: each float a
+    float32 array, the rule computing from that number (a twin's ``1 - beta`` included)."""
+    hyper = self.hyper if hyper is None else hyper
+    return {k: as_float32_sees(v) for k, v in hyper.items()}
+
+  def initial_state(self, leaves: Sequence[Any], hyper: dict[str, Any] | None = None) -> list[list[Any]]:
+    """The state ``init`` starts from, one list of float64 leaves per field (the registry's values)."""
+    hyper = self.hyper if hyper is None else hyper
+    state = []
+    for f in self.fields:
+      value = float(hyper[f.initial]) if isinstance(f.initial, str) else float(f.initial)
+      state.append([np.full(np.shape(x), value) for x in leaves])
+    return state
 
 
-RULE_CONFIGS = {
-  "momentum_standard": RuleConfig(
-    "momentum",
-    onnx_optax.momentum,
-    onnx_optax.MomentumState,
-    dict(alpha=0.9, beta=0.7, mode="standard", norm_coefficient=0.05),
-    0.05,
-    "alpha",
-  ),
-  "momentum_nesterov": RuleConfig(
-    "momentum",
-    onnx_optax.momentum,
-    onnx_optax.MomentumState,
-    dict(alpha=0.8, beta=0.6, mode="nesterov", norm_coefficient=0.05),
-    0.05,
-    "beta",
-  ),
-  "adagrad": RuleConfig(
-    "adagrad",
-    onnx_optax.adagrad,
-    onnx_optax.AdagradState,
-    dict(decay_factor=0.2, epsilon=0.5, norm_coefficient=0.05),
-    0.3,
-    "decay_factor",
-  ),
-  "adam": RuleConfig(
-    "adam",
-    onnx_optax.adam,
-    onnx_optax.AdamState,
-    dict(alpha=0.85, beta=0.95, epsilon=0.3, norm_coefficient=0.05, norm_coefficient_post=0.01),
-    0.05,
-    "beta",
-  ),
-  "directml_adam": RuleConfig(
-    "directml_adam",
-    onnx_optax.directml_adam,
-    onnx_optax.DirectMLAdamState,
-    dict(beta1=0.85, beta2=0.95, epsilon=0.3),
-    0.05,
-    "beta1",
-  ),
-  "ort_adamw_mode0": RuleConfig(
-    "ort_adamw",
-    onnx_optax.ort_adamw,
-    onnx_optax.OrtAdamWState,
-    dict(alpha=0.85, beta=0.95, epsilon=0.3, weight_decay=0.2, adam_mode=0, correct_bias=True),
-    0.05,
-    "beta",
-  ),
-  "ort_adamw_mode1": RuleConfig(
-    "ort_adamw",
-    onnx_optax.ort_adamw,
-    onnx_optax.OrtAdamWState,
-    dict(alpha=0.8, beta=0.9, epsilon=0.3, weight_decay=0.2, adam_mode=1, correct_bias=True),
-    0.05,
-    "alpha",
-  ),
-  "ort_sgd": RuleConfig("ort_sgd", onnx_optax.ort_sgd, onnx_optax.OrtSGDState, {}, 0.05, ""),
-}
-
-#: The int arguments that select a formula and so cannot be injected by
-#: ``optax.inject_hyperparams`` (bools and strings are static there anyway).
-STATIC_ARGS = ("adam_mode",)
+def _configuration(rule: registry.Rule, name: str, test: registry.TestConfig) -> RuleConfig:
+  return RuleConfig(
+    name,
+    rule.name,
+    rule.transform,
+    rule.state,
+    {**rule.defaults(), **test.hyper},
+    test.learning_rate,
+    test.sweep,
+    tuple(h for h, declared in rule.hyperparameters.items() if declared.static),
+    rule.first_count(),
+    rule.fields,
+    rule.twin_of is not None,
+  )
 
 
-#: The PyTorch- and Keras-order twins (no NumPy expectation in ``reference.RULES`` nor an ONNX
-#: bound, so not in RULE_CONFIGS): transform, hyperparameters and the ``static_args`` that
-#: ``optax.inject_hyperparams`` needs for those that are not numbers.
-TWIN_CONFIGS: dict[str, tuple[Any, dict[str, Any], tuple[str, ...]]] = {
-  "pytorch_sgd": (onnx_optax.pytorch_sgd, dict(momentum=0.9, dampening=0.1, weight_decay=0.01), ()),
-  "pytorch_sgd_nesterov": (onnx_optax.pytorch_sgd, dict(momentum=0.9, nesterov=True), ("nesterov",)),
-  "pytorch_adagrad": (onnx_optax.pytorch_adagrad, dict(lr_decay=0.01, weight_decay=0.01), ()),
-  "pytorch_adam": (onnx_optax.pytorch_adam, dict(betas=(0.9, 0.999), weight_decay=0.01), ("betas",)),
-  "pytorch_adamw": (onnx_optax.pytorch_adamw, dict(betas=(0.9, 0.999), weight_decay=0.01), ("betas",)),
-  "keras_adam": (onnx_optax.keras_adam, dict(beta_1=0.9, beta_2=0.999), ()),
-}
+def configurations() -> dict[str, RuleConfig]:
+  """Every configuration of every registered rule, now (a rule registered later is included)."""
+  out = {}
+  for rule in registry.rules():
+    assert rule.conformance is not None, f"{rule.name} declares no test configuration"
+    tests = rule.conformance.tests
+    if not rule.variants:
+      out[rule.name] = _configuration(rule, rule.name, tests)
+    for variant in rule.variants:
+      test = variant.tests or registry.TestConfig(
+        {**tests.hyper, **variant.hyper}, tests.learning_rate, tests.sweep
+      )
+      out[f"{rule.name}_{variant.suffix}"] = _configuration(rule, f"{rule.name}_{variant.suffix}", test)
+    for suffix, more in rule.conformance.more_tests.items():
+      out[f"{rule.name}_{suffix}"] = _configuration(rule, f"{rule.name}_{suffix}", more)
+  return out
 
 
-def static_args(hyper: dict[str, Any], *more: str) -> tuple[str, ...]:
-  """``static_args`` for ``optax.inject_hyperparams`` of a transform made with ``hyper``, plus ``more``."""
-  return tuple(name for name in STATIC_ARGS if name in hyper) + more
+#: The configurations registered when the tests were collected.
+RULE_CONFIGS = configurations()
 
 
 def first_count(rule: str) -> int:
-  """The spec's ``T`` at a rule's first update (DirectML's and ONNX Runtime AdamW's step start at 1)."""
-  return 1 if rule in ("directml_adam", "ort_adamw") else 0
+  """``state.count`` at a rule's first update by default (DirectML's and ONNX Runtime AdamW's: 1)."""
+  return registry.get(rule).first_count()
 
 
 def as_float32_sees(value: Any) -> Any:
   """A hyperparameter as a float32 transform sees it (Python floats are weak float32)."""
-  if isinstance(value, (str, bool)) or (isinstance(value, int) and not isinstance(value, bool)):
-    return value  # a mode, or ONNX Runtime's adam_mode / correct_bias: not a float
+  if isinstance(value, (str, bool, tuple)) or (isinstance(value, int) and not isinstance(value, bool)):
+    return value  # a mode, a flag, ONNX Runtime's adam_mode, PyTorch's betas: not a float
   return float(np.float32(value))
 
 
 # ----------------------------------------------------------------------------
-# The tolerance of a trajectory against the float64 reference
+# The NumPy expectations
+
+
+def _pytorch_sgd(R, T, X, G, buf, *, dtype=np.float64, **hyper):
+  X_new, buf_new = reference.pytorch_sgd(R, T, X, G, buf, dtype=dtype, **hyper)
+  # Without momentum PyTorch keeps no buffer; the transform's stays as it was.
+  return X_new, (np.asarray(buf, X_new.dtype) if buf_new is None else buf_new)
+
+
+def _pytorch_adagrad(R, T, X, G, state_sum, *, initial_accumulator_value, dtype=np.float64, **hyper):
+  del initial_accumulator_value  # The state's starting value, not a term of the step.
+  return reference.pytorch_adagrad(R, T, X, G, state_sum, dtype=dtype, **hyper)
+
+
+def _pytorch_adam(R, T, X, G, m, v, *, dtype=np.float64, **hyper):
+  return reference.pytorch_adam(R, T, X, G, m, v, dtype=dtype, **hyper)
+
+
+def _pytorch_adamw(R, T, X, G, m, v, *, dtype=np.float64, **hyper):
+  return reference.pytorch_adam(R, T, X, G, m, v, dtype=dtype, decoupled_weight_decay=True, **hyper)
+
+
+def _keras_adam(R, T, X, G, m, v, *, beta_1, beta_2, epsilon, dtype=np.float64):
+  """Keras's ``m += (g - m) * (1 - beta_1)`` is ``beta_1 m + (1 - beta_1) g`` and its ``alpha``
+  DirectML's ``LearningRate * Alpha`` at ``T = iterations + 1``: DirectML Adam's expectation."""
+  return reference.directml_adam(
+    X, m, v, G, T + 1, learning_rate=R, beta1=beta_1, beta2=beta_2, epsilon=epsilon, dtype=dtype
+  )
+
+
+#: The framework twins' expectations, ``step(R, count, X, G, *state, dtype, **hyper)`` with the
+#: transform's hyperparameters, and their number of state tensors.
+TWIN_EXPECTATIONS: dict[str, tuple[Callable[..., tuple[np.ndarray, ...]], int]] = {
+  "pytorch_sgd": (_pytorch_sgd, 1),
+  "pytorch_adagrad": (_pytorch_adagrad, 1),
+  "pytorch_adam": (_pytorch_adam, 2),
+  "pytorch_adamw": (_pytorch_adamw, 2),
+  "keras_adam": (_keras_adam, 2),
+}
+
+
+def expectation(rule: str) -> tuple[Callable[..., tuple[np.ndarray, ...]], int]:
+  """A rule's NumPy expectation ``step(R, T, X, G, *state, dtype, **hyper) -> (X_new, *state_new)``
+  (``T`` the state's count) and its number of state tensors: :data:`onnx_optax.reference.RULES`
+  (where a rule registered from outside registers its own), else the twins' frameworks'."""
+  if rule in reference.RULES:
+    return reference.RULES[rule]
+  return TWIN_EXPECTATIONS[rule]
+
+
+def trajectory(
+  rule: str,
+  X: Sequence[np.ndarray],
+  grads: Sequence[Sequence[np.ndarray]],
+  state: Sequence[Sequence[np.ndarray]],
+  T: int,
+  learning_rates: Sequence[float],
+  dtype: Any = np.float64,
+  **hyperparameters: Any,
+) -> tuple[list[list[np.ndarray]], list[list[np.ndarray]], int]:
+  """:func:`onnx_optax.reference.trajectory` with :func:`expectation`, for every registered rule.
+
+  Returns ``(xs, state, T)``: ``xs[k]`` the tensors after step ``k``, the final state, the
+  ``T`` of the next step.
+  """
+  step, n_state = expectation(rule)
+  if len(state) != n_state:
+    raise ValueError(f"{rule} has {n_state} state tensors per parameter, got {len(state)}")
+  X = [np.asarray(x) for x in X]
+  S = [list(s) for s in state]
+  xs = []
+  for k, R in enumerate(learning_rates):
+    outputs = [
+      step(R, T, x, g, *(s[i] for s in S), dtype=dtype, **hyperparameters)
+      for i, (x, g) in enumerate(zip(X, grads[k]))
+    ]
+    X = [out[0] for out in outputs]
+    S = [[out[1 + j] for out in outputs] for j in range(n_state)]
+    xs.append(X)
+    T += 1
+  return xs, S, T
+
+
+# ----------------------------------------------------------------------------
+# The tolerance of a trajectory against the float64 expectation
 
 #: Roundings of one update, each relative to an operand no larger than the
 #: update's magnitude (the longest rule, ONNX Adam, has 11 element-wise
-#: operations and 5 scalar ones).
+#: operations and 5 scalar ones; PyTorch's Adam 12 and 6).
 ROUNDINGS = 16
+
+
+class Model(NamedTuple):
+  """The tests' tolerance model of a rule, written from its formula (:func:`trajectory_tolerances`).
+
+  ``gain(hyper, R, T0, steps)``: :func:`feedback_gain`. ``first_moment(hyper)``: the decay of
+  a ``(1 - decay)``-weighted first moment (0: none). ``x_roundings(hyper)``: roundings relative
+  to ``X`` per update, the expectation's included.
+  """
+
+  gain: Callable[[dict[str, Any], float, int, int], float]
+  first_moment: Callable[[dict[str, Any]], float] = lambda h: 0.0
+  x_roundings: Callable[[dict[str, Any]], int] = lambda h: 2
+
+
+def _momentum_gain(alpha: float, c: float, R: float) -> float:
+  """``V`` sums an error ``c e`` with weights ``beta alpha^j``: ``|dV| <= c e / (1 - alpha)``, and
+  ``|dU| <= R c e (1 + alpha) / (1 - alpha)`` (Nesterov's ``R (G' + alpha V)`` too)."""
+  return 0.0 if c == 0 else R * c * (1 + alpha) / (1 - alpha)
+
+
+def _adagrad_gain(c: float, eps: float, R: float) -> float:
+  """``r G' / (sqrt(H) + epsilon)`` moves by ``r c e / epsilon`` through ``G'`` and by as much
+  again through ``H`` (``G'^2 <= H``): ``2 R c / epsilon``."""
+  if c == 0:
+    return 0.0
+  if eps <= 0:
+    raise ValueError(f"the tolerance model needs epsilon > 0 to bound 1 / (sqrt(H) + epsilon), got {eps}")
+  return 2 * R * c / eps
+
+
+def _adam_gain(c: float, eps: float, rate: float) -> float:
+  """``V`` is an average (weights sum to 1), ``|dV| <= c e``; through ``V`` and ``H`` alike
+  ``2 max(rate) c / epsilon``, ``rate`` the largest factor of ``V / (sqrt(H) + epsilon)``."""
+  if c == 0:
+    return 0.0
+  if eps <= 0:
+    raise ValueError(f"the tolerance model needs epsilon > 0 to bound 1 / (sqrt(H) + epsilon), got {eps}")
+  return 2 * rate * c / eps
+
+
+def _steps(T0: int, steps: int, start: int = 1) -> np.ndarray:
+  """The bias corrections' exponents of a run: ``T`` (or the framework's ``step``) from ``start``."""
+  return np.arange(max(T0, start), T0 + steps + 1, dtype=np.float64)
+
+
+def _onnx_adam_gain(h: dict[str, Any], R: float, T0: int, steps: int) -> float:
+  alpha, beta = float(h["alpha"]), float(h["beta"])
+  T = _steps(T0, steps)
+  correction = max(1.0, float(np.max(np.sqrt(1 - beta**T) / (1 - alpha**T))))
+  return _adam_gain(float(h["norm_coefficient"]), float(h["epsilon"]), R * correction)
+
+
+def _pytorch_adam_gain(h: dict[str, Any], R: float, T0: int, steps: int) -> float:
+  """Decoupled (AdamW): ``R weight_decay``, as ONNX Runtime's AdamW. Coupled (L2):
+  ``U = -(lr / bc1) m / (sqrt(v) / sqrt(bc2) + eps)``, whose ``1 / (...)`` is at most
+  ``1 / eps``: ONNX Adam's gain with ``rate = lr / min(bc1)``, ``step = count + 1``."""
+  c = float(h["weight_decay"])
+  if h.get("decoupled_weight_decay", True):
+    return R * c
+  beta1 = float(h["betas"][0])
+  return _adam_gain(c, float(h["eps"]), R / float(np.min(1 - beta1 ** _steps(T0 + 1, steps))))
+
+
+def _decouples(h: dict[str, Any]) -> bool:
+  return bool(float(h["weight_decay"])) and h.get("decoupled_weight_decay", True)
+
+
+#: The tests' tolerance model of each rule (the twins mapped onto the rule they equal in exact
+#: arithmetic, their ``twin_of``, where they are that rule).
+MODELS: dict[str, Model] = {
+  "momentum": Model(lambda h, R, T0, n: _momentum_gain(float(h["alpha"]), float(h["norm_coefficient"]), R)),
+  "adagrad": Model(lambda h, R, T0, n: _adagrad_gain(float(h["norm_coefficient"]), float(h["epsilon"]), R)),
+  "adam": Model(_onnx_adam_gain, lambda h: float(h["alpha"])),
+  # DirectML Adam does not read X.
+  "directml_adam": Model(lambda h, R, T0, n: 0.0, lambda h: float(h["beta1"])),
+  # ONNX Runtime's AdamW reads X only in its decoupled decay lr * weight_decay * X (the step itself
+  # does not depend on X); with weight decay it rounds relative to X twice per update (the decay's
+  # subtraction and the step's), the expectation as often.
+  "ort_adamw": Model(
+    lambda h, R, T0, n: R * float(h["weight_decay"]),
+    lambda h: float(h["alpha"]),
+    lambda h: 4 if float(h["weight_decay"]) else 2,
+  ),
+  "ort_sgd": Model(lambda h, R, T0, n: 0.0),
+  # PyTorch's SGD is ONNX Momentum with alpha = momentum, beta = 1 - dampening,
+  # norm_coefficient = weight_decay.
+  "pytorch_sgd": Model(lambda h, R, T0, n: _momentum_gain(float(h["momentum"]), float(h["weight_decay"]), R)),
+  # PyTorch's Adagrad is ONNX Adagrad with decay_factor = lr_decay, epsilon = eps,
+  # norm_coefficient = weight_decay.
+  "pytorch_adagrad": Model(lambda h, R, T0, n: _adagrad_gain(float(h["weight_decay"]), float(h["eps"]), R)),
+  # AdamW (and Adam with decoupled_weight_decay) is ONNX Runtime's AdamW in mode 0; Adam with
+  # coupled weight decay is an L2 Adam with epsilon inside the bias correction.
+  "pytorch_adam": Model(
+    _pytorch_adam_gain, lambda h: float(h["betas"][0]), lambda h: 4 if _decouples(h) else 2
+  ),
+  "pytorch_adamw": Model(
+    _pytorch_adam_gain, lambda h: float(h["betas"][0]), lambda h: 4 if _decouples(h) else 2
+  ),
+  # Keras's Adam is DirectML Adam (T = count + 1): it does not read X.
+  "keras_adam": Model(lambda h, R, T0, n: 0.0, lambda h: float(h["beta_1"])),
+}
 
 
 def feedback_gain(rule: str, hyper: dict[str, Any], learning_rate: float, T0: int, steps: int) -> float:
   """``L``: how much an error ``e`` in ``X`` can move the next update, at most ``L * e``.
 
-  Only ``norm_coefficient`` (``c``) reads ``X``, through ``G_regularized = c X + G``.
-  An error that stays in ``X`` enters every later step:
-
-  * Momentum: ``V`` sums it with weights ``beta alpha^j``, so ``|dV| <= c e / (1 - alpha)``
-    and ``|dU| <= R c e (1 + alpha) / (1 - alpha)`` (Nesterov adds ``R G_regularized``);
-  * Adagrad: ``r G' / (sqrt(H) + epsilon)`` moves by ``r c e / epsilon`` through ``G'``
-    and by as much again through ``H`` (``G'^2 <= H``): ``2 R c / epsilon``;
-  * ONNX Adam: ``V`` is an average (weights sum to 1), ``|dV| <= c e``; through ``V``
-    and ``H`` alike ``2 max(R_adjusted) c / epsilon``;
-  * DirectML Adam and ONNX Runtime's SGD do not read ``X``: 0;
-  * ONNX Runtime's AdamW reads ``X`` only in its decoupled decay ``lr * weight_decay * X``
-    (the step itself does not depend on ``X``): ``R * weight_decay``.
+  Only the coefficients that read ``X`` feed an error back (``norm_coefficient``, ``c``,
+  through ``G_regularized = c X + G``; PyTorch's ``weight_decay``; a decoupled decay's
+  ``lr * weight_decay * X``). An error that stays in ``X`` enters every later step; each
+  rule's bound is its :class:`Model`'s: Momentum ``R c (1 + alpha) / (1 - alpha)``,
+  Adagrad ``2 R c / epsilon``, the Adams ``2 max(R_adjusted) c / epsilon``, a decoupled
+  decay ``R * weight_decay``, 0 for the rules that do not read ``X``.
 
   The worst case: ``H = 0`` in the denominators. ``steps`` and ``T0`` give the
   largest bias correction ``R_adjusted / R`` of the run.
   """
-  if rule == "ort_adamw":
-    return float(learning_rate) * float(hyper["weight_decay"])
-  c = float(hyper.get("norm_coefficient", 0.0))
-  if rule in ("directml_adam", "ort_sgd") or c == 0:
-    return 0.0
-  R = float(learning_rate)
-  if rule == "momentum":
-    alpha = float(hyper["alpha"])
-    return R * c * (1 + alpha) / (1 - alpha)
-  eps = float(hyper["epsilon"])
-  if eps <= 0:
-    raise ValueError(f"feedback_gain needs epsilon > 0 to bound 1 / (sqrt(H) + epsilon), got {eps}")
-  if rule == "adagrad":
-    return 2 * R * c / eps
-  alpha, beta = float(hyper["alpha"]), float(hyper["beta"])
-  T = np.arange(max(T0, 1), T0 + steps + 1, dtype=np.float64)
-  correction = max(1.0, float(np.max(np.sqrt(1 - beta**T) / (1 - alpha**T))))
-  return 2 * R * correction * c / eps
+  hypers = hyper if isinstance(hyper, (list, tuple)) else [hyper]
+  return max(MODELS[rule].gain(h, float(learning_rate), T0, steps) for h in hypers)
 
 
 def trajectory_tolerances(
@@ -174,22 +342,22 @@ def trajectory_tolerances(
   """``tol[k]``: a bound on ``max |x_k - x_ref_k|`` after update ``k`` of a run.
 
   Args:
-    rule: a key of ``onnx_optax.reference.RULES``.
+    rule: a registered rule with a :data:`MODELS` entry.
     hypers: the rule's hyperparameters, or a list of the sets a run uses
       (the bound takes the worst).
     learning_rate: the largest learning rate of the run.
     X0: the starting parameters (a list of leaves).
     xs: the float64 reference trajectory, ``xs[k]`` the leaves after update ``k``.
     u: the unit roundoff of the run's dtype.
-    T0: the ``T`` of the first update (default: the rule's first).
+    T0: the ``state.count`` of the first update (default: the rule's first).
 
   The error is charged to what the roundings are relative to, not to the
   state (``H`` of Adagrad grows to hundreds, ``X`` stays near 1; charging
   ``H`` allowed updates 5% too large):
 
   * ``X + U`` rounds once relative to ``X_k``; the reference's own
-    ``X - step`` once more, hence ``2 u |X_k|`` (``4 u |X_k|`` for ONNX
-    Runtime's AdamW with weight decay, which subtracts twice);
+    ``X - step`` once more, hence ``2 u |X_k|`` (``4 u |X_k|`` for a
+    decoupled weight decay, which subtracts twice);
   * the update ``U_t = x_ref_t - x_ref_{t-1}`` is computed with at most
     ROUNDINGS roundings relative to the largest update so far, ``M_t`` (an
     operand cancelled in ``U_t`` was an update-sized quantity before);
@@ -211,17 +379,11 @@ def trajectory_tolerances(
   """
   hypers = [hypers] if isinstance(hypers, dict) else list(hypers)
   T0 = first_count(rule) if T0 is None else T0
+  model = MODELS[rule]
   steps = len(xs)
-  L = max(feedback_gain(rule, h, learning_rate, T0, steps) for h in hypers)
-  alphas = [
-    float(h.get("beta1" if rule == "directml_adam" else "alpha", 0.0))
-    for h in hypers
-    if rule in ("adam", "directml_adam", "ort_adamw")
-  ]
-  # ONNX Runtime's AdamW with weight decay rounds relative to X twice per
-  # update (the decay's subtraction and the step's), the reference as often.
-  x_roundings = 4 if rule == "ort_adamw" and any(float(h["weight_decay"]) for h in hypers) else 2
-  A = 1 / (1 - max(alphas)) if alphas else 1.0
+  L = feedback_gain(rule, hypers, learning_rate, T0, steps)
+  A = 1 / (1 - max(model.first_moment(h) for h in hypers))
+  x_roundings = max(model.x_roundings(h) for h in hypers)
   previous = [np.asarray(x, np.float64) for x in X0]
   total, M, out = 0.0, 0.0, []
   for k, X in enumerate(xs):

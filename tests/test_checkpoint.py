@@ -22,22 +22,23 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from rule_configs import RULE_CONFIGS, static_args
+from rule_configs import RULE_CONFIGS
 
 ocp = pytest.importorskip(
   "orbax.checkpoint", reason="orbax-checkpoint is in the test extra: pip install onnx_optax[test]"
 )
 
-CONFIGS = {k: (c.make, c.hyper) for k, c in RULE_CONFIGS.items()}
+# Every configuration of every registered rule, the framework twins included.
+CONFIGS = {k: (c.make, c.hyper, c.static_args) for k, c in RULE_CONFIGS.items()}
 STEPS, K = 12, 5
 
 
 def _setup(config, injected):
-  make, hyper = CONFIGS[config]
+  make, hyper, static = CONFIGS[config]
   schedule = optax.exponential_decay(0.05, transition_steps=3, decay_rate=0.7)
   # A schedule, so that resuming must also restore the count it reads.
   factory = (
-    optax.inject_hyperparams(make, static_args=static_args(hyper, "state_dtype")) if injected else make
+    optax.inject_hyperparams(make, static_args=(*static, "state_dtype")) if injected else make
   )
   opt = factory(schedule, **hyper, state_dtype=jnp.float32)
   rng = np.random.default_rng(0)

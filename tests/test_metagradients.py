@@ -37,12 +37,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from rule_configs import RULE_CONFIGS, static_args
+from rule_configs import RULE_CONFIGS
 
 import onnx_optax
 
 K = 10
+# Every configuration of every registered rule, the framework twins included.
 CONFIGS = {k: (c.make, c.hyper, c.learning_rate) for k, c in RULE_CONFIGS.items()}
+#: The hyperparameters some rule declares static (they select the formula).
+STATIC = {h for c in RULE_CONFIGS.values() for h in c.static_args}
 
 
 @pytest.fixture(autouse=True)
@@ -99,7 +102,7 @@ def _central_difference(meta, h0, name, step=None):
 
 def _split(hyper, lr):
   # Modes, flags and formula selectors (ONNX Runtime's adam_mode) are static.
-  fixed = set(static_args(hyper))
+  fixed = STATIC
   static = {k: v for k, v in hyper.items() if isinstance(v, (str, bool)) or k in fixed}
   numeric = {k: float(v) for k, v in hyper.items() if k not in static}
   return static, {"learning_rate": float(lr), **numeric}
@@ -150,6 +153,10 @@ SQRT_RULES = {  # rule -> (factory, hyperparameters, name of the second-moment f
   "adagrad": (onnx_optax.adagrad, dict(epsilon=0.1), "h"),
   "adam": (onnx_optax.adam, dict(epsilon=0.1), "h"),
   "directml_adam": (onnx_optax.directml_adam, dict(epsilon=0.1), "v"),
+  # The framework twins: the same square roots, in their frameworks' order.
+  "pytorch_adagrad": (onnx_optax.pytorch_adagrad, dict(eps=0.1), "sum"),
+  "pytorch_adam": (onnx_optax.pytorch_adam, dict(eps=0.1), "exp_avg_sq"),
+  "keras_adam": (onnx_optax.keras_adam, dict(epsilon=0.1), "velocities"),
 }
 
 
@@ -192,14 +199,15 @@ def test_epsilon_zero_with_zero_H_is_nan_already_forward():
   assert np.all(np.isfinite(np.asarray(u["w"]).ravel()[1:]))
 
 
-@pytest.mark.parametrize("rule", ["adagrad", "adam", "directml_adam"])
+@pytest.mark.parametrize("rule", sorted(SQRT_RULES))
 def test_derivative_at_epsilon_zero_is_regular_when_H_is_positive(rule):
   make, hyper, _ = SQRT_RULES[rule]
+  (epsilon,) = hyper  # the rule's name for it
   params, loss = _problem()
-  static, h0 = _split(dict(hyper, epsilon=0.0), 0.05)
+  static, h0 = _split({epsilon: 0.0}, 0.05)
   meta = _meta_objective(make, static, loss, params)
-  g = float(jax.jit(jax.grad(meta))(h0)["epsilon"])
-  fd = _central_difference(meta, h0, "epsilon")  # steps to epsilon = -1e-9: fine while Sqrt(H) > 0
+  g = float(jax.jit(jax.grad(meta))(h0)[epsilon])
+  fd = _central_difference(meta, h0, epsilon)  # steps to epsilon = -1e-9: fine while Sqrt(H) > 0
   assert np.isfinite(g) and abs(g - fd) <= 1e-6 * (abs(fd) + 1), (g, fd)
 
 

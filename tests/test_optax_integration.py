@@ -1,4 +1,4 @@
-"""The four rules inside ordinary Optax code (issue 5).
+"""Every rule inside ordinary Optax code, the framework twins included (issue 5).
 
 Every expectation is independent of the code under test: trajectories come
 from :func:`onnx_optax.reference.trajectory` (NumPy, float64) or, where the
@@ -36,17 +36,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from rule_configs import (
-  RULE_CONFIGS,
-  static_args,
-  trajectory_tolerances,
-)
-from rule_configs import (
-  as_float32_sees as _f32,
-)
-from rule_configs import (
-  first_count as _first_count,
-)
+from rule_configs import RULE_CONFIGS, expectation, trajectory, trajectory_tolerances
+from rule_configs import as_float32_sees as _f32
 
 import onnx_optax
 from onnx_optax import reference
@@ -55,15 +46,27 @@ STEPS = 30
 JIT_ULPS = 4
 U32 = 2.0**-24
 
-# (reference rule, factory, hyperparameters, learning rate, a second numeric
-# hyperparameter for sweeps). Every term of every formula matters.
+# (registered rule, factory, hyperparameters, learning rate, a second numeric
+# hyperparameter for sweeps), for every configuration of every registered rule, the
+# framework twins included. Every term of every formula matters.
 CONFIGS = {k: (c.rule, c.make, c.hyper, c.learning_rate, c.sweep) for k, c in RULE_CONFIGS.items()}
 NAMES = sorted(CONFIGS)
-N_STATE = {"momentum": 1, "adagrad": 1, "adam": 2, "directml_adam": 2, "ort_adamw": 2, "ort_sgd": 0}
+#: The rules' configurations by the registered rule's name (the hyperparameters the
+#: reference sees, the state it starts from).
+BY_RULE = {c.rule: c for c in RULE_CONFIGS.values()}
 
 
-def _seen(hyper):
-  return {k: _f32(v) for k, v in hyper.items()}
+def _seen(hyper, rule):
+  """The hyperparameters as a float32 run of ``rule`` receives them (rule_configs.RuleConfig.seen)."""
+  return BY_RULE[rule].seen(hyper)
+
+
+def _static_args(config, *more):
+  return RULE_CONFIGS[config].static_args + more
+
+
+def _first_count(rule):
+  return BY_RULE[rule].first_count
 
 
 def _tree(rng, scale=1.0):
@@ -85,13 +88,14 @@ def _leaves(tree):
   return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
 
-def _zero_state(rule, params):
-  return [[np.zeros_like(x) for x in jax.tree.leaves(params)] for _ in range(N_STATE[rule])]
+def _zero_state(rule, params, hyper=None):
+  """The state ``init`` starts from (zeros, or a hyperparameter's value), as float64 leaves."""
+  return BY_RULE[rule].initial_state(jax.tree.leaves(params), hyper)
 
 
 def _tolerances(rule, hyper, lr, X0, xs):
   """Per update, the float32 bound of ``rule_configs.trajectory_tolerances``."""
-  hypers = [_seen(h) for h in (hyper if isinstance(hyper, list) else [hyper])]
+  hypers = [_seen(h, rule) for h in (hyper if isinstance(hyper, list) else [hyper])]
   return trajectory_tolerances(rule, hypers, _f32(lr), X0, xs, U32)
 
 
@@ -135,15 +139,19 @@ def _max_diff(a, b):
 def test_inject_hyperparams_matches_plain_rule_and_reference(config, jit):
   rule, make, hyper, lr, _ = CONFIGS[config]
   params, grads = _problem(config)
-  opt = optax.inject_hyperparams(make, static_args=static_args(hyper))(lr, **hyper)
+  opt = optax.inject_hyperparams(make, static_args=_static_args(config))(lr, **hyper)
   state = opt.init(params)
   # Every numeric hyperparameter is injected (mode is a string, correct_bias a
   # bool, adam_mode selects the formula: static).
-  numeric = {k for k, v in hyper.items() if not isinstance(v, (str, bool)) and k not in static_args(hyper)}
+  numeric = {k for k, v in hyper.items() if not isinstance(v, (str, bool)) and k not in _static_args(config)}
   assert numeric | {"learning_rate", "initial_count"} == set(state.hyperparams)
 
   injected, _ = _run(opt, params, grads, jit=jit)
-  plain, _ = _run(make(lr, **hyper), params, grads, jit=jit)
+  # A twin computes 1 - beta (Keras, PyTorch's dampening) from its Python numbers in float64,
+  # rounded once, as its framework does; injected, they are float32 arrays, and so are the scalars
+  # computed from them. The plain transform with the values as float32 holds them computes the same.
+  as_given = {k: _f32(v) for k, v in hyper.items()} if RULE_CONFIGS[config].framework else hyper
+  plain, _ = _run(make(lr, **as_given), params, grads, jit=jit)
   if jit:
     scale = max(1.0, max(float(np.max(np.abs(x))) for p in plain for x in jax.tree.leaves(p)))
     assert _max_diff(injected, plain) <= STEPS * JIT_ULPS * U32 * scale
@@ -152,14 +160,14 @@ def test_inject_hyperparams_matches_plain_rule_and_reference(config, jit):
       for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
-  xs, ref_state, _ = reference.trajectory(
+  xs, ref_state, _ = trajectory(
     rule,
     _leaves(params),
     [_leaves(g) for g in grads],
     _zero_state(rule, params),
     _first_count(rule),
     [_f32(lr)] * STEPS,
-    **_seen(hyper),
+    **_seen(hyper, rule),
   )
   _assert_trajectory(injected, xs, _tolerances(rule, hyper, lr, _leaves(params), xs))
 
@@ -173,7 +181,7 @@ def test_changing_hyperparameters_between_steps_takes_effect_at_that_step(config
   lrs = [lr * (1.0 + 0.5 * np.sin(k)) for k in range(STEPS)]
   # Other values, still valid (decays in [0, 1), epsilon >= 0).
   # Modes and flags (strings, bools, static ints) stay: they are not injected.
-  fixed = lambda k, v: isinstance(v, (str, bool)) or k in static_args(hyper)  # noqa: E731
+  fixed = lambda k, v: isinstance(v, (str, bool)) or k in _static_args(config)  # noqa: E731
   changed = {
     k: (v if fixed(k, v) else 0.5 * v + (0.3 if k in ("alpha", "beta", "beta1", "beta2") else 0.0))
     for k, v in hyper.items()
@@ -188,37 +196,37 @@ def test_changing_hyperparameters_between_steps_takes_effect_at_that_step(config
     return state
 
   got, _ = _run(
-    optax.inject_hyperparams(make, static_args=static_args(hyper))(lr, **hyper),
+    optax.inject_hyperparams(make, static_args=_static_args(config))(lr, **hyper),
     params,
     grads,
     before_step=before_step,
   )
 
-  xs1, s1, T1 = reference.trajectory(
+  xs1, s1, T1 = trajectory(
     rule,
     _leaves(params),
     [_leaves(g) for g in grads[:K]],
     _zero_state(rule, params),
     _first_count(rule),
     [_f32(r) for r in lrs[:K]],
-    **_seen(hyper),
+    **_seen(hyper, rule),
   )
-  xs2, s2, _ = reference.trajectory(
-    rule, xs1[-1], [_leaves(g) for g in grads[K:]], s1, T1, [_f32(r) for r in lrs[K:]], **_seen(changed)
+  xs2, s2, _ = trajectory(
+    rule, xs1[-1], [_leaves(g) for g in grads[K:]], s1, T1, [_f32(r) for r in lrs[K:]], **_seen(changed, rule)
   )
   xs = xs1 + xs2
   _assert_trajectory(got, xs, _tolerances(rule, [hyper, changed], max(lrs), _leaves(params), xs))
   # Each change acts at its own step, not one step later: at step K the
   # reference with every change one step late is much farther away.
   late = [lrs[0]] + lrs[:-1]
-  ys1, t1, U1 = reference.trajectory(
+  ys1, t1, U1 = trajectory(
     rule,
     _leaves(params),
     [_leaves(g) for g in grads[: K + 1]],
     _zero_state(rule, params),
     _first_count(rule),
     [_f32(r) for r in late[: K + 1]],
-    **_seen(hyper),
+    **_seen(hyper, rule),
   )
   right, wrong = _max_diff(got[K], xs[K]), _max_diff(got[K], ys1[K])
   assert 100 * right < wrong, (right, wrong)
@@ -275,20 +283,20 @@ def test_learning_rate_schedule_plain_and_injected(config):
   schedule = optax.linear_schedule(0.1 * lr, lr, transition_steps=10)
   # Written out, not evaluated by optax: the schedule's value at update k.
   lrs = [_f32(0.1 * lr + (lr - 0.1 * lr) * min(k, 10) / 10) for k in range(STEPS)]
-  xs, s, _ = reference.trajectory(
+  xs, s, _ = trajectory(
     rule,
     _leaves(params),
     [_leaves(g) for g in grads],
     _zero_state(rule, params),
     _first_count(rule),
     lrs,
-    **_seen(hyper),
+    **_seen(hyper, rule),
   )
   tol = _tolerances(rule, hyper, lr, _leaves(params), xs)
   plain, _ = _run(make(schedule, **hyper), params, grads)
   _assert_trajectory(plain, xs, tol, "plain")
   injected, state = _run(
-    optax.inject_hyperparams(make, static_args=static_args(hyper))(schedule, **hyper), params, grads
+    optax.inject_hyperparams(make, static_args=_static_args(config))(schedule, **hyper), params, grads
   )
   _assert_trajectory(injected, xs, tol, "injected")
   np.testing.assert_allclose(float(state.hyperparams["learning_rate"]), lrs[-1], rtol=1e-6)
@@ -296,7 +304,7 @@ def test_learning_rate_schedule_plain_and_injected(config):
 
 def _reference_step(rule, hyper, R, T, X, G, S):
   """One reference step on lists of leaves; returns (X_new, S_new)."""
-  step, n = reference.RULES[rule]
+  step, n = expectation(rule)
   out = [step(R, T, x, g, *(s[i] for s in S), **hyper) for i, (x, g) in enumerate(zip(X, G))]
   return [o[0] for o in out], [[o[1 + j] for o in out] for j in range(n)]
 
@@ -318,7 +326,7 @@ def test_chain_with_clipping_before_and_after(config):
     if norm > max_norm:
       G = [x * (max_norm / norm) for x in G]
       clipped_before += 1
-    X_new, S = _reference_step(rule, _seen(hyper), _f32(lr), T, X, G, S)
+    X_new, S = _reference_step(rule, _seen(hyper, rule), _f32(lr), T, X, G, S)
     X = [x + np.clip(xn - x, -max_delta, max_delta) for x, xn in zip(X, X_new)]
     xs.append(X)
     T += 1
@@ -340,14 +348,14 @@ def test_masked(config):
     np.testing.assert_array_equal(np.asarray(u["b"]), g["b"])
     p = optax.apply_updates(p, u)
     got.append(p["w"])
-  xs, s, _ = reference.trajectory(
+  xs, s, _ = trajectory(
     rule,
     [params["w"]],
     [[g["w"]] for g in grads],
     _zero_state(rule, {"w": params["w"]}),
     _first_count(rule),
     [_f32(lr)] * STEPS,
-    **_seen(hyper),
+    **_seen(hyper, rule),
   )
   _assert_trajectory(got, xs, _tolerances(rule, hyper, lr, [params["w"]], xs))
 
@@ -361,23 +369,23 @@ def test_multi_transform(config):
     {"main": make(lr, **hyper), "other": onnx_optax.momentum(0.02, **other)}, {"w": "main", "b": "other"}
   )
   got, _ = _run(opt, params, grads)
-  xs_w, s_w, _ = reference.trajectory(
+  xs_w, s_w, _ = trajectory(
     rule,
     [params["w"]],
     [[g["w"]] for g in grads],
     _zero_state(rule, {"w": params["w"]}),
     _first_count(rule),
     [_f32(lr)] * STEPS,
-    **_seen(hyper),
+    **_seen(hyper, rule),
   )
-  xs_b, s_b, _ = reference.trajectory(
+  xs_b, s_b, _ = trajectory(
     "momentum",
     [params["b"]],
     [[g["b"]] for g in grads],
     [[np.zeros(3)]],
     0,
     [_f32(0.02)] * STEPS,
-    **_seen(other),
+    **_seen(other, "momentum"),
   )
   _assert_trajectory([p["w"] for p in got], xs_w, _tolerances(rule, hyper, lr, [params["w"]], xs_w), "w")
   _assert_trajectory(
@@ -397,14 +405,14 @@ def test_multi_steps_accumulates_gradients(config):
     [np.mean([_leaves(g)[i].astype(np.float64) for g in grads[k : k + every]], axis=0) for i in range(2)]
     for k in range(0, STEPS, every)
   ]
-  xs, s, T = reference.trajectory(
+  xs, s, T = trajectory(
     rule,
     _leaves(params),
     mean_grads,
     _zero_state(rule, params),
     _first_count(rule),
     [_f32(lr)] * len(mean_grads),
-    **_seen(hyper),
+    **_seen(hyper, rule),
   )
   # The mean of `every` float32 gradients rounds a few times relative to |G|:
   # an input error of the update's relative size, inside ROUNDINGS.
@@ -430,14 +438,14 @@ def test_apply_if_finite_skips_non_finite_steps(config):
   opt = optax.apply_if_finite(make(lr, **hyper), max_consecutive_errors=5)
   got, state = _run(opt, params, grads)
   good = [g for k, g in enumerate(grads) if k not in bad]
-  xs, s, T = reference.trajectory(
+  xs, s, T = trajectory(
     rule,
     _leaves(params),
     [_leaves(g) for g in good],
     _zero_state(rule, params),
     _first_count(rule),
     [_f32(lr)] * len(good),
-    **_seen(hyper),
+    **_seen(hyper, rule),
   )
   # The expected parameters after each step: a skipped step repeats the last ones.
   good_tols = _tolerances(rule, hyper, lr, _leaves(params), xs)
@@ -492,7 +500,7 @@ def _types(tree):
 @pytest.mark.parametrize("config", NAMES)
 def test_abstract_init_and_state_types_are_stable(config, state_dtype, inject):
   rule, make, hyper, lr, _ = CONFIGS[config]
-  factory = optax.inject_hyperparams(make, static_args=static_args(hyper)) if inject else make
+  factory = optax.inject_hyperparams(make, static_args=_static_args(config)) if inject else make
   opt = factory(lr, **hyper, state_dtype=state_dtype)
   params = {"w": jnp.ones((4, 3), jnp.bfloat16), "b": jnp.ones((3,), jnp.float32)}
   abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), params)
@@ -554,7 +562,7 @@ def _scan_matches_loop(config, inject):
       jnp.sum(jnp.cos(a) * (a - t) ** 2) for a, t in zip(jax.tree.leaves(p), jax.tree.leaves(target))
     )
 
-  opt = (optax.inject_hyperparams(make, static_args=static_args(hyper)) if inject else make)(lr, **hyper)
+  opt = (optax.inject_hyperparams(make, static_args=_static_args(config)) if inject else make)(lr, **hyper)
   traces = []
 
   def step(carry, _=None):
@@ -614,14 +622,14 @@ def test_vmap_over_a_sweep_of_hyperparameters(config):
   got = sweep(lrs, seconds)
   assert sweep._cache_size() == 1
   for i, (r, b) in enumerate(zip(lrs, seconds)):
-    xs, s, _ = reference.trajectory(
+    xs, s, _ = trajectory(
       rule,
       _leaves(params),
       [_leaves(g) for g in grads],
       _zero_state(rule, params),
       _first_count(rule),
       [float(r)] * len(grads),
-      **_seen(with_second(hyper, float(b))),
+      **_seen(with_second(hyper, float(b)), rule),
     )
     mine = [jax.tree.map(operator.itemgetter((i, k)), got) for k in range(len(grads))]
     _assert_trajectory(
@@ -646,7 +654,7 @@ def test_vmap_over_injected_hyperparameters():
   updates, new_state = step(grads[0], state, params)
   for i, r in enumerate(np.asarray(lrs)):
     want, _, _ = reference.adam(
-      float(r), 0, params["w"], grads[0]["w"], np.zeros((4, 3)), np.zeros((4, 3)), **_seen(hyper)
+      float(r), 0, params["w"], grads[0]["w"], np.zeros((4, 3)), np.zeros((4, 3)), **_seen(hyper, "adam")
     )
     got = params["w"] + np.asarray(updates["w"][i], np.float64)
     tol = _tolerances("adam", hyper, float(r), [params["w"]], [[want]])[0]

@@ -13,10 +13,12 @@ import pathlib
 import subprocess
 import sys
 
+from rule_configs import RULE_CONFIGS
+
 import onnx_optax
 
 SCRIPT = pathlib.Path(__file__).with_name("sharding_check.py")
-RULES = ("momentum_standard", "momentum_nesterov", "adagrad", "adam", "directml_adam")
+RULES = tuple(RULE_CONFIGS)  # the script runs every configuration of every registered rule
 
 
 def test_sharded_training_on_8_devices():
