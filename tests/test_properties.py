@@ -28,8 +28,10 @@ not the implementation's. jit against no-jit: each is within the bound, so
 they are within twice of it.
 
 Every property that draws a rule runs once per variant (Momentum standard,
-Momentum Nesterov, Adagrad, ONNX Adam, DirectML Adam), so CI exercises each
-rule and mode whatever Hypothesis draws; a derandomized run drawing the rule
+Momentum Nesterov, Adagrad, ONNX Adam, DirectML Adam, and the framework twins:
+PyTorch's SGD plain and Nesterov, Adagrad, Adam, AdamW, Keras's Adam, against
+their frameworks' expectations), so CI exercises each rule and mode whatever
+Hypothesis draws; a derandomized run drawing the rule
 with ``sampled_from`` never reached DirectML in 20 examples. The
 hyperparameters mix the edges of their ranges with values spread over them
 (the learning rate log-uniformly over four decades; see ``HYPER``), and each run asserts
@@ -54,10 +56,9 @@ import optax
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from rule_configs import as_float32_sees as _f32
+from rule_configs import MODELS, RULE_CONFIGS, trajectory
 
-import onnx_optax
-from onnx_optax import directml, reference
+from onnx_optax import directml, registry
 from onnx_optax import onnx as ox
 
 settings.register_profile(
@@ -147,15 +148,56 @@ HYPER = {
     beta2=_spread(rng, 0.0, 0.999, (0.0, 0.99, 0.999)),
     epsilon=_epsilon(rng),
   ),
+  # The framework twins: their frameworks' ranges (PyTorch refuses betas[1] = 1), maximize drawn.
+  "pytorch_sgd": lambda rng: dict(
+    momentum=_unit(rng),
+    dampening=_unit(rng),
+    weight_decay=_small(rng),
+    nesterov=False,
+    maximize=bool(rng.random() < 0.5),
+  ),
+  "pytorch_sgd_nesterov": lambda rng: dict(
+    momentum=_spread(rng, 0.01, 1.0, (0.5, 1.0)),  # Nesterov needs momentum > 0, dampening = 0
+    dampening=0.0,
+    weight_decay=_small(rng),
+    nesterov=True,
+    maximize=bool(rng.random() < 0.5),
+  ),
+  "pytorch_adagrad": lambda rng: dict(
+    lr_decay=_unit(rng),
+    weight_decay=_small(rng),
+    initial_accumulator_value=_spread(rng, 0.0, 1.0, (0.0,)),
+    eps=_epsilon(rng),
+    maximize=bool(rng.random() < 0.5),
+  ),
+  "pytorch_adam": lambda rng: dict(
+    betas=(_spread(rng, 0.0, 0.95, (0.0, 0.9)), _spread(rng, 0.0, 0.999, (0.0, 0.99, 0.999))),
+    eps=_epsilon(rng),
+    weight_decay=_small(rng),
+    decoupled_weight_decay=bool(rng.random() < 0.5),
+    maximize=bool(rng.random() < 0.5),
+  ),
+  "pytorch_adamw": lambda rng: dict(
+    betas=(_spread(rng, 0.0, 0.95, (0.0, 0.9)), _spread(rng, 0.0, 0.999, (0.0, 0.99, 0.999))),
+    eps=_epsilon(rng),
+    weight_decay=_small(rng),
+    maximize=bool(rng.random() < 0.5),
+  ),
+  "keras_adam": lambda rng: dict(
+    beta_1=_spread(rng, 0.0, 0.95, (0.0, 0.9)),
+    beta_2=_spread(rng, 0.0, 0.999, (0.0, 0.99, 0.999)),
+    epsilon=_epsilon(rng),
+  ),
 }
 VARIANTS = sorted(HYPER)
-RULE = {v: v.split("_")[0] if v.startswith("momentum") else v for v in VARIANTS}
-MAKE = {
-  "momentum": onnx_optax.momentum,
-  "adagrad": onnx_optax.adagrad,
-  "adam": onnx_optax.adam,
-  "directml_adam": onnx_optax.directml_adam,
-}
+#: Hyperparameters a variant holds fixed (not spread): PyTorch's Nesterov needs dampening = 0.
+FIXED = {"pytorch_sgd_nesterov": ("dampening",)}
+#: The variants are configurations of rule_configs (every one of them is drawn here): the
+#: registered rule and its transform.
+RULE = {v: RULE_CONFIGS[v].rule for v in VARIANTS}
+MAKE = {RULE[v]: registry.get(RULE[v]).transform for v in VARIANTS}
+#: The rules that have an ONNX operator's call or DirectML's (the twins' calls are their frameworks').
+CALLED = {"momentum": ox.momentum, "adagrad": ox.adagrad, "adam": ox.adam, "directml_adam": None}
 
 
 @st.composite
@@ -164,7 +206,7 @@ def problems(draw, variant):
   rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
   hyper = HYPER[variant](rng)
   lr = float(10.0 ** rng.uniform(-4, 0))
-  T0 = draw(st.integers(1 if rule == "directml_adam" else 0, 1000))
+  T0 = draw(st.integers(RULE_CONFIGS[variant].first_count, 1000))
   structure = draw(structures)
   params = _fill(structure, lambda s: rng.uniform(-2, 2, size=s).astype(np.float32))
   grads = [
@@ -174,7 +216,7 @@ def problems(draw, variant):
   return rule, hyper, lr, T0, params, grads
 
 
-def _assert_spread(examples):
+def _assert_spread(examples, variant):
   """The examples a property ran were not near-copies of each other.
 
   ``examples``: the ``(rule, hyper, lr, T0, params, grads)`` it was called with.
@@ -185,7 +227,7 @@ def _assert_spread(examples):
   assert len(lrs) >= n - 1 and np.log10(lrs[-1] / lrs[0]) >= 2, lrs
   assert len({e[3] for e in examples}) >= n // 2, [e[3] for e in examples]
   for name, value in examples[0][1].items():
-    if not isinstance(value, str):
+    if not isinstance(value, (str, bool)) and name not in FIXED.get(variant, ()):
       values = {e[1][name] for e in examples}
       assert len(values) >= n // 2, (name, values)
 
@@ -203,30 +245,52 @@ def _run(opt, params, grads, jit):
   return xs, states
 
 
+def _config(rule):
+  return next(c for c in RULE_CONFIGS.values() if c.rule == rule)
+
+
 def _reference(rule, hyper, lr, T0, params, grads):
+  """The expectation from the state ``init`` starts at, with the hyperparameters as the float32
+  transform receives them (rule_configs.RuleConfig.seen: a twin's Python numbers as they are)."""
   leaves = jax.tree.leaves
-  n_state = reference.RULES[rule][1]
-  zeros = [[np.zeros_like(x, np.float64) for x in leaves(params)] for _ in range(n_state)]
-  xs, state, _ = reference.trajectory(
+  config = _config(rule)
+  start = config.initial_state(leaves(params), hyper)
+  xs, state, _ = trajectory(
     rule,
     leaves(params),
     [leaves(g) for g in grads],
-    zeros,
+    start,
     T0,
-    [_f32(lr)] * len(grads),
-    **{k: _f32(v) for k, v in hyper.items()},
+    [float(np.float32(lr))] * len(grads),
+    **config.seen(hyper),
   )
   return xs, state
 
 
-def _tolerance(rule, hyper, xs, state, params):
+def _tolerance(rule, hyper, xs, state, params, T0):
+  """Per step's share: ``ROUNDINGS u scale / (1 - alpha)``; Keras's Adam computes its bias
+  corrections in float32 from float32 betas, where ``1 - beta^T`` cancels: a relative error of
+  ``beta^T / (1 - beta^T)`` times ``T`` roundings of ``beta`` and a few of the power, for each beta
+  (half of it under the square root), in every update."""
   scale = max(
     [1.0]
     + [float(np.abs(a).max(initial=0)) for a in jax.tree.leaves((xs, state))]
     + [float(np.abs(b - a).max(initial=0)) for a, b in zip(jax.tree.leaves(params), xs[0])]
   )
-  alpha = hyper.get("alpha", 0.0) if rule == "adam" else hyper.get("beta1", 0.0)
-  return ROUNDINGS * 2.0**-24 * scale / (1 - alpha)
+  alpha = MODELS[rule].first_moment(hyper)
+  tol = ROUNDINGS * 2.0**-24 * scale / (1 - alpha)
+  if rule == "keras_adam":
+    T = np.arange(T0 + 1, T0 + STEPS + 1, dtype=np.float64)
+    cancel = lambda b: (T + 4) * b**T / (1 - b**T) if b > 0 else 0 * T  # noqa: E731
+    relative = float(np.max(cancel(hyper["beta_2"]) / 2 + cancel(hyper["beta_1"]))) * 2.0**-24
+    path = [jax.tree.leaves(params), *xs]
+    step = max(
+      float(np.max(np.abs(np.asarray(b, np.float64) - a), initial=0))
+      for before, after in zip(path, path[1:])
+      for a, b in zip(before, after)
+    )
+    tol += relative * step / (1 - alpha)
+  return tol
 
 
 # -- properties -----------------------------------------------------------------
@@ -243,7 +307,7 @@ def test_transform_matches_reference_with_and_without_jit(variant):
     rule, hyper, lr, T0, params, grads = problem
     opt = MAKE[rule](lr, **hyper, initial_count=T0)
     want, state = _reference(rule, hyper, lr, T0, params, grads)
-    tol = _tolerance(rule, hyper, want, state, params)
+    tol = _tolerance(rule, hyper, want, state, params, T0)
     eager, _ = _run(opt, params, grads, jit=False)
     jitted, _ = _run(opt, params, grads, jit=True)
     for k in range(STEPS):
@@ -253,12 +317,15 @@ def test_transform_matches_reference_with_and_without_jit(variant):
         np.testing.assert_allclose(j, e, rtol=0, atol=2 * (k + 1) * tol, err_msg=f"jit vs eager {k}")
 
   check()
-  _assert_spread(examples)
+  _assert_spread(examples, variant)
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if RULE[v] in CALLED])
 def test_onnx_call_gives_the_transforms_result_to_the_bit(variant):
-  """Both go through onnx_optax.rules with the same scalars: eagerly, identical."""
+  """Both go through onnx_optax.rules with the same scalars: eagerly, identical.
+
+  The rules with an ONNX operator or DirectML's call; a framework twin's call is its framework's
+  own optimizer (tests/test_interop_torch*.py, tests/test_keras_twin.py hold it to that)."""
   examples = []
 
   @PROFILE
@@ -280,7 +347,7 @@ def test_onnx_call_gives_the_transforms_result_to_the_bit(variant):
         ]
         X, S = [o[0] for o in outs], [[o[1] for o in outs], [o[2] for o in outs]]
       else:
-        call = {"momentum": ox.momentum, "adagrad": ox.adagrad, "adam": ox.adam}[rule]
+        call = CALLED[rule]
         out = call(jnp.float32(lr), T0 + k, *X, *G, *(s for block in S for s in block), **hyper)
         X = list(out[:n])
         S = [list(out[n * (i + 1) : n * (i + 2)]) for i in range(len(S))]
@@ -291,7 +358,7 @@ def test_onnx_call_gives_the_transforms_result_to_the_bit(variant):
           np.testing.assert_array_equal(a, b)
 
   check()
-  _assert_spread(examples)
+  _assert_spread(examples, variant)
 
 
 # Structures and dtypes are what this property explores; the variant is drawn
@@ -316,6 +383,8 @@ def test_state_structure_and_dtypes_are_stable(problem, dtype, state_dtype):
     and hyper[k] < 1
     and float(np.asarray(hyper[k], compute)) == 1.0
   ]
+  # The framework twins' hyperparameters have their frameworks' names (PyTorch's momentum, betas,
+  # Keras's beta_1): none is listed, and their policy accepts such a decay, as their frameworks run it.
   if rounds_to_one:  # documented: init refuses a decay that the dtype makes 1
     with pytest.raises(ValueError, match=rounds_to_one[0]):
       opt.init(params)
@@ -353,6 +422,13 @@ INVALID = {
   ("momentum", "alpha"): st.nothing(),
   ("momentum", "norm_coefficient"): st.nothing(),
   ("adam", "norm_coefficient_post"): st.nothing(),
+  # The framework twins' own names, the same kinds of range.
+  ("pytorch_sgd", "momentum"): st.one_of(st.floats(1.0 + 2**-40, 1e6), st.floats(-1e6, -1e-9)),
+  ("pytorch_sgd", "dampening"): st.one_of(st.floats(1.0 + 2**-40, 1e6), st.floats(-1e6, -1e-9)),
+  ("pytorch_adagrad", "lr_decay"): st.floats(-1e6, -1e-30),
+  ("pytorch_adam", "eps"): st.floats(-1e6, -1e-30),
+  ("pytorch_adamw", "weight_decay"): st.floats(-1e6, -1e-30),
+  ("keras_adam", "beta_1"): st.one_of(st.floats(1.0, 1e6), st.floats(-1e6, -1e-9)),
 }
 
 

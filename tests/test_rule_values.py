@@ -15,19 +15,23 @@ comparable to ``Sqrt(H)``, ``T`` both 0 and positive, non-zero starting states).
 
 from __future__ import annotations
 
+import inspect
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from rule_configs import trajectory
 
 import onnx_optax
 import onnx_optax._checks
 import onnx_optax.interop
 import onnx_optax.onnx
-from onnx_optax import reference, rules
+from onnx_optax import reference, registry, rules
 
-# name -> (transform, reference key, hyperparameters, state class)
+# name -> (transform, the registered rule (its expectation's key), hyperparameters): the spec rules
 RULES = {
   "momentum_standard": (
     onnx_optax.momentum,
@@ -47,6 +51,37 @@ RULES = {
   ),
   "directml_adam": (onnx_optax.directml_adam, "directml_adam", dict(beta1=0.7, beta2=0.6, epsilon=0.3)),
 }
+# The framework twins, every term of their frameworks' steps counting (maximize too), against their
+# frameworks' expectations (rule_configs.expectation: reference.pytorch_*, DirectML's for Keras).
+TWINS = {
+  "pytorch_sgd": (
+    onnx_optax.pytorch_sgd,
+    "pytorch_sgd",
+    dict(momentum=0.7, dampening=0.4, weight_decay=0.3, nesterov=False, maximize=True),
+  ),
+  "pytorch_sgd_nesterov": (
+    onnx_optax.pytorch_sgd,
+    "pytorch_sgd",
+    dict(momentum=0.7, dampening=0.0, weight_decay=0.3, nesterov=True, maximize=False),
+  ),
+  "pytorch_adagrad": (
+    onnx_optax.pytorch_adagrad,
+    "pytorch_adagrad",
+    dict(lr_decay=0.4, weight_decay=0.3, initial_accumulator_value=0.2, eps=0.3, maximize=True),
+  ),
+  "pytorch_adam": (
+    onnx_optax.pytorch_adam,
+    "pytorch_adam",
+    dict(betas=(0.7, 0.6), eps=0.3, weight_decay=0.3, decoupled_weight_decay=False, maximize=True),
+  ),
+  "pytorch_adamw": (
+    onnx_optax.pytorch_adamw,
+    "pytorch_adamw",
+    dict(betas=(0.7, 0.6), eps=0.3, weight_decay=0.3, maximize=False),
+  ),
+  "keras_adam": (onnx_optax.keras_adam, "keras_adam", dict(beta_1=0.7, beta_2=0.6, epsilon=0.3)),
+}
+ALL = {**RULES, **TWINS}
 # The same rules with the terms that read X switched off (the X=None path).
 NO_PARAMS = {
   "momentum_standard": dict(norm_coefficient=0.0),
@@ -54,6 +89,10 @@ NO_PARAMS = {
   "adagrad": dict(norm_coefficient=0.0),
   "adam": dict(norm_coefficient=0.0, norm_coefficient_post=0.0),
   "directml_adam": {},
+  "pytorch_adagrad": dict(weight_decay=0.0),
+  "pytorch_adam": dict(weight_decay=0.0),
+  "pytorch_adamw": dict(weight_decay=0.0),
+  "keras_adam": {},
 }
 
 STEPS = 4
@@ -70,7 +109,7 @@ def _start_state(n_state):
 
 
 def _run(name, hyper, initial_count, learning_rate, jit, pass_params=True):
-  make, key, _ = RULES[name]
+  make, key, _ = ALL[name]
   opt = make(learning_rate, initial_count=initial_count, **hyper)
   params = {"a": jnp.asarray(X0[0]), "b": jnp.asarray(X0[1])}
   state = opt.init(params)
@@ -91,15 +130,22 @@ def _run(name, hyper, initial_count, learning_rate, jit, pass_params=True):
 
 @pytest.mark.parametrize("jit", [True, False], ids=["jit", "eager"])
 @pytest.mark.parametrize("read_params", [True, False], ids=["params", "no_params"])
-@pytest.mark.parametrize("name", sorted(RULES))
+@pytest.mark.parametrize("name", sorted(ALL))
 def test_transform_matches_reference_over_steps(name, read_params, jit):
-  make, key, hyper = RULES[name]
-  hyper = dict(hyper) if read_params else {**hyper, **NO_PARAMS[name]}
+  make, key, hyper = ALL[name]
   T0 = 2 if name != "directml_adam" else 3  # T > 0 from the first update: every T term counts
   schedule = lambda n: 0.2 / (1.0 + n)  # evaluated at the updates applied, not at T
+  if not read_params and name not in NO_PARAMS:
+    # PyTorch's SGD writes the parameters in place (param.add_): its update always reads them,
+    # whatever the hyperparameters, and says so without them.
+    assert registry.get(key).always_reads_params
+    with pytest.raises(ValueError, match=r"pytorch_sgd: this transform needs the parameters.*in place"):
+      _run(name, hyper, T0, schedule, jit, pass_params=False)
+    return
+  hyper = dict(hyper) if read_params else {**hyper, **NO_PARAMS[name]}
   with jax.enable_x64(True):
     xs, state, start = _run(name, hyper, T0, schedule, jit, pass_params=read_params)
-    ref_xs, ref_state, ref_T = reference.trajectory(
+    ref_xs, ref_state, ref_T = trajectory(
       key, X0, [_grads(k) for k in range(STEPS)], start, T0, [schedule(k) for k in range(STEPS)], **hyper
     )
   for k in range(STEPS):
@@ -112,14 +158,16 @@ def test_transform_matches_reference_over_steps(name, read_params, jit):
   assert int(state.count) == ref_T == T0 + STEPS
 
 
-@pytest.mark.parametrize("name", sorted(RULES))
+@pytest.mark.parametrize("name", sorted(ALL))
 def test_first_update_at_the_default_count_matches_reference(name):
-  """T = 0 for the ONNX rules (beta_adjusted = 1, no bias correction), T = 1 for DirectML."""
-  make, key, hyper = RULES[name]
+  """T = 0 for the ONNX rules (beta_adjusted = 1, no bias correction), T = 1 for DirectML; count 0
+  for the twins (PyTorch's SGD copies the gradient into its new buffer, the bias corrections at
+  step 1)."""
+  make, key, hyper = ALL[name]
+  T0 = {"directml_adam": 1}.get(name, 0)
   with jax.enable_x64(True):
-    xs, state, start = _run(name, hyper, 1 if name == "directml_adam" else 0, 0.2, jit=False)
-    T0 = 1 if name == "directml_adam" else 0
-    ref_xs, ref_state, _ = reference.trajectory(
+    xs, state, start = _run(name, hyper, T0, 0.2, jit=False)
+    ref_xs, ref_state, _ = trajectory(
       key, X0, [_grads(k) for k in range(STEPS)], start, T0, [0.2] * STEPS, **hyper
     )
   for k in range(STEPS):
@@ -269,6 +317,40 @@ def test_defaults_and_first_count_are_the_documented_ones(name):
   assert int(state.count) == T == T0 + 3
   for k in range(3):
     np.testing.assert_allclose(got[k], want[k][0], rtol=1e-13, atol=0, err_msg=f"{name} step {k}")
+
+
+FRAMEWORK_TWINS = [rule for rule in registry.rules() if rule.binding("torch") or rule.binding("keras")]
+
+
+def _framework_optimizer(binding):
+  """The optimizer class a twin is bound to, from its framework itself."""
+  if binding.kind == "torch":
+    torch = pytest.importorskip("torch", reason="torch is in the test extra")
+    return getattr(torch.optim, binding.name)
+  os.environ.setdefault("KERAS_BACKEND", "jax")  # as tests/test_keras_twin.py
+  keras = pytest.importorskip("keras", reason="keras is in the interop extra")
+  return getattr(keras.optimizers, binding.name)
+
+
+@pytest.mark.parametrize("rule", FRAMEWORK_TWINS, ids=lambda r: r.name)
+def test_a_twins_defaults_are_its_frameworks(rule):
+  """Every hyperparameter of a framework twin defaults to what its framework's constructor gives it,
+  read from PyTorch's and Keras's own signatures (their names where the binding spells them
+  otherwise), and its count starts at the framework's: PyTorch's ``step`` and Keras's
+  ``iterations`` are 0 before the first update."""
+  (binding,) = [b for b in rule.bindings if b.kind in ("torch", "keras")]
+  theirs = inspect.signature(_framework_optimizer(binding)).parameters
+  ours = rule.defaults()
+  assert set(ours) == set(rule.hyperparameters), "every hyperparameter has a default, as in the framework"
+  for name, value in ours.items():
+    framework_name = binding.names.get(name, name)
+    assert framework_name in theirs, (rule.name, name)
+    assert (
+      value == theirs[framework_name].default
+      and type(value) is type(theirs[framework_name].default)
+      or (isinstance(value, float) and value == theirs[framework_name].default)
+    ), (rule.name, name, value, theirs[framework_name].default)
+  assert rule.first_count() == 0
 
 
 def test_reference_dtype_argument():

@@ -9,8 +9,9 @@ update differentiates the first derivative's rule again.
 Expected values: central finite differences, in float64, of ``jax.grad``
 (whose finiteness and accuracy tests/test_metagradients.py checks against
 differences of the loss). Every rule with a square root: Adagrad, ONNX Adam,
-DirectML Adam, ONNX Runtime's AdamW in both modes; through the Optax
-transforms and through the ONNX operator's call.
+DirectML Adam, ONNX Runtime's AdamW in both modes and the framework twins
+(PyTorch's Adagrad, Adam, AdamW, Keras's Adam); through the Optax transforms
+and through the ONNX operator's call.
 """
 
 from __future__ import annotations
@@ -28,13 +29,23 @@ from onnx_optax import onnx as ox
 A = np.array([[1.0, 0.2, 0.0], [0.2, 2.0, 0.0], [0.0, 0.0, 0.0]])
 P0 = np.array([0.5, -0.3, 0.7])
 
-#: name -> (make(lr, h), the hyperparameter h differentiated besides the learning rate, its value)
+#: The dead unit's factor per update: only a decoupled weight decay (ONNX Runtime's AdamW and
+#: PyTorch's, default weight_decay 0.01) scales it, by 1 - lr * wd.
+DECAYED = 1 - 0.05 * 0.01
+
+#: name -> (make(lr, h), the hyperparameter h differentiated besides the learning rate, its value,
+#: the dead unit's factor per update). The framework twins with a square root too; PyTorch Adam's
+#: betas are static (a pair of Python numbers), its eps is differentiated instead.
 RULES = {
-  "adagrad": (lambda lr, h: onnx_optax.adagrad(lr, decay_factor=h), 0.1),
-  "adam": (lambda lr, h: onnx_optax.adam(lr, beta=h), 0.9),
-  "directml_adam": (lambda lr, h: onnx_optax.directml_adam(lr, beta2=h), 0.9),
-  "ort_adamw_mode0": (lambda lr, h: onnx_optax.ort_adamw(lr, beta=h), 0.9),
-  "ort_adamw_mode1": (lambda lr, h: onnx_optax.ort_adamw(lr, beta=h, adam_mode=1), 0.9),
+  "adagrad": (lambda lr, h: onnx_optax.adagrad(lr, decay_factor=h), 0.1, 1.0),
+  "adam": (lambda lr, h: onnx_optax.adam(lr, beta=h), 0.9, 1.0),
+  "directml_adam": (lambda lr, h: onnx_optax.directml_adam(lr, beta2=h), 0.9, 1.0),
+  "ort_adamw_mode0": (lambda lr, h: onnx_optax.ort_adamw(lr, beta=h), 0.9, DECAYED),
+  "ort_adamw_mode1": (lambda lr, h: onnx_optax.ort_adamw(lr, beta=h, adam_mode=1), 0.9, DECAYED),
+  "pytorch_adagrad": (lambda lr, h: onnx_optax.pytorch_adagrad(lr, lr_decay=h), 0.1, 1.0),
+  "pytorch_adam": (lambda lr, h: onnx_optax.pytorch_adam(lr, eps=h), 0.1, 1.0),
+  "pytorch_adamw": (lambda lr, h: onnx_optax.pytorch_adamw(lr, eps=h), 0.1, DECAYED),
+  "keras_adam": (lambda lr, h: onnx_optax.keras_adam(lr, beta_2=h), 0.9, 1.0),
 }
 
 
@@ -69,18 +80,17 @@ def _check(f, x):
 @pytest.mark.parametrize("steps", [1, 3])
 @pytest.mark.parametrize("name", sorted(RULES))
 def test_hessian_with_respect_to_the_parameters(name, steps):
-  make, h = RULES[name]
+  make, h, c = RULES[name]
   with jax.enable_x64(True):
     hessian = _check(lambda p: _loss(make(0.05, h), p, steps), P0)
-  # The dead unit's row: its step is 0 for every p, and only ONNX Runtime's decoupled decay (default
-  # weight_decay 0.01) scales it, by 1 - lr * wd per update: d^2 / dp^2 of (p c^steps)^2.
-  c = 1 - 0.05 * 0.01 if name.startswith("ort_adamw") else 1.0
+  # The dead unit's row: its step is 0 for every p, and only a decoupled decay scales it, by c per
+  # update: d^2 / dp^2 of (p c^steps)^2.
   np.testing.assert_allclose(hessian[2], [0.0, 0.0, 2.0 * c ** (2 * steps)], rtol=1e-9)
 
 
 @pytest.mark.parametrize("name", sorted(RULES))
 def test_hessian_with_respect_to_the_hyperparameters(name):
-  make, h = RULES[name]
+  make, h, _ = RULES[name]
   with jax.enable_x64(True):
     _check(lambda lh: _loss(make(lh[0], lh[1]), jnp.asarray(P0), 3), np.array([0.05, h]))
 
