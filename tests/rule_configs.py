@@ -108,7 +108,8 @@ def configurations() -> dict[str, RuleConfig]:
   return out
 
 
-#: The configurations registered when the tests were collected.
+#: The configurations of the rules registered when this module was first imported (the tests'
+#: collection; tests/test_registry_outside.py registers its rule before that, as a plugin).
 RULE_CONFIGS = configurations()
 
 
