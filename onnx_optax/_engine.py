@@ -36,13 +36,13 @@ def _wider(g_dtype: Any, *state_dtypes: Any) -> Any:
   return jnp.promote_types(g_dtype, state_dtypes[0]) if state_dtypes else g_dtype
 
 
-#: The spec rules: each leaf in the wider of its gradient's and its state's dtype, every
+#: The policy of the spec rules, each leaf in the wider of its gradient's and its state's dtype, every
 #: scalar rounded once to it, the results rounded to the state's and the parameter's dtypes
 #: (docs/spec.md, "Dtypes"); ``X`` is read only where a coefficient multiplies it.
 SPEC = Policy(
   "spec", _wider, _numerics.like, casts=True, refuses_stalling_decays=True, params_when_given=False
 )
-#: The framework twins: each leaf in PyTorch's opmath dtype (float64 if any of its tensors
+#: The policy of the framework twins, each leaf in PyTorch's opmath dtype (float64 if any of its tensors
 #: is, else float32), the rule rounding where its framework stores (docs/spec.md,
 #: "PyTorch-order twins"); ``X`` is handed to the rule whenever ``update`` gets it (the
 #: rule reads it for parameters narrower than float32).
