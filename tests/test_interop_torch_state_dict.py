@@ -2,8 +2,9 @@
 
 The expectation is always the run that never left PyTorch: N steps there, the
 optimizer's state dict saved with ``torch.save`` (keyed by index) or from
-``get_optimizer_state_dict`` (keyed by name, as DCP and FSDP2 write it),
-loaded back from the file alone, M steps in JAX, the state written back with
+``get_optimizer_state_dict`` (keyed by name, as DCP and FSDP2 write it; also
+flattened, ``flatten_optimizer_state_dict=True``), loaded back from the file
+alone, M steps in JAX, the state written back with
 ``to_torch_state_dict`` and loaded by ``load_state_dict`` /
 ``set_optimizer_state_dict`` into a fresh optimizer, K more steps in PyTorch:
 equal to N + M + K PyTorch steps, to 1e-12 in float64.
@@ -22,7 +23,11 @@ import numpy as np
 import optax
 import pytest
 import torch
-from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+from torch.distributed.checkpoint.state_dict import (
+  StateDictOptions,
+  get_optimizer_state_dict,
+  set_optimizer_state_dict,
+)
 
 from onnx_optax.interop import from_torch_state_dict, to_torch_state_dict
 
@@ -99,7 +104,10 @@ def _save_load(obj, path):
   return torch.load(path, weights_only=True, map_location="cpu")
 
 
-@pytest.mark.parametrize("keyed", ["index", "index-named", "name"])
+FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+@pytest.mark.parametrize("keyed", ["index", "index-named", "name", "flat"])
 @pytest.mark.parametrize("kind", list(OPTIMIZERS))
 def test_resume_from_a_file_and_back(kind, keyed, tmp_path):
   with jax.enable_x64(True):
@@ -113,6 +121,9 @@ def test_resume_from_a_file_and_back(kind, keyed, tmp_path):
     if keyed == "name":
       saved = _save_load(get_optimizer_state_dict(model, opt), tmp_path / "optimizer.pt")
       assert set(saved["state"]) == set(ORDER)
+    elif keyed == "flat":
+      saved = _save_load(get_optimizer_state_dict(model, opt, options=FLAT), tmp_path / "optimizer.pt")
+      assert "state.0.weight.momentum_buffer" in saved or "state.0.weight.step" in saved
     else:
       saved = _save_load(opt.state_dict(), tmp_path / "optimizer.pt")
       assert set(saved["state"]) == {0, 1, 2, 3}
@@ -125,14 +136,17 @@ def test_resume_from_a_file_and_back(kind, keyed, tmp_path):
     params, state = _jax_steps(tx, state, params, model, M)
 
     back = to_torch_state_dict(state, saved)
+    if keyed == "flat":  # the same keys, flattened as the template was
+      assert list(back) == list(saved)
     fresh = _model(seed=1)  # other weights: every value below comes from the JAX run
     values = params if isinstance(params, dict) else dict(zip(ORDER, params))
     with torch.no_grad():
       for name, p in fresh.named_parameters():
         p.copy_(torch.from_numpy(np.array(values[name])))
     opt2 = _optimizer(kind, fresh, named=keyed == "index-named")
-    if keyed == "name":
-      set_optimizer_state_dict(fresh, opt2, _save_load(back, tmp_path / "back.pt"))
+    if keyed in ("name", "flat"):
+      options = FLAT if keyed == "flat" else None
+      set_optimizer_state_dict(fresh, opt2, _save_load(back, tmp_path / "back.pt"), options=options)
     else:
       opt2.load_state_dict(_save_load(back, tmp_path / "back.pt"))
     _torch_steps(fresh, opt2, K)
@@ -474,3 +488,41 @@ def _jax_steps_list(tx, state, params, model, steps):
     updates, state = tx.update(grads, state, params)
     params = optax.apply_updates(params, updates)
   return params, state
+
+
+def test_a_flattened_state_dict_with_state_of_no_listed_parameter_is_refused():
+  """A flattened DCP key whose parameter no ``param_groups.<name>.<option>`` key lists (a nested state, or an
+  edited dict): refused, naming the key and the flag; the same dict without it is read, its groups those
+  of the optimizer (the runs of parameters with equal options)."""
+  model = _model()
+  opt = _optimizer("AdamW", model, named=False)
+  _torch_steps(model, opt, 1)
+  flat = get_optimizer_state_dict(model, opt, options=FLAT)
+  with jax.enable_x64(True):
+    params = {n: jnp.asarray(p.detach().numpy()) for n, p in model.named_parameters()}
+    from_torch_state_dict(flat, params)
+    # The groups are read back as the runs of parameters with equal options: two here.
+    from_torch_state_dict(flat, params, learning_rate=[0.01, 0.02])
+    with pytest.raises(ValueError, match=r"learning_rate has 4 entries but the optimizer has 2 param groups"):
+      from_torch_state_dict(flat, params, learning_rate=[0.01] * 4)
+    nested = {**flat, "state.0.weight.shampoo.factor": torch.ones(3)}
+    with pytest.raises(
+      ValueError,
+      match=r"state_dict\['state.0.weight.shampoo.factor'\] \(a flattened DCP state dict, "
+      r"flatten_optimizer_state_dict=True\) is the state of no parameter",
+    ):
+      from_torch_state_dict(nested, params)
+
+
+def test_a_piece_that_lacks_a_shard_is_not_put():
+  """The guard under the bridge's own check: a host's piece of an array is put only where it holds every
+  shard the target's devices need."""
+  from onnx_optax.interop import _common
+
+  piece = _common.HostPiece(np.arange(2.0), (2,), (4,))
+  assert _common.missing_region(piece, jax.ShapeDtypeStruct((4,), jnp.float32)) == ((0, 4),)
+  with pytest.raises(ValueError, match=r"this process holds \(\(2, 4\),\) of an array of shape \(4,\), not"):
+    _common.put_like(piece, jnp.zeros(4))
+  whole = _common.HostPiece(np.arange(4.0), (0,), (4,))
+  assert _common.missing_region(whole, jnp.zeros(4)) is None
+  np.testing.assert_array_equal(_common.put_like(whole, jnp.zeros(4)), np.arange(4.0))

@@ -10,6 +10,14 @@ DCP checkpoints), keyed by their fully qualified names. Both have the form::
     {"state": {key: {"step": ..., "exp_avg": ..., ...}, ...},
      "param_groups": [{"lr": ..., ..., "params": [key, ...]}, ...]}
 
+``get_optimizer_state_dict(..., options=StateDictOptions(flatten_optimizer_state_dict=True))``
+keeps the same entries under flat keys, ``"state.<name>.<field>"`` and
+``"param_groups.<name>.<option>"``: read alike, and written back flattened.
+Under FSDP2 (``fully_shard``) the state tensors are DTensors, of which each
+rank holds its own rows: each rank reads its shard onto the devices of its
+JAX process that hold parts of it, and writes DTensors with the template's
+placements and mesh (docs/interop.md, "FSDP2 and DCP").
+
 :func:`from_torch_state_dict` continues such a run in JAX from the state dict
 alone (no PyTorch model or optimizer is built), and
 :func:`to_torch_state_dict` writes a JAX run back as a state dict that
@@ -59,10 +67,13 @@ _OLDER_DEFAULTS = {
 
 
 class _Param:
-  """A parameter of a state dict: its key, and the shape, dtype and device its state has."""
+  """A parameter of a state dict: its key, and the shape, dtype and device its state has.
 
-  def __init__(self, key: Any, shape: tuple[int, ...], dtype: Any, device: Any) -> None:
-    self.key, self.shape, self.dtype, self.device = key, shape, dtype, device
+  ``template``: a ``DTensor`` of its state (FSDP2), whose placements the written state takes.
+  """
+
+  def __init__(self, key: Any, shape: tuple[int, ...], dtype: Any, device: Any, template: Any = None) -> None:
+    self.key, self.shape, self.dtype, self.device, self.template = key, shape, dtype, device, template
 
   def is_complex(self) -> bool:
     return _common.dtype_name(self.dtype).startswith("complex")
@@ -89,7 +100,11 @@ def from_torch_state_dict(
       returns it and ``torch.load(path, weights_only=True)`` reads it back
       (keyed by index), or as
       ``torch.distributed.checkpoint.state_dict.get_optimizer_state_dict``
-      returns it (keyed by name). Tensors may be on any device.
+      returns it (keyed by name; also flattened). Tensors may be on any
+      device. DTensors (FSDP2) are read from this rank's shard: each of
+      ``params``' devices on this process must need only rows this rank
+      holds (split the parameters over the processes as FSDP2 does), or
+      pass the gathered state dict (``full_state_dict=True``).
     params: the JAX parameters. Placed on the state dict's parameters by
       :func:`onnx_optax.interop.torch.mapping`: keyed by name, a dict whose
       names (nested dicts join their keys with ``'.'``) are the state dict's
@@ -112,7 +127,8 @@ def from_torch_state_dict(
     TypeError: a state dict of another optimizer, or one it cannot tell.
     ValueError: param groups that do not cover the state, a name missing on
       either side, a state tensor whose shape or dtype differs from its
-      parameter's, a ``step`` that is not a count, and every refusal of
+      parameter's, a ``step`` that is not a count, a DTensor shard that
+      lacks rows this process's devices need, and every refusal of
       :func:`~onnx_optax.interop.from_torch`, each naming the entry.
 
   Example:
@@ -128,6 +144,7 @@ def from_torch_state_dict(
     ('PyTorchAdamState', 1)
   """
   torch = bridge._torch()
+  state_dict, _ = _unflattened(state_dict, "state_dict")
   kind, groups, entries, keys, names = _read(state_dict, optimizer, "state_dict")
   leaves, _, paths = _common.leaf_paths(params)
   if len(leaves) != len(keys):
@@ -159,8 +176,10 @@ def to_torch_state_dict(state: Any, like: Mapping[str, Any], *, optimizer: Any =
   ``like`` is the template: the state dict the run came from (read back
   with ``torch.load``), or ``optimizer.state_dict()`` of an optimizer built
   the same way. The result has its param groups (hyperparameters copied),
-  its keys (indices or names) and, where ``like`` has an entry, its tensors'
-  dtypes and devices; ``like`` is not modified. After loading it,
+  its keys (indices or names; flat keys for a flattened ``like``) and,
+  where ``like`` has an entry, its tensors' dtypes and devices, and their
+  placements and mesh where they are DTensors (each rank writes its own rows,
+  from the state's shards on this process); ``like`` is not modified. After loading it,
   ``optimizer.step()`` continues the JAX run: it is the next ``tx.update``
   with the same gradients. The groups' ``lr`` are the template's: with a
   learning-rate scheduler, step it once per JAX update after loading. ``state`` is placed on the parameters as
@@ -195,6 +214,7 @@ def to_torch_state_dict(state: Any, like: Mapping[str, Any], *, optimizer: Any =
     tensor([ 1., -1.])
   """
   torch = bridge._torch()
+  like, flat = _unflattened(like, "like")
   kind, groups, entries, keys, names = _read(like, optimizer, "like")
   # Each parameter's state value, placed as to_torch places it: its shape and
   # dtype stand in for a parameter that has no entry in like yet.
@@ -206,7 +226,8 @@ def to_torch_state_dict(state: Any, like: Mapping[str, Any], *, optimizer: Any =
     held = [v for v in entries.get(key, {}).values() if isinstance(v, torch.Tensor) and v.dim() > 0]
     shape, dtype = (tuple(held[0].shape), held[0].dtype) if held else (tuple(value.shape), value.dtype)
     device = held[0].device if held else "cpu"
-    stand_ins[key] = _Param(key, shape, dtype, device)
+    template = held[0] if held and bridge._is_dtensor(held[0]) else None
+    stand_ins[key] = _Param(key, shape, dtype, device, template)
   view_groups = _groups(kind, groups, stand_ins, names)
   writes = bridge.checked_writes(torch, kind, view_groups, state)
   out_state: dict[Any, dict] = {}
@@ -216,7 +237,68 @@ def to_torch_state_dict(state: Any, like: Mapping[str, Any], *, optimizer: Any =
     if slot:
       out_state[p.key] = slot
   out_groups = [{**group, "params": list(group["params"])} for group in groups]
-  return {"state": out_state, "param_groups": out_groups}
+  out = {"state": out_state, "param_groups": out_groups}
+  return _flattened(out) if flat else out
+
+
+# Flattened DCP state dicts (StateDictOptions(flatten_optimizer_state_dict=True)): these prefixes.
+_FLAT_STATE, _FLAT_GROUPS = "state.", "param_groups."
+
+
+def _unflattened(state_dict: Any, argument: str) -> tuple[Any, bool]:
+  """A flattened DCP optimizer state dict in the nested form (and True), or ``state_dict`` (and False).
+
+  ``flatten_optimizer_state_dict=True`` keeps ``state.<name>.<field>`` and
+  ``param_groups.<name>.<option>`` per parameter: the groups are not kept, and
+  are read back as the runs of parameters (in their order) with equal options.
+  """
+  if not isinstance(state_dict, Mapping) or "state" in state_dict or "param_groups" in state_dict:
+    return state_dict, False
+  keys = list(state_dict)
+  if not keys or not all(isinstance(k, str) and k.startswith((_FLAT_STATE, _FLAT_GROUPS)) for k in keys):
+    return state_dict, False
+  options: dict[str, dict] = {}
+  for key in keys:
+    if key.startswith(_FLAT_GROUPS):
+      name, _, option = key[len(_FLAT_GROUPS) :].rpartition(".")
+      options.setdefault(name, {})[option] = state_dict[key]
+  state: dict[str, dict] = {}
+  for key in keys:
+    if key.startswith(_FLAT_STATE):
+      name, _, field = key[len(_FLAT_STATE) :].rpartition(".")
+      if name not in options:
+        raise ValueError(
+          f"{argument}[{key!r}] (a flattened DCP state dict, flatten_optimizer_state_dict=True) is the "
+          f"state of no parameter its 'param_groups.<name>.<option>' keys list: a nested state (another "
+          f"optimizer's) or an edited state dict"
+        )
+      state.setdefault(name, {})[field] = state_dict[key]
+  groups: list[dict] = []
+  for name, group_options in options.items():
+    if groups and _same_options(groups[-1], group_options):
+      groups[-1]["params"].append(name)
+    else:
+      groups.append({**group_options, "params": [name]})
+  return {"state": state, "param_groups": groups}, True
+
+
+def _same_options(group: dict, options: dict) -> bool:
+  if set(group) - {"params"} != set(options):
+    return False
+  return all(group[key] is value or bool(group[key] == value) for key, value in options.items())
+
+
+def _flattened(state_dict: dict[str, Any]) -> dict[str, Any]:
+  """The flattened form of a nested state dict, as ``flatten_optimizer_state_dict=True`` writes it."""
+  out = {
+    f"{_FLAT_STATE}{name}.{field}": value
+    for name, entry in state_dict["state"].items()
+    for field, value in entry.items()
+  }
+  for group in state_dict["param_groups"]:
+    for name in group["params"]:
+      out.update({f"{_FLAT_GROUPS}{name}.{key}": value for key, value in group.items() if key != "params"})
+  return out
 
 
 def _read(state_dict: Any, optimizer: Any, argument: str) -> tuple[str, list[dict], dict, list, list | None]:
