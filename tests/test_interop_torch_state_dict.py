@@ -490,6 +490,75 @@ def _jax_steps_list(tx, state, params, model, steps):
   return params, state
 
 
+class _Tied(torch.nn.Module):
+  """GPT-2's tie in small: the output layer's weight is the embedding's (``lm_head.weight = wte.weight``)."""
+
+  def __init__(self):
+    super().__init__()
+    self.wte = torch.nn.Embedding(5, 3)
+    self.ln = torch.nn.LayerNorm(3)
+    self.lm_head = torch.nn.Linear(3, 5, bias=False)
+    self.lm_head.weight = self.wte.weight
+
+  def forward(self, tokens):
+    return self.lm_head(self.ln(self.wte(tokens)))
+
+
+def test_a_tied_weight_listed_twice_is_named():
+  """A model's ``state_dict()`` lists a tied weight under both names, the optimizer once: the extra leaf is
+  named (by name where both sides have names, by position in a list, by value where the state dict has no
+  names), and the missing one too; ``named_parameters()``, as the message says, is accepted."""
+  torch.manual_seed(0)
+  model = _Tied()
+  opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+  model(torch.tensor([0, 1, 2])).sum().backward()
+  opt.step()
+  weights = {name: jnp.asarray(value.numpy()) for name, value in model.state_dict().items()}
+  assert list(weights) == ["wte.weight", "ln.weight", "ln.bias", "lm_head.weight"]
+  equal = r"params\['lm_head.weight'\] and params\['wte.weight'\] are equal element for element: a model's"
+  by_name, by_index = get_optimizer_state_dict(model, opt), opt.state_dict()
+  with pytest.raises(ValueError, match=rf"leaves named \['lm_head.weight'\]\..*\({equal}"):
+    from_torch_state_dict(by_name, weights)
+  renamed = {("ln.b" if name == "ln.bias" else name): value for name, value in weights.items()}
+  with pytest.raises(
+    ValueError, match=r"no leaf for \['ln.bias'\]; leaves named \['lm_head.weight', 'ln.b'\]"
+  ):
+    from_torch_state_dict(by_name, renamed)
+  with pytest.raises(
+    ValueError,
+    match=r"4 leaves but .* list 3 parameters: placed by position, params\[3\] has no parameter "
+    r"\(params\[0\] and params\[3\] are equal element for element",
+  ):
+    from_torch_state_dict(by_index, list(weights.values()))
+  with pytest.raises(ValueError, match=rf"keys them by index, with no names to tell .*\({equal}"):
+    from_torch_state_dict(by_index, weights)
+  named = {name: jnp.asarray(p.detach().numpy()) for name, p in model.named_parameters()}
+  _, state = from_torch_state_dict(by_name, named)
+  assert int(state.count) == 1
+
+
+def test_amsgrad_is_refused_as_amsgrad():
+  """Its group says amsgrad=True: that is the reason (no rule keeps the running maximum), not the
+  max_exp_avg_sq it keeps; also flattened, and on the way back."""
+  model = _model()
+  opt = torch.optim.Adam(model.parameters(), lr=0.01, amsgrad=True)
+  _torch_steps(model, opt, 1)
+  with jax.enable_x64(True):
+    params = [jnp.asarray(p.detach().numpy()) for p in model.parameters()]
+    named = dict(zip([n for n, _ in model.named_parameters()], params))
+    saved = {
+      "index": (opt.state_dict(), params),
+      "flat": (get_optimizer_state_dict(model, opt, options=FLAT), named),
+    }
+    for form, (state_dict, leaves) in saved.items():
+      with pytest.raises(ValueError, match=r"param_groups\[0\] has amsgrad=True: torch.optim.Adam then") as e:
+        from_torch_state_dict(state_dict, leaves)
+      assert "does not keep" not in str(e.value), form
+    _, state = from_torch_state_dict(torch.optim.Adam(model.parameters(), lr=0.01).state_dict(), params)
+    with pytest.raises(ValueError, match=r"param_groups\[0\] has amsgrad=True"):
+      to_torch_state_dict(state, opt.state_dict())
+
+
 def test_a_flattened_state_dict_with_state_of_no_listed_parameter_is_refused():
   """A flattened DCP key whose parameter no ``param_groups.<name>.<option>`` key lists (a nested state, or an
   edited dict): refused, naming the key and the flag; the same dict without it is read, its groups those

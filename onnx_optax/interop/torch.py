@@ -51,10 +51,17 @@ buffer that it never reads.
                                   ``count = 0`` with zero moments
 ================================  =========================================
 
-``amsgrad``, tensor ``lr`` or ``betas`` and complex parameters are refused
-(no rule is exact for them). :func:`to_torch` also loads the states of the
-spec-order rules (``momentum``, ``adagrad``, ``ort_adamw``, whose count is
-PyTorch's ``step`` plus one), with the same hyperparameters.
+A tensor ``lr`` (PyTorch accepts one) is read with its value, the number
+PyTorch computes with, and carried as a Python float ``lr`` is: SGD's always,
+Adagrad's unless it is a float32 (or narrower) tensor and ``lr_decay != 0``,
+since PyTorch then computes ``lr / (1 + (step - 1) * lr_decay)`` in the
+tensor's dtype. Refused,
+because no rule is exact for them: that Adagrad case; Adam's and AdamW's
+``amsgrad=True``, their ``lr``, ``betas``, ``eps`` or ``weight_decay`` as
+tensors (PyTorch computes their step size in the tensor's dtype), and their
+complex parameters. :func:`to_torch` also loads the states of the spec-order
+rules (``momentum``, ``adagrad``, ``ort_adamw``, whose count is PyTorch's
+``step`` plus one), with the same hyperparameters.
 
 FSDP2's parameters and state are DTensors: each rank holds its own rows
 (``Shard(0)``). :func:`torch_params` and :func:`from_torch` read each rank's
@@ -206,7 +213,7 @@ def from_torch(
     TypeError: an optimizer other than SGD, Adagrad, Adam and AdamW, or a
       subclass, whose step may differ.
     ValueError: an option the rules lack (Adam's ``amsgrad``, tensor
-      hyperparameters that PyTorch computes with in float32, complex
+      hyperparameters that PyTorch computes with in float32, Adam's complex
       parameters), a scheduler without ``learning_rate``, params that do
       not match the optimizer's parameters (naming the pytree path), or a
       ``DTensor`` whose shard on this rank lacks rows that this process's

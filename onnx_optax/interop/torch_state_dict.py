@@ -36,6 +36,8 @@ import collections
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import jax
+import numpy as np
 import optax
 
 from onnx_optax.interop import _common
@@ -126,10 +128,12 @@ def from_torch_state_dict(
   Raises:
     TypeError: a state dict of another optimizer, or one it cannot tell.
     ValueError: param groups that do not cover the state, a name missing on
-      either side, a state tensor whose shape or dtype differs from its
-      parameter's, a ``step`` that is not a count, a DTensor shard that
-      lacks rows this process's devices need, and every refusal of
-      :func:`~onnx_optax.interop.from_torch`, each naming the entry.
+      either side (or a leaf too many: named, and two leaves that are equal
+      element for element, a tied weight, too), a state tensor whose shape
+      or dtype differs from its parameter's, a ``step`` that is not a
+      count, a DTensor shard that lacks rows this process's devices need,
+      and every refusal of :func:`~onnx_optax.interop.from_torch`, each
+      naming the entry.
 
   Example:
     >>> import io, torch, jax.numpy as jnp
@@ -147,22 +151,25 @@ def from_torch_state_dict(
   state_dict, _ = _unflattened(state_dict, "state_dict")
   kind, groups, entries, keys, names = _read(state_dict, optimizer, "state_dict")
   leaves, _, paths = _common.leaf_paths(params)
-  if len(leaves) != len(keys):
-    raise ValueError(
-      f"params has {len(leaves)} leaves but the state dict's param groups list {len(keys)} parameters: "
-      f"pass one leaf per parameter"
-    )
-  perm = bridge.mapping(params, names, "params")
+  perm = _placed(params, leaves, paths, keys, names)
   stand_ins = {}
   for i, key in enumerate(keys):
-    leaf, path = leaves[perm[i]], paths[perm[i]]
+    leaf = leaves[perm[i]]
     if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
-      raise TypeError(f"params{path} must be an array (or jax.ShapeDtypeStruct), got {type(leaf).__name__}")
-    _check_entry(kind, key, entries.get(key, {}), tuple(leaf.shape), _common.dtype_name(leaf.dtype), path)
+      raise TypeError(
+        f"params{paths[perm[i]]} must be an array (or jax.ShapeDtypeStruct), got {type(leaf).__name__}"
+      )
     stand_ins[key] = _Param(key, tuple(leaf.shape), leaf.dtype, "cpu")
+  view_groups = _groups(kind, groups, stand_ins, names)
+  # The groups first: an option no rule has (amsgrad=True) is the reason, not the state it keeps.
+  for g, group in enumerate(view_groups):
+    bridge._check_group(g, group, kind, source="state_dict")
+  for i, key in enumerate(keys):
+    leaf, path = leaves[perm[i]], paths[perm[i]]
+    _check_entry(kind, key, entries.get(key, {}), tuple(leaf.shape), _common.dtype_name(leaf.dtype), path)
   view = bridge.View(
     kind,
-    _groups(kind, groups, stand_ins, names),
+    view_groups,
     {stand_ins[key]: dict(entries[key]) for key in keys if key in entries},
     None,
     source="state_dict",
@@ -239,6 +246,59 @@ def to_torch_state_dict(state: Any, like: Mapping[str, Any], *, optimizer: Any =
   out_groups = [{**group, "params": list(group["params"])} for group in groups]
   out = {"state": out_state, "param_groups": out_groups}
   return _flattened(out) if flat else out
+
+
+def _placed(params: Any, leaves: list, paths: list[str], keys: list, names: list | None) -> list[int]:
+  """The mapping of the params' leaves on the state dict's parameters, or a refusal naming the leaves."""
+  if names is not None:
+    try:
+      perm = bridge.mapping(params, names, "params")
+    except ValueError as error:
+      raise ValueError(f"{error}{_tied(leaves, paths) if len(leaves) > len(keys) else ''}") from None
+  if len(leaves) != len(keys):
+    positional = not any(path.startswith("['") for path in paths)
+    if len(leaves) < len(keys):
+      which = f"placed by position, the last {len(keys) - len(leaves)} of them have no leaf"
+    elif positional:
+      more = len(leaves) - len(keys) - 1
+      which = f"placed by position, params{paths[len(keys)]}" + (
+        f" and the {more} leaves after it have no parameter" if more else " has no parameter"
+      )
+    else:
+      shown = ", ".join(f"params{path}" for path in paths[:8]) + (", ..." if len(paths) > 8 else "")
+      which = (
+        f"the state dict keys them by index, with no names to tell which of params' leaves ({shown}) is "
+        f"not one of them"
+      )
+    raise ValueError(
+      f"params has {len(leaves)} leaves but the state dict's param groups list {len(keys)} parameters: "
+      f"{which}{_tied(leaves, paths) if len(leaves) > len(keys) else ''}; pass one leaf per parameter"
+    )
+  return bridge.mapping(params, names, "params") if names is None else perm
+
+
+def _tied(leaves: list, paths: list[str]) -> str:
+  """What to say of a params tree with more leaves than parameters: a tied weight listed twice, by name
+  where two leaves are equal element for element."""
+  hint = (
+    "a model's state_dict() lists a tied weight (GPT-2's lm_head.weight is its wte.weight) under each of "
+    "its names; the optimizer lists it once, as dict(model.named_parameters()) does"
+  )
+  same: dict[tuple, list[tuple[np.ndarray, str]]] = {}
+  for leaf, path in zip(leaves, paths):
+    if isinstance(leaf, np.ndarray) or (isinstance(leaf, jax.Array) and leaf.is_fully_addressable):
+      host = np.asarray(leaf)
+      same.setdefault((host.shape, host.dtype.str, hash(host.tobytes())), []).append((host, path))
+  equal = [
+    [path for host, path in group if np.array_equal(host, group[0][0])]
+    for group in same.values()
+    if len(group) > 1
+  ]
+  equal = [group for group in equal if len(group) > 1]
+  if not equal:
+    return f" ({hint})"
+  listed = "; ".join(" and ".join(f"params{path}" for path in group) for group in equal[:3])
+  return f" ({listed} are equal element for element: {hint})"
 
 
 # Flattened DCP state dicts (StateDictOptions(flatten_optimizer_state_dict=True)): these prefixes.
