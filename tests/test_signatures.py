@@ -71,6 +71,7 @@ KEYWORD_ONLY = {
   onnx_optax.interop.to_keras: ["variables"],
   onnx_optax.interop.to_torch: [],  # no option: only nothing positional-only
   onnx_optax.interop.torch_params: [],
+  onnx_optax._checks.wide_enough: ["at_least", "why"],
   onnx_optax.interop._common.check_leaves: ["argument", "order"],
   torch_bridge._check_group: ["source"],
   torch_bridge.mapping: ["tensors", "is_leaf"],
