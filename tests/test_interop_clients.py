@@ -267,8 +267,10 @@ def test_trainer_refusals(trainer_root, tmp_path):
 GAMMA, BATCHES = 0.9, 4  # ExponentialLR stepped every optimizer step; four batches an epoch
 
 
-def _lightning(dtype: Any, root: pathlib.Path, fused: bool | None = None) -> tuple[Any, Any, Any]:
-  """A module (an MLP with a LayerNorm; Adam and a per-step ExponentialLR), its data and a Trainer factory."""
+def _lightning(
+  dtype: Any, root: pathlib.Path, fused: bool | None = None, interval: str = "step"
+) -> tuple[Any, Any, Any]:
+  """A module (an MLP with a LayerNorm; Adam and an ExponentialLR), its data and a Trainer factory."""
   import lightning
 
   logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
@@ -288,7 +290,7 @@ def _lightning(dtype: Any, root: pathlib.Path, fused: bool | None = None) -> tup
     def configure_optimizers(self):
       opt = torch.optim.Adam(self.parameters(), lr=1e-2, weight_decay=0.01, fused=fused)
       scheduler = torch.optim.lr_scheduler.ExponentialLR(opt, GAMMA)
-      return {"optimizer": opt, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+      return {"optimizer": opt, "lr_scheduler": {"scheduler": scheduler, "interval": interval}}
 
   generator = torch.Generator().manual_seed(1)
   x = torch.randn(4 * BATCHES, 3, generator=generator, dtype=dtype)
@@ -317,11 +319,11 @@ def lightning_root(tmp_path_factory):
   return tmp_path_factory.mktemp("lightning")
 
 
-def _lightning_journey(dtype: Any, root: pathlib.Path) -> tuple[Any, Any, dict, Any]:
+def _lightning_journey(dtype: Any, root: pathlib.Path, interval: str = "step") -> tuple[Any, Any, dict, Any]:
   """The uninterrupted run and the resumed one (epoch 1 Lightning, epoch 2 JAX, epoch 3 Lightning)."""
   import lightning
 
-  Module, data, fit = _lightning(dtype, root)
+  Module, data, fit = _lightning(dtype, root, interval=interval)
   reference = Module()
   fit(
     reference,
@@ -334,7 +336,8 @@ def _lightning_journey(dtype: Any, root: pathlib.Path) -> tuple[Any, Any, dict, 
   names = torch_param_names(module.configure_optimizers()["optimizer"], module)
   params = {name: jnp.asarray(checkpoint["state_dict"][name].numpy()) for name in names}
   step = checkpoint["global_step"]
-  schedule = lambda n: 1e-2 * GAMMA ** (n + step)  # noqa: E731
+  # ExponentialLR stepped after each update, or after each epoch of BATCHES updates.
+  schedule = lambda n: 1e-2 * GAMMA ** (n + step if interval == "step" else (n + step) // BATCHES)  # noqa: E731
   tx, state = from_torch_state_dict(
     checkpoint["optimizer_states"][0], params, learning_rate=schedule, param_names=names
   )
@@ -356,14 +359,17 @@ def _lightning_journey(dtype: Any, root: pathlib.Path) -> tuple[Any, Any, dict, 
   return reference, resumed, checkpoint, (state, names, module.state_dict(), schedule)
 
 
-def test_lightning_float64_resumes_exactly(lightning_root):
-  """Adam with a per-step ExponentialLR (replayed in PyTorch on the saved state): the resumed run is the
-  uninterrupted one to 1e-12; the written loops' counters are those Lightning saved itself at that epoch."""
+@pytest.mark.parametrize("interval", ["step", "epoch"])
+def test_lightning_float64_resumes_exactly(interval, lightning_root):
+  """Adam with an ExponentialLR stepped per step, or per epoch (Lightning's default interval), replayed in
+  PyTorch on the saved state: the resumed run is the uninterrupted one to 1e-12; the written loops'
+  counters and scheduler are those Lightning saved itself at that epoch."""
+  root = lightning_root / f"float64-{interval}"
   with jax.enable_x64(True):
-    reference, resumed, checkpoint, _ = _lightning_journey(torch.float64, lightning_root / "float64")
+    reference, resumed, checkpoint, _ = _lightning_journey(torch.float64, root, interval)
   assert _relative(resumed.parameters(), reference.parameters()) <= 1e-12
-  own = torch.load(lightning_root / "float64" / "ckpt" / "epoch=1.ckpt", weights_only=False)
-  written = torch.load(lightning_root / "float64" / "jax.ckpt", weights_only=False)
+  own = torch.load(root / "ckpt" / "epoch=1.ckpt", weights_only=False)
+  written = torch.load(root / "jax.ckpt", weights_only=False)
   assert written["loops"] == own["loops"]
   assert (written["epoch"], written["global_step"]) == (own["epoch"], own["global_step"]) == (1, 2 * BATCHES)
   assert written["lr_schedulers"] == own["lr_schedulers"]
