@@ -17,7 +17,9 @@ int32 maximum (``optax.safe_increment``) instead of wrapping.
 ``learning_rate`` is a float or an Optax schedule. A schedule is evaluated at
 the number of updates this transform has applied, ``count - initial_count``
 (0 at the first update, as for every Optax optimizer), whatever ``T`` the rule
-itself uses.
+itself uses. That number is an int32 array, int64 under ``jax_enable_x64``:
+there ``n / k`` is float64, as a Python float is (an int32 count would make
+``optax.linear_schedule``'s rate float32, rounded to 1e-8 relative).
 
 Dtypes: the state is stored in ``state_dtype`` (default: each parameter's
 dtype). Each leaf is computed in the wider of its parameter's dtype and its
@@ -208,7 +210,7 @@ def _transform(
     T = state.count
     # A schedule's value is a hyperparameter received as an array: at least float32.
     R = (
-      _checks.wide_enough("learning_rate", learning_rate(T - initial_count))
+      _checks.wide_enough("learning_rate", learning_rate(_updates_applied(T, initial_count)))
       if callable(learning_rate)
       else learning_rate
     )
@@ -291,6 +293,19 @@ def _leaves_once_differentiated(elementwise: Callable[..., tuple[Array, ...]], w
 def _cast(x: Array | None, dtype: Any) -> Array | None:
   """``x`` in ``dtype``; no operation is traced when it already is."""
   return x if x is None or x.dtype == dtype else x.astype(dtype)
+
+
+def _updates_applied(count: Array, initial_count: int | Array) -> Array:
+  """``count - initial_count``, the argument of a ``learning_rate`` schedule: int64 under ``jax_enable_x64``.
+
+  An int32 count divided by a Python int is float32 even under x64
+  (``jnp.int32(3) / 4``), so a schedule such as ``lambda n: base * (n + 1) /
+  warmup``, or ``optax.linear_schedule``, would compute its rate in float32
+  for float64 parameters: another rate (1e-8 relative), where PyTorch's is a
+  Python float. As int64 it is float64, as the quotient of a Python int is.
+  Without x64 there is no int64: the count stays int32, the program unchanged.
+  """
+  return _cast(count - initial_count, jnp.result_type(int))  # type: ignore[return-value]
 
 
 def _learning_rate(learning_rate: ScalarOrSchedule) -> ScalarOrSchedule:
@@ -936,7 +951,7 @@ def _pytorch_transform(
     _checks.same_trees(updates, trees)
 
     count = state.count
-    R = learning_rate(count - initial_count) if callable(learning_rate) else learning_rate
+    R = learning_rate(_updates_applied(count, initial_count)) if callable(learning_rate) else learning_rate
     s = scalars(R, count)
     grads, treedef = jax.tree.flatten(updates)
     xs = treedef.flatten_up_to(params) if params is not None else [None] * len(grads)

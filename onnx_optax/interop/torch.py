@@ -280,6 +280,10 @@ def carry(torch: Any, view: View, params: Any, learning_rate: Any) -> tuple[Any,
     if rate is None:
       name = f"param_groups[{g}]['lr']"
       R = _checks.learning_rate(name, _common.real_number(name, group["lr"]))
+    elif callable(rate):
+      R = _as_pytorch_computes(
+        rate, "learning_rate" if callable(learning_rate) else f"learning_rate[{g}]", group
+      )
     counts_and_tensors = [
       _read_state(torch, view, group, p, f"the state of param_groups[{g}]['params'][{j}]")
       for j, p in enumerate(group["params"])
@@ -737,6 +741,25 @@ def _float_advice(key: str, source: str = "optimizer") -> str:
 
 def _is_tensor(value: Any) -> bool:
   return hasattr(value, "dtype") and hasattr(value, "detach")
+
+
+def _as_pytorch_computes(schedule: Any, name: str, group: dict) -> Any:
+  """``schedule``, refusing a rate narrower than the group's parameters: PyTorch's ``lr`` is a Python float.
+
+  Checked when the transform evaluates it (the dtype is static, so under
+  ``jax.jit`` too): a float32 rate for float64 parameters is PyTorch's rate
+  rounded, 1e-8 relative off.
+  """
+  floats = [_common.dtype_name(p.dtype) for p in group["params"]]
+  floats = [d for d in floats if jax.numpy.issubdtype(d, jax.numpy.floating)]
+  widest = max(floats, key=lambda d: jax.numpy.finfo(d).bits, default=None)
+
+  def rate(n: Any) -> Any:
+    return _checks.wide_enough(
+      f"{name}'s value", schedule(n), at_least=widest, why=", where PyTorch's lr is a Python float (float64)"
+    )
+
+  return rate
 
 
 def _check_scheduler(groups: Sequence[dict], rates: Sequence[Any]) -> None:

@@ -90,6 +90,7 @@ def from_torch_state_dict(
   *,
   optimizer: Any = None,
   learning_rate: Any = None,
+  param_names: Sequence[str] | None = None,
 ) -> tuple[optax.GradientTransformationExtraArgs, Any]:
   """The transform and state that continue a saved PyTorch optimizer's run in JAX.
 
@@ -121,6 +122,12 @@ def from_torch_state_dict(
       PyTorch without ``decoupled_weight_decay``.
     learning_rate: as for :func:`~onnx_optax.interop.from_torch` (a
       scheduler's groups carry ``initial_lr``: pass the rate or schedule).
+    param_names: the names of the parameters of a state dict keyed by
+      index, in its order (group by group): what
+      :func:`~onnx_optax.interop.torch_param_names` returns for the
+      optimizer that saved it (a Trainer's ``optimizer.pt``, a Lightning
+      checkpoint's ``optimizer_states``). ``params`` keyed by those names is
+      then placed by name, so parameters of one shape cannot trade places.
 
   Returns:
     ``(tx, state)``, as :func:`~onnx_optax.interop.from_torch` returns them.
@@ -150,6 +157,7 @@ def from_torch_state_dict(
   torch = bridge._torch()
   state_dict, _ = _unflattened(state_dict, "state_dict")
   kind, groups, entries, keys, names = _read(state_dict, optimizer, "state_dict")
+  names = _given_names(param_names, keys, names, "state_dict")
   leaves, _, paths = _common.leaf_paths(params)
   perm = _placed(params, leaves, paths, keys, names)
   stand_ins = {}
@@ -177,7 +185,14 @@ def from_torch_state_dict(
   return bridge.carry(torch, view, params, learning_rate)
 
 
-def to_torch_state_dict(state: Any, like: Mapping[str, Any], *, optimizer: Any = None) -> dict[str, Any]:
+def to_torch_state_dict(
+  state: Any,
+  like: Mapping[str, Any],
+  *,
+  optimizer: Any = None,
+  learning_rate: Any = None,
+  param_names: Sequence[str] | None = None,
+) -> dict[str, Any]:
   """A state dict of a JAX run, to load with ``optimizer.load_state_dict`` (or ``set_optimizer_state_dict``).
 
   ``like`` is the template: the state dict the run came from (read back
@@ -188,17 +203,32 @@ def to_torch_state_dict(state: Any, like: Mapping[str, Any], *, optimizer: Any =
   placements and mesh where they are DTensors (each rank writes its own rows,
   from the state's shards on this process); ``like`` is not modified. After loading it,
   ``optimizer.step()`` continues the JAX run: it is the next ``tx.update``
-  with the same gradients. The groups' ``lr`` are the template's: with a
-  learning-rate scheduler, step it once per JAX update after loading. ``state`` is placed on the parameters as
+  with the same gradients. ``state`` is placed on the parameters as
   :func:`onnx_optax.interop.to_torch` places it (by name where ``like`` has
-  names and the state's trees are dicts, else by position). Weights are not
-  part of an optimizer's state dict: save them with the model's.
+  names, or ``param_names`` gives them, and the state's trees are dicts,
+  else by position). Weights are not part of an optimizer's state dict: save
+  them with the model's.
+
+  Each group's ``lr`` is the rate of PyTorch's next step: ``learning_rate``,
+  or the template's when there is no scheduler. A template whose groups
+  carry ``initial_lr`` (a scheduler sets their ``lr``) needs
+  ``learning_rate``: the template's rate is the schedule's at the template's
+  step, not at the state's. The scheduler's own state goes with it:
+  :func:`~onnx_optax.interop.to_torch_scheduler_state_dict` writes it and
+  gives the rates (its ``_last_lr``);
+  :func:`~onnx_optax.interop.to_trainer_checkpoint` and
+  :func:`~onnx_optax.interop.to_lightning_checkpoint` write both.
 
   Args:
     state: the state of a transform returned by :func:`from_torch_state_dict`
       or :func:`~onnx_optax.interop.from_torch`, after any number of updates.
     like: the template state dict.
     optimizer: as for :func:`from_torch_state_dict`.
+    learning_rate: None (the template's ``lr``), or the rate of PyTorch's
+      next step: a number (a float, a NumPy or JAX scalar, a 0-d tensor), or
+      a sequence with one per param group. A schedule is not a rate:
+      evaluate it at the number of JAX updates, ``schedule(m)``.
+    param_names: as for :func:`from_torch_state_dict`.
 
   Returns:
     ``{"state": ..., "param_groups": ...}`` with PyTorch tensors.
@@ -223,6 +253,8 @@ def to_torch_state_dict(state: Any, like: Mapping[str, Any], *, optimizer: Any =
   torch = bridge._torch()
   like, flat = _unflattened(like, "like")
   kind, groups, entries, keys, names = _read(like, optimizer, "like")
+  names = _given_names(param_names, keys, names, "like")
+  rates = _written_rates(groups, learning_rate)
   # Each parameter's state value, placed as to_torch places it: its shape and
   # dtype stand in for a parameter that has no entry in like yet.
   owners = _common.positions(state, len(keys), bridge._STATES[kind])
@@ -243,7 +275,14 @@ def to_torch_state_dict(state: Any, like: Mapping[str, Any], *, optimizer: Any =
     bridge.write(torch, kind, slot, group, p, count, tensors)
     if slot:
       out_state[p.key] = slot
-  out_groups = [{**group, "params": list(group["params"])} for group in groups]
+  out_groups = [
+    {
+      **group,
+      "params": list(group["params"]),
+      **({} if rate is None else {"lr": _like_lr(torch, rate, group["lr"])}),
+    }
+    for group, rate in zip(groups, rates)
+  ]
   out = {"state": out_state, "param_groups": out_groups}
   return _flattened(out) if flat else out
 
@@ -359,6 +398,71 @@ def _flattened(state_dict: dict[str, Any]) -> dict[str, Any]:
     for name in group["params"]:
       out.update({f"{_FLAT_GROUPS}{name}.{key}": value for key, value in group.items() if key != "params"})
   return out
+
+
+def _given_names(
+  param_names: Sequence[str] | None, keys: list, names: list | None, argument: str
+) -> list | None:
+  """The parameters' names: ``param_names`` where given (checked against the state dict's), else its own."""
+  if param_names is None:
+    return names
+  if isinstance(param_names, str) or not isinstance(param_names, Sequence):
+    raise TypeError(
+      f"param_names must be a list of names, one per parameter in {argument}'s order (what "
+      f"torch_param_names(optimizer, model) returns), got {type(param_names).__name__}"
+    )
+  given = list(param_names)
+  if len(given) != len(keys) or not all(isinstance(name, str) for name in given):
+    raise ValueError(
+      f"param_names has {len(given)} entries but {argument}'s param groups list {len(keys)} parameters: "
+      f"pass one name (a str) per parameter, in the groups' order (torch_param_names(optimizer, model))"
+    )
+  twice = sorted(name for name, n in collections.Counter(given).items() if n > 1)
+  if twice:
+    raise ValueError(f"param_names names several parameters {bridge._few(twice)}: each name once")
+  if names is not None and names != given:
+    i = next(i for i, (a, b) in enumerate(zip(names, given)) if a != b)
+    raise ValueError(
+      f"param_names[{i}] is {given[i]!r}, but {argument} names its parameter {keys[i]!r} {names[i]!r}: "
+      f"a state dict that has names is placed by its own (leave param_names out)"
+    )
+  return given
+
+
+def _written_rates(groups: list[dict], learning_rate: Any) -> list[Any]:
+  """Each group's ``lr`` to write (None: the template's), refusing a scheduler's template without a rate."""
+  if learning_rate is None:
+    if any("initial_lr" in group for group in groups):
+      current = [
+        _common.real_number(f"like['param_groups'][{g}]['lr']", group["lr"]) for g, group in enumerate(groups)
+      ]
+      value = repr(current[0]) if len(set(current)) == 1 else "[" + ", ".join(map(repr, current)) + "]"
+      raise ValueError(
+        f"like's param groups have 'initial_lr': a learning-rate scheduler sets their 'lr', which is the "
+        f"rate at like's step, not at the state's. Pass learning_rate=, the rate of PyTorch's next step: "
+        f"the schedule you gave from_torch_state_dict evaluated at the number m of JAX updates "
+        f"(learning_rate=schedule(m)), or the scheduler's own, which "
+        f"to_torch_scheduler_state_dict(scheduler_state_dict, like, steps=m) writes with the scheduler's "
+        f"state (learning_rate=its['_last_lr']); to_trainer_checkpoint and to_lightning_checkpoint write "
+        f"both. learning_rate={value} keeps like's"
+      )
+    return [None] * len(groups)
+  entries = _common.learning_rates(learning_rate, len(groups))
+  for g, entry in enumerate(entries):
+    if callable(entry):
+      where = "learning_rate" if callable(learning_rate) else f"learning_rate[{g}]"
+      raise TypeError(
+        f"{where} is a schedule; to_torch_state_dict writes a rate, that of PyTorch's next step: evaluate "
+        f"the schedule at the number m of JAX updates, {where}=schedule(m)"
+      )
+  return [float(entry) for entry in entries]
+
+
+def _like_lr(torch: Any, rate: float, old: Any) -> Any:
+  """``rate`` as the template's ``lr`` holds it: a Python float, or a tensor of its dtype and device."""
+  if isinstance(old, torch.Tensor):
+    return torch.tensor(rate, dtype=old.dtype, device=old.device)
+  return rate
 
 
 def _read(state_dict: Any, optimizer: Any, argument: str) -> tuple[str, list[dict], dict, list, list | None]:
