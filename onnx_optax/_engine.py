@@ -26,7 +26,7 @@ from jax.custom_derivatives import SymbolicZero
 from onnx_optax import _checks, _numerics, _pytorch
 from onnx_optax.registry import Policy, Rule
 
-__all__ = ["FRAMEWORK", "SPEC", "ScalarOrSchedule", "tensor", "transform"]
+__all__ = ["FRAMEWORK", "SPEC", "ScalarOrSchedule", "tensor", "transform", "updates_applied"]
 
 ScalarOrSchedule: TypeAlias = float | Array | optax.Schedule
 
@@ -115,7 +115,7 @@ def transform(
     if callable(learning_rate):
       with _named(rule):
         # A schedule's value is a hyperparameter received as an array: at least float32.
-        R = _checks.wide_enough("learning_rate", learning_rate(T - initial_count))
+        R = _checks.wide_enough("learning_rate", learning_rate(updates_applied(T, initial_count)))
     scalars, elementwise = rule.bind(rule, hyper)
     s = scalars(R, T)
     grads, treedef = jax.tree.flatten(updates)
@@ -179,6 +179,19 @@ def _reads_params(rule: Rule, hyper: Mapping[str, Any]) -> str:
     )
   values = " and ".join(f"{h}={hyper[h]!r}" for h in named)
   return f"its {values} multiplies them. Call update(grads, state, params)"
+
+
+def updates_applied(count: Array, initial_count: int | Array) -> Array:
+  """``count - initial_count``, the argument of a ``learning_rate`` schedule: int64 under ``jax_enable_x64``.
+
+  An int32 count divided by a Python int is float32 even under x64
+  (``jnp.int32(3) / 4``), so a schedule such as ``lambda n: base * (n + 1) /
+  warmup``, or ``optax.linear_schedule``, would compute its rate in float32
+  for float64 parameters: another rate (1e-8 relative), where PyTorch's is a
+  Python float. As int64 it is float64, as the quotient of a Python int is.
+  Without x64 there is no int64: the count stays int32, the program unchanged.
+  """
+  return _cast(count - initial_count, jnp.result_type(int))  # type: ignore[return-value]
 
 
 def _cast(x: Array | None, dtype: Any) -> Array | None:

@@ -471,9 +471,8 @@ def check_outputs(
   R, hyper = received(case.learning_rate, case.hyper, received_in)
   want = expected(case.rule, R, case.T, X, G, state, hyper)
   want_u = expected_update(case.rule, R, case.T, X, G, state, hyper) if got_u is not None else None
-  # Optax's schedules are evaluated at the int32 count and return float32,
-  # under x64 too: the rule's scalars are then computed in float32.
-  scalar_dtype = "float32" if case.schedule_steps is not None else None
+  # A schedule's rate has the dtype of a Python float's (float64 under x64: the
+  # count it receives is int64 there), so the scalars' dtype is the others'.
   tol = tolerances(
     case.rule,
     case.dtype,
@@ -485,7 +484,7 @@ def check_outputs(
     state,
     case.hyper,
     case.state_dtype,
-    scalar_dtype,
+    None,
     received_in,
     arithmetic=arithmetic,
     scalars=scalars,
@@ -588,11 +587,8 @@ def run_case(case: Case, platform: str = "cpu", pinned: bool | None = None) -> C
     arithmetic=arithmetic_lib.measure(platform),
     scalars=measured,
   )
-  # The scalars' dtype: the hyperparameters' (float32 under a schedule, whose R is a float32).
-  scalar_dtype = (
-    np.float32 if case.schedule_steps is not None else received_dtype(case.dtype, case.state_dtype)
-  )
-  u = tolerance.unit_roundoff(scalar_dtype)
+  # The scalars' dtype: the hyperparameters' (a schedule's R too).
+  u = tolerance.unit_roundoff(received_dtype(case.dtype, case.state_dtype))
   with np.errstate(divide="ignore", invalid="ignore"):
     relative = [float(b.e / (u * abs(b.v))) for b in measured.values() if b.v != 0]
   result.scalar_error = max(relative, default=0.0)

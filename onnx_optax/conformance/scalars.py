@@ -12,7 +12,8 @@ fixes. So the runner does not assume it: :func:`measure` evaluates the
 spec's formula of each scalar **in this module's own code** (never by
 calling the rule) on the device, jitted, with the rule's inputs (the
 hyperparameters as the Python floats the transform closes over, ``T`` as
-its int32 count, a schedule's ``R`` from the schedule), and compares with
+its int32 count, a schedule's ``R`` from the schedule at the count the
+transform passes it), and compares with
 the exact value (45-digit decimals, from the hyperparameters as the rule
 receives them). The tolerance charges that actual error for the case
 (:meth:`onnx_optax.conformance.tolerance.Context.value`).
@@ -46,6 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from onnx_optax import _engine
 from onnx_optax.conformance.cases import Case, base_rule, numpy_dtype
 from onnx_optax.conformance.tolerance import Bounded
 
@@ -274,7 +276,7 @@ def _program(
       R = h.pop("R", None)
       if schedule is not None:  # The transform's R: the schedule at the number of updates applied.
         init, steps, first = schedule
-        R = optax.linear_schedule(init, 0.0, steps)(T - first)
+        R = optax.linear_schedule(init, 0.0, steps)(_engine.updates_applied(T, first))
       return formula(_Jax(), R, T, h, hyper)
 
     _PROGRAMS[key] = jax.jit(scalars)

@@ -162,15 +162,116 @@ def check_leaves(
       )
 
 
-def put_like(value: np.ndarray, leaf: Any) -> jax.Array:
+class HostPiece(NamedTuple):
+  """The part of a larger array that this process holds: ``data`` at ``offset`` in an array of ``shape``.
+
+  What a sharded tensor of another framework leaves on each host (a PyTorch
+  ``DTensor``'s local shard, with its place in the global tensor). Its
+  ``shape`` and ``dtype`` are the whole array's, so that it is checked like the
+  whole array; :func:`put_like` puts each of a target's devices' shards from it.
+  """
+
+  data: np.ndarray
+  offset: tuple[int, ...]
+  shape: tuple[int, ...]
+
+  @property
+  def dtype(self) -> Any:
+    return self.data.dtype
+
+  def region(self) -> tuple[tuple[int, int], ...]:
+    """``(start, stop)`` per dimension, in the whole array."""
+    return tuple((o, o + n) for o, n in zip(self.offset, self.data.shape))
+
+
+def bounds(index: tuple[Any, ...], shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+  """A shard's index (a tuple of slices, as ``jax.Shard.index``) as ``(start, stop)`` per dimension."""
+  return tuple(s.indices(n)[:2] for s, n in zip(index, shape)) + tuple((0, n) for n in shape[len(index) :])
+
+
+def _inside(inner: tuple[tuple[int, int], ...], outer: tuple[tuple[int, int], ...]) -> bool:
+  """Region ``inner`` lies in ``outer`` (an empty region lies anywhere)."""
+  if any(start == stop for start, stop in inner):
+    return True
+  return all(a <= c and d <= b for (c, d), (a, b) in zip(inner, outer))
+
+
+def missing_region(value: Any, leaf: Any) -> tuple[tuple[int, int], ...] | None:
+  """The first region of ``leaf``'s devices on this process that ``value`` does not hold, or None.
+
+  ``value`` is a :class:`HostPiece` or a whole array (which holds every
+  region); ``leaf`` the target (a JAX array, or anything with ``shape`` and
+  optionally ``sharding``: without one, the whole array is the target).
+  """
+  if not isinstance(value, HostPiece):
+    return None
+  shape = tuple(value.shape)
+  held = value.region()
+  sharding = getattr(leaf, "sharding", None)
+  wanted = (
+    [bounds(index, shape) for index in sharding.addressable_devices_indices_map(shape).values()]
+    if sharding is not None
+    else [tuple((0, n) for n in shape)]
+  )
+  return next((region for region in wanted if not _inside(region, held)), None)
+
+
+def put_like(value: Any, leaf: Any) -> jax.Array:
   """``value`` as a JAX array with ``leaf``'s dtype, on ``leaf``'s devices.
 
   Put from the host straight onto ``leaf``'s sharding: each device receives
-  its own shard, and no device holds the whole array on the way.
+  its own shard, and no device holds the whole array on the way. ``value`` is
+  a NumPy array (the whole array) or a :class:`HostPiece` that holds every
+  shard this process's devices need (:func:`missing_region` says which it
+  lacks); for a sharding over several processes, each process puts its own
+  devices' shards.
   """
-  host = np.asarray(value, dtype=dtype_name(leaf.dtype))
+  dtype = dtype_name(leaf.dtype)
   sharding = getattr(leaf, "sharding", None)
-  return jax.device_put(host, sharding) if sharding is not None else jnp.asarray(host)
+  piece = value if isinstance(value, HostPiece) else None
+  if piece is None and (sharding is None or sharding.is_fully_addressable):
+    host = np.asarray(value, dtype=dtype)
+    return jax.device_put(host, sharding) if sharding is not None else jnp.asarray(host)
+  if piece is None:
+    host = np.asarray(value)
+    piece = HostPiece(host, (0,) * host.ndim, host.shape)
+  shape = tuple(piece.shape)
+  missing = missing_region(piece, leaf)
+  if missing is not None:  # the callers check first, naming the entry
+    raise ValueError(f"this process holds {piece.region()} of an array of shape {shape}, not {missing}")
+  if sharding is None:
+    return jnp.asarray(np.asarray(piece.data, dtype=dtype))
+  arrays = []
+  for device, index in sharding.addressable_devices_indices_map(shape).items():
+    local = tuple(slice(a - o, b - o) for (a, b), o in zip(bounds(index, shape), piece.offset))
+    arrays.append(jax.device_put(np.asarray(piece.data[local], dtype=dtype), device))
+  return jax.make_array_from_single_device_arrays(shape, sharding, arrays)
+
+
+def host_region(value: Any, region: tuple[tuple[int, int], ...] | None = None) -> np.ndarray | None:
+  """The values of ``value`` in ``region`` (``(start, stop)`` per dimension; None: all), on the host.
+
+  A JAX array spread over several processes is read from this process's own
+  shards alone (no collective): None when they do not hold all of
+  ``region``. Anything else is read whole, as ``np.asarray``.
+  """
+  if not isinstance(value, jax.Array) or value.is_fully_addressable:
+    host = host_array(value)
+    return host if region is None else host[tuple(slice(a, b) for a, b in region)]
+  shape = tuple(value.shape)
+  region = region if region is not None else tuple((0, n) for n in shape)
+  out = np.empty(tuple(b - a for a, b in region), dtype=value.dtype)
+  covered = np.zeros(out.shape, bool)
+  for shard in value.addressable_shards:
+    held = bounds(shard.index, shape)
+    common = tuple((max(a, c), min(b, d)) for (a, b), (c, d) in zip(held, region))
+    if any(lo >= hi for lo, hi in common):
+      continue
+    source = tuple(slice(lo - a, hi - a) for (lo, hi), (a, _) in zip(common, held))
+    target = tuple(slice(lo - c, hi - c) for (lo, hi), (c, _) in zip(common, region))
+    out[target] = np.asarray(shard.data)[source]
+    covered[target] = True
+  return out if covered.all() else None
 
 
 def real_number(name: str, value: Any) -> float:

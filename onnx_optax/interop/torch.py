@@ -51,10 +51,24 @@ buffer that it never reads.
                                   ``count = 0`` with zero moments
 ================================  =========================================
 
-``amsgrad``, tensor ``lr`` or ``betas`` and complex parameters are refused
-(no rule is exact for them). :func:`to_torch` also loads the states of the
-spec-order rules (``momentum``, ``adagrad``, ``ort_adamw``, whose count is
-PyTorch's ``step`` plus one), with the same hyperparameters.
+A tensor ``lr`` (PyTorch accepts one) is read with its value, the number
+PyTorch computes with, and carried as a Python float ``lr`` is: SGD's always,
+Adagrad's unless it is a float32 (or narrower) tensor and ``lr_decay != 0``,
+since PyTorch then computes ``lr / (1 + (step - 1) * lr_decay)`` in the
+tensor's dtype. Refused,
+because no rule is exact for them: that Adagrad case; Adam's and AdamW's
+``amsgrad=True``, their ``lr``, ``betas``, ``eps`` or ``weight_decay`` as
+tensors (PyTorch computes their step size in the tensor's dtype), and their
+complex parameters. :func:`to_torch` also loads the states of the spec-order
+rules (``momentum``, ``adagrad``, ``ort_adamw``, whose count is PyTorch's
+``step`` plus one), with the same hyperparameters.
+
+FSDP2's parameters and state are DTensors: each rank holds its own rows
+(``Shard(0)``). :func:`torch_params` and :func:`from_torch` read each rank's
+shard onto the devices of this process that hold parts of it (the JAX
+parameters split over the processes as FSDP2 splits them), and refuse a
+target whose devices here need rows this rank does not hold; :func:`to_torch`
+writes DTensors with the parameter's placements, each rank its own rows.
 
 Parameters that need different transforms (param groups with different
 hyperparameters, SGD parameters with and without a buffer, Adagrad and Adam
@@ -199,9 +213,11 @@ def from_torch(
     TypeError: an optimizer other than SGD, Adagrad, Adam and AdamW, or a
       subclass, whose step may differ.
     ValueError: an option the rules lack (Adam's ``amsgrad``, tensor
-      hyperparameters that PyTorch computes with in float32, complex
-      parameters), a scheduler without ``learning_rate``, or params that do
-      not match the optimizer's parameters (naming the pytree path).
+      hyperparameters that PyTorch computes with in float32, Adam's complex
+      parameters), a scheduler without ``learning_rate``, params that do
+      not match the optimizer's parameters (naming the pytree path), or a
+      ``DTensor`` whose shard on this rank lacks rows that this process's
+      devices need.
 
   Example:
     >>> import torch, jax.numpy as jnp, optax
@@ -264,7 +280,14 @@ def carry(torch: Any, view: View, params: Any, learning_rate: Any) -> tuple[Any,
     if rate is None:
       name = f"param_groups[{g}]['lr']"
       R = _checks.learning_rate(name, _common.real_number(name, group["lr"]))
-    counts_and_tensors = [_read_state(torch, view, group, p) for p in group["params"]]
+    elif callable(rate):
+      R = _as_pytorch_computes(
+        rate, "learning_rate" if callable(learning_rate) else f"learning_rate[{g}]", group
+      )
+    counts_and_tensors = [
+      _read_state(torch, view, group, p, f"the state of param_groups[{g}]['params'][{j}]")
+      for j, p in enumerate(group["params"])
+    ]
     for T in sorted({T for T, _ in counts_and_tensors}):
       label = f"group{g}" if len({T for T, _ in counts_and_tensors}) == 1 else f"group{g}.T{T}"
       transforms_by_label[label] = _common.negated(_transform(kind, g, group, R, T), bool(group["maximize"]))
@@ -274,7 +297,7 @@ def carry(torch: Any, view: View, params: Any, learning_rate: Any) -> tuple[Any,
 
   # PyTorch keeps a parameter's state in the parameter's shape and dtype; a state made
   # otherwise by hand is refused, not cast (nothing is cast).
-  for (shape, dtype, where), values in zip(_described(groups), tensors):
+  for (shape, dtype, where), values, leaf in zip(_described(groups), tensors, leaves):
     for value in values:
       if value is not None and (tuple(value.shape) != shape or _common.dtype_name(value.dtype) != dtype):
         raise ValueError(
@@ -283,6 +306,7 @@ def carry(torch: Any, view: View, params: Any, learning_rate: Any) -> tuple[Any,
           f"steps keep it in the parameter's dtype, and nothing is cast. Store it so "
           f"(optimizer.state[p][key] = optimizer.state[p][key].to(p.dtype)) if that is what you mean"
         )
+      _check_held(value, leaf, f"the state of {where}")
 
   # labels and tensors are in the optimizer's order; the trees need the leaves' order.
   tree_labels, tree_tensors = _to_leaf_order(labels, perm), _to_leaf_order(tensors, perm)
@@ -348,7 +372,10 @@ def to_torch(state: Any, optimizer: Any, params: Any = None) -> None:
   new_params = None
   if params is not None:
     leaves, _, _ = _ordered(params, groups, "params")
-    new_params = [_to_tensor(torch, np.asarray(leaf), p) for leaf, p in zip(leaves, _tensors(groups))]
+    new_params = [
+      _to_tensor(torch, leaf, p, f"params for {where}")
+      for leaf, p, (_, _, where) in zip(leaves, _tensors(groups), _described(groups))
+    ]
   for p, group, count, tensors in writes:
     write(torch, kind, optimizer.state[p], group, p, count, tensors)
   if new_params is not None:
@@ -394,7 +421,7 @@ def checked_writes(
           f"the state of {where} has count {count}: torch.optim.{kind}'s next update is its step 1 or "
           f"later (count >= 1, ort_adamw's initial_count)"
         )
-      tensors = tuple(_to_tensor(torch, np.asarray(value), p) for value in owner.values)
+      tensors = tuple(_to_tensor(torch, value, p, f"the state of {where}") for value in owner.values)
       writes.append((p, group, steps, tensors))
       i += 1
   return writes
@@ -470,12 +497,10 @@ def torch_params(optimizer: Any, like: Any = None) -> Any:
         f"32-bit mode would truncate to {dtype.name}: call jax.config.update('jax_enable_x64', True) "
         f"first (nothing is cast)"
       )
-  values = [
-    _common.put_like(_to_numpy(torch, p), leaf)
-    if isinstance(leaf, jax.Array)
-    else jax.numpy.asarray(_to_numpy(torch, p), dtype=_common.dtype_name(leaf.dtype))
-    for leaf, p in zip(leaves, (p for group in groups for p in group["params"]))
-  ]
+  hosts = [_to_host(torch, p, where) for p, (_, _, where) in zip(_tensors(groups), _described(groups))]
+  for value, leaf, (_, _, where) in zip(hosts, leaves, _described(groups)):
+    _check_held(value, leaf, where, weights=True)
+  values = [_common.put_like(value, leaf) for value, leaf in zip(hosts, leaves)]
   return treedef.unflatten(_to_leaf_order(values, perm))
 
 
@@ -718,6 +743,25 @@ def _is_tensor(value: Any) -> bool:
   return hasattr(value, "dtype") and hasattr(value, "detach")
 
 
+def _as_pytorch_computes(schedule: Any, name: str, group: dict) -> Any:
+  """``schedule``, refusing a rate narrower than the group's parameters: PyTorch's ``lr`` is a Python float.
+
+  Checked when the transform evaluates it (the dtype is static, so under
+  ``jax.jit`` too): a float32 rate for float64 parameters is PyTorch's rate
+  rounded, 1e-8 relative off.
+  """
+  floats = [_common.dtype_name(p.dtype) for p in group["params"]]
+  floats = [d for d in floats if jax.numpy.issubdtype(d, jax.numpy.floating)]
+  widest = max(floats, key=lambda d: jax.numpy.finfo(d).bits, default=None)
+
+  def rate(n: Any) -> Any:
+    return _checks.wide_enough(
+      f"{name}'s value", schedule(n), at_least=widest, why=", where PyTorch's lr is a Python float (float64)"
+    )
+
+  return rate
+
+
 def _check_scheduler(groups: Sequence[dict], rates: Sequence[Any]) -> None:
   """Refuses a scheduler's groups without ``learning_rate``, giving the value that keeps them constant."""
   if not any("initial_lr" in group and rate is None for group, rate in zip(groups, rates)):
@@ -767,16 +811,16 @@ def _transform(kind: str, g: int, group: dict, R: Any, T: int) -> optax.Gradient
   )
 
 
-def _read_state(torch: Any, view: View, group: dict, p: Any) -> tuple[int, tuple[Any, ...]]:
+def _read_state(torch: Any, view: View, group: dict, p: Any, where: str) -> tuple[int, tuple[Any, ...]]:
   """``(T, state tensors, each a NumPy array or None for zeros)`` of one parameter."""
   kind, slot = view.kind, view.state.get(p, {})
   if kind in ("Adam", "AdamW"):
-    return _read_adam_state(torch, kind, slot)
+    return _read_adam_state(torch, kind, slot, where)
   if kind == "SGD":
     if group["momentum"] == 0:
       return 0, (None,)  # plain SGD keeps no buffer, and its T does not matter (beta = 1)
     buffer = slot.get("momentum_buffer")
-    return (0, (None,)) if buffer is None else (1, (_to_numpy(torch, buffer),))
+    return (0, (None,)) if buffer is None else (1, (_to_host(torch, buffer, where),))
   if "sum" not in slot:
     # Adagrad fills the state of a parameter added after its constructor at
     # that parameter's first step, from the optimizer's defaults.
@@ -791,7 +835,7 @@ def _read_state(torch: Any, view: View, group: dict, p: Any) -> tuple[int, tuple
   step = float(slot["step"])
   if step != int(step) or not 0 <= step <= 2**31 - 1:
     raise ValueError(f"Adagrad's step of a parameter is {step}, not a count of updates")
-  return int(step), (_to_numpy(torch, slot["sum"]),)
+  return int(step), (_to_host(torch, slot["sum"], where),)
 
 
 def _to_numpy(torch: Any, tensor: Any) -> np.ndarray:
@@ -804,12 +848,121 @@ def _to_numpy(torch: Any, tensor: Any) -> np.ndarray:
   return tensor.numpy().copy()
 
 
-def _to_tensor(torch: Any, value: np.ndarray, like: Any) -> Any:
-  if _common.dtype_name(value.dtype) == "bfloat16":
-    tensor = torch.from_numpy(value.astype(np.float32)).to(torch.bfloat16)
+def _to_host(torch: Any, tensor: Any, where: str = "") -> np.ndarray | _common.HostPiece:
+  """A tensor's values on the host; of a ``DTensor``, this rank's shard (a piece, unless it is all)."""
+  if not _is_dtensor(tensor):
+    return _to_numpy(torch, tensor)
+  region, shape = _dtensor_region(tensor, where), tuple(tensor.shape)
+  host = _to_numpy(torch, tensor.to_local())
+  if all(a == 0 and b == n for (a, b), n in zip(region, shape)):
+    return host
+  return _common.HostPiece(host, tuple(a for a, _ in region), shape)
+
+
+def _to_tensor(torch: Any, value: Any, like: Any, where: str) -> Any:
+  """A JAX (or NumPy) value as a tensor like ``like``: on its device, and a ``DTensor`` with its
+  placements when ``like`` is one (a FSDP2 parameter) or a stand-in for one (``like.template``)."""
+  template = like if _is_dtensor(like) else getattr(like, "template", None)
+  region = _dtensor_region(template, where) if template is not None else None
+  host = _common.host_region(value, region)
+  if host is None:
+    held = [_common.bounds(s.index, value.shape) for s in value.addressable_shards]
+    raise ValueError(
+      f"{where} is a JAX array over several processes, and this process's shards {held} do not hold "
+      + (
+        f"{region}, what this rank's DTensor holds: place the JAX arrays so that each process holds its "
+        f"rank's shards (FSDP2's Shard(0): the first dimension split over the processes in rank order)"
+        if region is not None
+        else "all of it, which a template of whole tensors (a gathered state dict) needs: write into each "
+        "rank's sharded state dict (get_optimizer_state_dict without full_state_dict), or gather the state "
+        "first: state = jax.experimental.multihost_utils.process_allgather(state, tiled=True)"
+      )
+    )
+  if _common.dtype_name(host.dtype) == "bfloat16":
+    tensor = torch.from_numpy(host.astype(np.float32)).to(torch.bfloat16)
   else:
-    tensor = torch.from_numpy(np.array(value))
-  return tensor.to(device=like.device)
+    tensor = torch.from_numpy(np.array(host))
+  if template is None:
+    return tensor.to(device=like.device)
+  from torch.distributed.tensor import DTensor
+
+  return DTensor.from_local(
+    tensor.to(device=template.to_local().device),
+    template.device_mesh,
+    template.placements,
+    run_check=False,
+    shape=template.shape,
+    stride=template.stride(),
+  )
+
+
+def _is_dtensor(tensor: Any) -> bool:
+  """A ``torch.distributed.tensor.DTensor`` (FSDP2's parameters and state), without importing it."""
+  return all(hasattr(tensor, name) for name in ("device_mesh", "placements", "to_local"))
+
+
+def _dtensor_region(tensor: Any, where: str = "") -> tuple[tuple[int, int], ...]:
+  """``(start, stop)`` per dimension of the global tensor that this rank's local tensor holds.
+
+  ``Shard(d)`` splits dimension ``d`` as ``torch.chunk`` does (pieces of
+  ``ceil(n / k)``, the last ones shorter or empty), mesh dimension by mesh
+  dimension; ``Replicate()`` keeps it whole. Other placements (``Partial``,
+  the strided shards of tensor parallelism) hold no such block: refused.
+  """
+  from torch.distributed.tensor import Replicate, Shard
+
+  mesh, placements = tensor.device_mesh, tensor.placements
+  coordinate = mesh.get_coordinate()
+  bounds = [[0, int(n)] for n in tensor.shape]
+  gathered = (
+    "read the gathered state instead: get_optimizer_state_dict(model, optimizer, "
+    "options=StateDictOptions(full_state_dict=True))"
+  )
+  for axis, placement in enumerate(placements):
+    if type(placement) is Replicate:
+      continue
+    if type(placement) is not Shard or coordinate is None:
+      raise ValueError(
+        f"{where or 'a DTensor'} has placements {tuple(placements)} on {mesh}"
+        + (": this rank is not in its mesh" if coordinate is None else "")
+        + f"; the bridge reads this rank's shard of Shard(d) and Replicate() placements only: {gathered}"
+      )
+    d = placement.dim % len(bounds)
+    start, stop = bounds[d]
+    n, k, c = stop - start, mesh.size(axis), coordinate[axis]
+    chunk = -(-n // k)
+    bounds[d] = [start + min(c * chunk, n), start + min((c + 1) * chunk, n)]
+  local = tuple(tensor.to_local().shape)
+  if tuple(b - a for a, b in bounds) != local:
+    raise ValueError(
+      f"{where or 'a DTensor'} of shape {tuple(tensor.shape)} with placements {tuple(placements)} holds a "
+      f"local tensor of shape {local} on this rank, not the torch.chunk piece {bounds}: {gathered}"
+    )
+  return tuple((a, b) for a, b in bounds)
+
+
+def _check_held(value: Any, leaf: Any, where: str, *, weights: bool = False) -> None:
+  """Refuses a rank's shard (a ``HostPiece``) that lacks a region ``leaf``'s devices on this process need."""
+  missing = _common.missing_region(value, leaf)
+  if missing is None:
+    return
+  sharding = getattr(leaf, "sharding", None)
+  split = (
+    "each process's devices hold parts of its rank's shard (FSDP2's Shard(0): the first dimension split "
+    "over the processes in rank order)"
+  )
+  raise ValueError(
+    f"{where} is a DTensor, and this rank holds its part {value.region()} (of shape {tuple(value.shape)}), "
+    f"but the JAX target{f' (a {sharding})' if sharding is not None else ''} needs {missing} on this "
+    f"process's devices. "
+    + (
+      f"Pass like with a sharding over the processes (jax.ShapeDtypeStruct(shape, dtype, sharding=...)) "
+      f"in which {split}"
+      if weights
+      else f"Shard the JAX parameters so that {split}, or read the gathered state on every rank: "
+      f"get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))"
+    )
+  )
 
 
 # --- torch.optim.Adam and AdamW: ONNX Runtime AdamW, adam_mode = 0 ------------
@@ -865,7 +1018,7 @@ def _adam_transform(kind: str, g: int, group: dict, R: Any, T: int) -> optax.Gra
   )
 
 
-def _read_adam_state(torch: Any, kind: str, slot: dict) -> tuple[int, tuple[Any, ...]]:
+def _read_adam_state(torch: Any, kind: str, slot: dict, where: str) -> tuple[int, tuple[Any, ...]]:
   """``(count, (exp_avg, exp_avg_sq))``: ``count`` is PyTorch's ``step`` (updates done)."""
   if "exp_avg" not in slot:
     # PyTorch creates the state at a parameter's first step: zeros, step 0.
@@ -873,7 +1026,7 @@ def _read_adam_state(torch: Any, kind: str, slot: dict) -> tuple[int, tuple[Any,
   step = float(slot["step"])
   if step != int(step) or not 0 <= step <= 2**31 - 1:
     raise ValueError(f"{kind}'s step of a parameter is {step}, not a count of updates")
-  return int(step), (_to_numpy(torch, slot["exp_avg"]), _to_numpy(torch, slot["exp_avg_sq"]))
+  return int(step), (_to_host(torch, slot["exp_avg"], where), _to_host(torch, slot["exp_avg_sq"], where))
 
 
 def _write_adam_state(torch: Any, slot: dict, group: dict, p: Any, steps: int, tensors: tuple) -> None:
