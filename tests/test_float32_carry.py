@@ -63,6 +63,7 @@ ADAGRAD_CASES: dict[str, dict] = {
 ADAM_CASES: dict[str, dict] = {
   "adam": dict(lr=1e-2),
   "adam coupled": dict(lr=1e-2, weight_decay=0.05, betas=(0.8, 0.99)),
+  "adam coupled maximize": dict(lr=1e-2, weight_decay=0.05, maximize=True),
   "adamw": dict(lr=1e-2, weight_decay=0.05, decoupled_weight_decay=True, maximize=True),
   "adamw lerp's other branch": dict(
     lr=1e-2, weight_decay=0.05, decoupled_weight_decay=True, betas=(0.3, 0.9)
@@ -232,6 +233,24 @@ def test_twin_is_torch_optim_float64(kind, name, hyper):
     ours = _jax_run(_twin(kind, hyper), x, grads)
   theirs = _torch_run(kind, hyper, x, grads, np.float64)
   np.testing.assert_allclose(ours, theirs, rtol=1e-12, atol=1e-12)
+
+
+def test_adam_maximize_negates_the_gradient_before_the_coupled_decay():
+  """``torch.optim.Adam(maximize=True, weight_decay=...)`` negates the gradient, then adds the
+  decay: from x = 1 with g = 0.25, lr = 0.1 and weight_decay = 1, one step gives 0.9 (the
+  decay added before the negation would give 1.1). The expectation is torch.optim.Adam's."""
+  p = torch.nn.Parameter(torch.tensor([1.0], dtype=torch.float64))
+  opt = torch.optim.Adam([p], lr=0.1, weight_decay=1.0, maximize=True, foreach=False)
+  p.grad = torch.tensor([0.25], dtype=torch.float64)
+  opt.step()
+  want = p.detach().numpy()
+  with jax.enable_x64(True):
+    tx = onnx_optax.pytorch_adam(0.1, weight_decay=1.0, maximize=True)
+    x = jnp.array([1.0])
+    updates, _ = tx.update(jnp.array([0.25]), tx.init(x), x)
+    got = np.asarray(optax.apply_updates(x, updates))
+  assert abs(float(want[0]) - 0.9) < 1e-6  # eps = 1e-8 in the denominator
+  np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
 # -- the carried float32 table ----------------------------------------------------------------

@@ -103,6 +103,13 @@ def _adam_bias_correction_at_count(lr, count, **kw):
   return _adam_scalars(lr, jnp.asarray(count) - 1, **kw)
 
 
+def _adam_one_minus_beta2_in_float32(lr, count, **kw):
+  """``1 - beta2`` rounded to float32 before it meets a float64 tensor (PyTorch's is the float64
+  number): 1e-8 relative, which a bound that charged a host scalar float32's unit roundoff
+  would let pass. Where the twin computes in float32 it is PyTorch's own rounding."""
+  return _adam_scalars(lr, count, **kw)._replace(one_minus_beta2=float(np.float32(1 - kw["beta2"])))
+
+
 def _adam_lerp_weight_beta1(lr, count, **kw):
   """The lerp toward the gradient with weight ``beta1`` (the decay) instead of ``1 - beta1``."""
   return _adam_scalars(lr, count, **kw)._replace(one_minus_beta1=kw["beta1"])
@@ -149,6 +156,11 @@ MUTANTS: list[tuple[str, tuple[str, ...], dict[str, Callable[..., Any]]]] = [
     "adam_bias_correction_at_count",
     ("pytorch_adam", "pytorch_adamw"),
     {"pytorch_adam_scalars": _adam_bias_correction_at_count},
+  ),
+  (
+    "adam_one_minus_beta2_in_float32",
+    ("pytorch_adam", "pytorch_adamw"),
+    {"pytorch_adam_scalars": _adam_one_minus_beta2_in_float32},
   ),
   (
     "adam_lerp_weight_beta1",
@@ -239,6 +251,8 @@ def _results(rule: str, dtype: str, stop: bool) -> list[check.CaseResult]:
 EQUIVALENT = {
   # In float64 the variable's beta_2 is the Python float: 1 - beta_2 is Keras's own number.
   "keras_ort_one_minus_beta_2": ("float64",),
+  # Computing in float32 (float32 and bfloat16 parameters), the twin rounds 1 - beta2 to float32 itself.
+  "adam_one_minus_beta2_in_float32": ("float32", "bfloat16"),
 }
 
 
