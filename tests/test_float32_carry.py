@@ -19,9 +19,10 @@
   PyTorch after 400 more, in float32 and with bfloat16 parameters. Its bitwise-equal fraction
   is printed: in float32 it follows which elements MKL's square root rounds off on this CPU
   (a 7-element leaf: 6/7 on an AMD EPYC, 5/7 on an Intel Xeon), so it holds nothing. The
-  bfloat16 rows keep a floor: their parameters and state are rounded to bfloat16 after each
-  operation (PyTorch's bfloat16 square root is its own vectorized one, correctly rounded),
-  and a float32 root one ulp off moves a bfloat16 result about once in 2^16.
+  bfloat16 rows keep a floor: their parameters are rounded to bfloat16 at every step (a
+  bfloat16 state's root is PyTorch's own vectorized one, correctly rounded), and a float32 root one ulp off (the float32 state of bf16/f32 Adagrad: MKL's) changes the
+  bfloat16 parameter only where the float32 result lies within that much of a bfloat16
+  halfway point (about |step| / |X| x 2^-15 of the elements per step).
 """
 
 from __future__ import annotations
