@@ -625,7 +625,7 @@ def _weights(torch: Any, old: Mapping[str, Any], new: Mapping[str, Any]) -> dict
   for key, like in old.items():
     value = new[key]
     if not isinstance(value, torch.Tensor):
-      value = bridge._to_tensor(torch, np.asarray(value), like)
+      value = bridge._to_tensor(torch, np.asarray(value), like, f"weights[{key!r}]")
     if tuple(value.shape) != tuple(like.shape) or value.dtype != like.dtype:
       raise ValueError(
         f"weights[{key!r}] has shape {tuple(value.shape)} and dtype {value.dtype}, but "
