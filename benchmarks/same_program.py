@@ -1,17 +1,20 @@
 """Does a change leave the compiled step as it was? Compares two onnx_optax's optimized HLO.
 
-For each rule and tree, compiles the donated step (``scale.make_step``) with
-this checkout's onnx_optax and with another revision's (``scale.add_baseline``)
-and compares ``compile().as_text()`` line by line as a multiset, after removing
-what names and source locations change without changing the program
-(instruction and computation names, ``metadata={...}``, the stack-frame
-tables). Equal: the same instructions, shapes, fusions and constants, so the
-same step time and the same bits.
+For each registered rule (and each of its variants: Momentum's two modes, ONNX
+Runtime AdamW's two ``adam_mode``, PyTorch SGD's Nesterov), each dtype and each
+tree, compiles the donated step (``scale.make_step``) with this checkout's
+onnx_optax and with another revision's (``scale.add_baseline``) and compares
+``compile().as_text()`` line by line as a multiset, after removing what names and
+source locations change without changing the program (instruction and
+computation names, ``metadata={...}``, the stack-frame tables). Equal: the same
+instructions, shapes, fusions and constants, so the same step time and the same
+bits. The rules run with their test configurations (every term of the formula
+non-zero), the same hyperparameters for both revisions.
 
 Usage (from the repository root)::
 
-  python benchmarks/same_program.py f407249                 # mix10 and mix100, every rule
-  python benchmarks/same_program.py HEAD~1 --trees mix1000 --rules adam
+  python benchmarks/same_program.py HEAD~1                        # every rule, one leaf and mix100
+  python benchmarks/same_program.py main --trees mix1000 --rules adam --dtypes float32
 """
 
 from __future__ import annotations
@@ -22,11 +25,17 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import importlib
+
 import jax
+import jax.numpy as jnp
 import scale
-from run import RULES
+
+from onnx_optax import registry
 
 _FRAMES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
+#: A tree of one leaf beside the model-like trees of ``scale.tree_shapes``.
+ONE_LEAF = "leaf"
 
 
 def normalized(text: str) -> list[str]:
@@ -42,26 +51,55 @@ def normalized(text: str) -> list[str]:
   )
 
 
+def configurations() -> dict[str, tuple[str, dict]]:
+  """Every rule and variant the registry holds: name -> (transform name, hyperparameters)."""
+  out = {}
+  for rule in registry.rules():
+    assert rule.conformance is not None, rule.name
+    tests = rule.conformance.tests
+    if not rule.variants:
+      out[rule.name] = (rule.name, dict(tests.hyper))
+    for variant in rule.variants:
+      hyper = dict(variant.tests.hyper) if variant.tests else {**tests.hyper, **variant.hyper}
+      out[f"{rule.name}_{variant.suffix}"] = (rule.name, hyper)
+    for suffix, more in rule.conformance.more_tests.items():
+      out[f"{rule.name}_{suffix}"] = (rule.name, dict(more.hyper))
+  return out
+
+
+def _tree(tree: str, dtype: str) -> dict:
+  shapes = [(1000,)] if tree == ONE_LEAF else scale.tree_shapes(tree)
+  return {f"leaf{i:05d}": jax.ShapeDtypeStruct(s, jnp.dtype(dtype)) for i, s in enumerate(shapes)}
+
+
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("baseline", help="a git revision or a folder (see scale.py --baseline)")
-  ap.add_argument("--trees", default="mix10,mix100")
-  ap.add_argument("--rules", default=",".join(RULES))
+  ap.add_argument("--trees", default=f"{ONE_LEAF},mix100")
+  ap.add_argument("--dtypes", default="float32,bfloat16")
+  ap.add_argument("--rules", default="", help="comma-separated names of configurations(); default all")
   args = ap.parse_args(argv)
   print(f"baseline: {scale.add_baseline(args.baseline)}")
+  libraries = {"onnx_optax": importlib.import_module("onnx_optax"), "baseline": scale.baseline_module()}
+  chosen = configurations()
+  if args.rules:
+    chosen = {name: chosen[name] for name in args.rules.split(",")}
   different = 0
   for tree in args.trees.split(","):
-    params = scale.abstract_tree(scale.tree_shapes(tree), None)
-    for rule in args.rules.split(","):
-      texts = {}
-      for lib in ("onnx_optax", "baseline"):
-        opt = scale.MAKERS[lib](rule)
-        state = jax.eval_shape(opt.init, params)
-        step = jax.jit(scale.make_step(opt), donate_argnums=(0, 1))
-        texts[lib] = normalized(step.lower(params, state, params).compile().as_text() or "")
-      same = texts["onnx_optax"] == texts["baseline"]
-      different += not same
-      print(f"{tree:8} {rule:14} {'same program' if same else 'DIFFERENT'} ({len(texts['baseline'])} lines)")
+    for dtype in args.dtypes.split(","):
+      params = _tree(tree, dtype)
+      for name, (transform, hyper) in chosen.items():
+        texts = {}
+        for lib, module in libraries.items():
+          opt = getattr(module, transform)(0.01, **hyper)
+          state = jax.eval_shape(opt.init, params)
+          step = jax.jit(scale.make_step(opt), donate_argnums=(0, 1))
+          texts[lib] = normalized(step.lower(params, state, params).compile().as_text() or "")
+        same = texts["onnx_optax"] == texts["baseline"]
+        different += not same
+        verdict = "same program" if same else "DIFFERENT"
+        print(f"{tree:7} {dtype:9} {name:22} {verdict} ({len(texts['baseline'])} lines)", flush=True)
+  print(f"{different} different" if different else "every program the same")
   return 1 if different else 0
 
 

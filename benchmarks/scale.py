@@ -99,6 +99,14 @@ def rotation(r: int) -> list[str]:
   return LIBRARIES[k:] + LIBRARIES[:k]
 
 
+_BASELINE: list[Any] = []
+
+
+def baseline_module() -> Any:
+  """The baseline's package, once :func:`add_baseline` has added it."""
+  return _BASELINE[-1]
+
+
 def add_baseline(where: str) -> str:
   """Adds another onnx_optax, "baseline", to the contenders; returns its description.
 
@@ -149,6 +157,7 @@ def add_baseline(where: str) -> str:
           f.write(re.sub(r"\bonnx_optax\b", name, text))
   sys.path.insert(0, tmp)
   module = importlib.import_module(name)
+  _BASELINE.append(module)
 
   def make(rule: str) -> optax.GradientTransformation:
     # run.onnx_optimizer holds the hyperparameters; it reads its module's

@@ -60,6 +60,7 @@ autodoc_preserve_defaults = True
 autodoc_type_aliases = {
   "ScalarOrSchedule": "onnx_optax.transforms.ScalarOrSchedule",
   "transforms.ScalarOrSchedule": "onnx_optax.transforms.ScalarOrSchedule",
+  "_engine.ScalarOrSchedule": "onnx_optax.transforms.ScalarOrSchedule",
 }
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False

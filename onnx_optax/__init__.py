@@ -6,10 +6,13 @@ The update rules of ONNX ``Momentum``, ``Adagrad`` and ``Adam``
 ``DML_ADAM_OPTIMIZER_OPERATOR_DESC``, as jittable, pure
 ``optax.GradientTransformation``\\ s over pytrees.
 
-Layers, one module each:
+Layers, one place each:
 
-* :mod:`onnx_optax.rules`: the update rules, one pure function per rule.
-* :mod:`onnx_optax.transforms`: the Optax transforms (re-exported here).
+* :mod:`onnx_optax.registry`: the registry every layer reads, one :class:`~onnx_optax.registry.Rule`
+  per rule.
+* :mod:`onnx_optax.rules`: the update rules, one module per rule (its formula, state,
+  transform and registration).
+* :mod:`onnx_optax.transforms`: the Optax transforms, gathered (re-exported here).
 * :mod:`onnx_optax.onnx`: the ONNX operators' own calls, ``run_node`` and
   ``from_node``; the DirectML operator's call, re-exported.
 * :mod:`onnx_optax.directml`: DirectML's Adam call, in its operand order.
@@ -22,6 +25,8 @@ The spec, each rule's formulas, ``T``, defaults, dtypes and operand orders:
 docs/spec.md.
 """
 
+from onnx_optax import registry as registry  # the registry, filled by the rules
+from onnx_optax import rules as rules
 from onnx_optax.transforms import (
   AdagradState,
   AdamState,

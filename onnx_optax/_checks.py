@@ -156,6 +156,11 @@ def decay(name: str, value: Any, *, below_one: bool = False) -> Any:
   return hyperparameter(name, value, minimum=0.0, maximum=1.0, maximum_exclusive=below_one, why=why)
 
 
+def first_moment_decay(name: str, value: Any) -> Any:
+  """A first moment's decay rate where a bias correction divides by ``1 - beta^T``: ``[0, 1)``."""
+  return decay(name, value, below_one=True)
+
+
 def gradient_weight(name: str, value: Any) -> Any:
   """The weight of the gradient in a momentum, in ``[0, 1]``.
 
@@ -167,6 +172,21 @@ def gradient_weight(name: str, value: Any) -> Any:
     f"above 1 it amplifies the gradient, below 0 it reverses it ({_RANGES})"
   )
   return hyperparameter(name, value, minimum=0.0, maximum=1.0, why=why)
+
+
+def dampening(name: str, value: Any) -> Any:
+  """PyTorch SGD's ``dampening``, ``1 -`` the gradient's weight in the momentum: ``[0, 1]``."""
+  why = (
+    f"{name} is 1 - the gradient's weight in the momentum (ONNX Momentum's beta), in [0, 1]; "
+    f"above 1 it reverses the gradient, below 0 it amplifies it ({_RANGES})"
+  )
+  return hyperparameter(name, value, minimum=0.0, maximum=1.0, why=why)
+
+
+def accumulator(name: str, value: Any) -> Any:
+  """The starting value of a sum of squared gradients (PyTorch's ``initial_accumulator_value``), ``>= 0``."""
+  why = f"{name} starts a sum of squares, whose square root a negative start makes NaN ({_RANGES})"
+  return hyperparameter(name, value, minimum=0.0, why=why)
 
 
 def coefficient(name: str, value: Any) -> Any:
@@ -213,6 +233,38 @@ def epsilon(name: str, value: Any) -> Any:
   """
   why = f"{name} is added to a square root in a denominator, which a negative one can zero ({_RANGES})"
   return hyperparameter(name, value, minimum=0.0, why=why)
+
+
+def flag(name: str, value: Any) -> bool:
+  """A bool that selects the formula (ONNX stores such attributes as ints): True, False, 1 or 0.
+
+  A concrete scalar array is read; a traced one cannot be (see :func:`static_int`).
+  """
+  if isinstance(value, (bool, np.bool_)):
+    return bool(value)
+  number = static_int(name, value, what="a bool (or the ONNX attribute's 0 / 1)")
+  if number not in (0, 1):
+    raise TypeError(f"{name} must be a bool (or the ONNX attribute's 0 / 1), got {value!r}")
+  return bool(number)
+
+
+def static_int(name: str, value: Any, what: str = "the int 0 or 1") -> int:
+  """An int that selects a formula, so it must be known when the update is traced.
+
+  A concrete integer scalar array is read (``optax.inject_hyperparams`` hands
+  ints in as arrays); a traced one cannot be.
+  """
+  if is_traced(value):
+    raise TypeError(
+      f"{name} selects the formula and cannot be traced; under optax.inject_hyperparams "
+      f"pass static_args=('{name}',)"
+    )
+  if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
+    return int(value)
+  shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+  if shape is not None and tuple(shape) == () and dtype is not None and jnp.issubdtype(dtype, jnp.integer):
+    return int(value)
+  raise TypeError(f"{name} must be {what}, got {value!r}")
 
 
 def count(name: str, value: Any, *, minimum: int) -> Any:

@@ -37,7 +37,8 @@ from typing import Any
 
 from jax import Array
 
-from onnx_optax import _checks, rules
+from onnx_optax import _checks
+from onnx_optax.rules import directml as rule
 
 __all__ = ["adam_optimizer"]
 
@@ -88,13 +89,8 @@ def adam_optimizer(
     >>> X
     Array([0.9, 2.1], dtype=float32)
   """
-  hyper = dict(
-    learning_rate=_checks.learning_rate("learning_rate", learning_rate),
-    beta1=_checks.decay("beta1", beta1, below_one=True),
-    beta2=_checks.decay("beta2", beta2),
-    epsilon=_checks.epsilon("epsilon", epsilon),
-  )
-  _checks.second_moment_decay_at_one("beta2", beta2, epsilon)
+  learning_rate = _checks.learning_rate("learning_rate", learning_rate)
+  hyper = rule.RULE.checked(dict(beta1=beta1, beta2=beta2, epsilon=epsilon))
   X, M, V, G = _checks.block(
     ("input_parameters", "input_first_moment", "input_second_moment", "gradient"),
     (input_parameters, input_first_moment, input_second_moment, gradient),
@@ -107,5 +103,5 @@ def adam_optimizer(
     why=" (at T = 0, Alpha = sqrt(1 - beta2^0) / (1 - beta1^0) is 0/0)",
   )
   X, M, V, G = _checks.as_arrays((X, M, V, G))
-  U, M_new, V_new = rules.directml_adam(X, M, V, G, T, **hyper)
+  U, M_new, V_new = rule.directml_adam_tensor(X, M, V, G, T, learning_rate=learning_rate, **hyper)
   return X + U, M_new, V_new

@@ -82,15 +82,23 @@ from __future__ import annotations
 import numbers
 import os
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
-import jax.numpy as jnp
-import numpy as np
 import optax
 from jax import Array
 
-from onnx_optax import _checks, rules, transforms
+from onnx_optax import _checks, _engine, registry
+from onnx_optax._onnx_runtime import (
+  MS_DOMAIN,
+  MS_VERSION,
+  ORT_OPERATORS,
+  OrtOperator,
+  adamw_optimizer,
+  choice,
+  sgd_optimizer_v2,
+)
 from onnx_optax.directml import adam_optimizer
+from onnx_optax.rules import onnx_adagrad, onnx_adam, onnx_momentum
 
 __all__ = [
   "DOMAIN",
@@ -113,11 +121,23 @@ __all__ = [
 DOMAIN = "ai.onnx.preview.training"
 #: The domain's only version, the one implemented here.
 VERSION = 1
+
+
+def _rules_of(domain: str) -> dict[str, registry.Rule]:
+  """op_type -> the registered rule bound to that operator of ``domain``."""
+  found = {}
+  for rule in registry.rules():
+    binding = rule.binding("onnx")
+    if binding is not None and binding.domain == domain:
+      found[binding.name] = rule
+  return found
+
+
+#: op_type -> the rule each operator of the domain runs (the registry's ONNX bindings).
+_RULES = _rules_of(DOMAIN)
 #: op_type -> the names of the state tensors, in ONNX's block order.
 OPERATORS: dict[str, tuple[str, ...]] = {
-  "Momentum": ("V",),
-  "Adagrad": ("H",),
-  "Adam": ("V", "H"),
+  op: tuple(f.spec for f in rule.fields) for op, rule in _RULES.items()
 }
 
 
@@ -136,11 +156,13 @@ def _tensor_count(op_type: str, n_inputs: int, what: str = "inputs") -> int:
 
 
 def _run(
-  op_type: str, rule: Callable[..., tuple[Array, ...]], R: Any, T: Any, inputs: Sequence[Any]
+  rule: registry.Rule, R: Any, T: Any, inputs: Sequence[Any], hyper: dict[str, Any]
 ) -> tuple[Array, ...]:
   """Checks everything, then ``rule`` per tensor; outputs in ONNX's block order."""
+  op_type = rule.binding("onnx").name  # type: ignore[union-attr]
   n = _tensor_count(op_type, 2 + len(inputs))
   blocks = ("X", "G", *OPERATORS[op_type])
+  hyper = rule.checked(hyper)
   R = _checks.float_scalar("R", R)
   T = _checks.integer_scalar("T", T, minimum=0, why=" (T counts the updates already conducted)")
   per_tensor = [
@@ -150,7 +172,7 @@ def _run(
   xs: list[Any] = []
   states: list[list[Any]] = [[] for _ in OPERATORS[op_type]]
   for X, G, *S in map(_checks.as_arrays, per_tensor):
-    U, *S_new = rule(R, T, X, G, *S)
+    U, *S_new = _engine.tensor(rule, R, T, X, G, *S, **hyper)
     xs.append(X + U)
     for block, s_new in zip(states, S_new):
       block.append(s_new)
@@ -177,18 +199,8 @@ def momentum(
     mode: ``"standard"`` or ``"nesterov"``.
     norm_coefficient: L2 coefficient, ``norm_coefficient * X`` is added to ``G``.
   """
-  if not isinstance(mode, str) or mode not in rules.MODES:
-    raise ValueError(f"mode must be one of {rules.MODES}, got {mode!r}")
-  hyper = dict(
-    alpha=_checks.decay("alpha", alpha),
-    beta=_checks.gradient_weight("beta", beta),
-    norm_coefficient=_checks.coefficient("norm_coefficient", norm_coefficient),
-  )
-
-  def rule(R, T, X, G, V):
-    return rules.momentum(R, T, X, G, V, mode=mode, **hyper)
-
-  return _run("Momentum", rule, R, T, inputs)
+  hyper = dict(alpha=alpha, beta=beta, mode=mode, norm_coefficient=norm_coefficient)
+  return _run(onnx_momentum.RULE, R, T, inputs, hyper)
 
 
 def adagrad(
@@ -207,16 +219,8 @@ def adagrad(
   schema stores ``epsilon`` as the float32 nearest 1e-6; :func:`run_node`
   passes exactly what the schema stores).
   """
-  hyper = dict(
-    decay_factor=_checks.learning_rate_decay("decay_factor", decay_factor),
-    epsilon=_checks.epsilon("epsilon", epsilon),
-    norm_coefficient=_checks.coefficient("norm_coefficient", norm_coefficient),
-  )
-
-  def rule(R, T, X, G, H):
-    return rules.adagrad(R, T, X, G, H, **hyper)
-
-  return _run("Adagrad", rule, R, T, inputs)
+  hyper = dict(decay_factor=decay_factor, epsilon=epsilon, norm_coefficient=norm_coefficient)
+  return _run(onnx_adagrad.RULE, R, T, inputs, hyper)
 
 
 def adam(
@@ -240,276 +244,17 @@ def adam(
   in general.
   """
   hyper = dict(
-    alpha=_checks.decay("alpha", alpha, below_one=True),
-    beta=_checks.decay("beta", beta),
-    epsilon=_checks.epsilon("epsilon", epsilon),
-    norm_coefficient=_checks.coefficient("norm_coefficient", norm_coefficient),
-    norm_coefficient_post=_checks.parameter_decay("norm_coefficient_post", norm_coefficient_post),
+    alpha=alpha,
+    beta=beta,
+    epsilon=epsilon,
+    norm_coefficient=norm_coefficient,
+    norm_coefficient_post=norm_coefficient_post,
   )
-  _checks.second_moment_decay_at_one("beta", beta, epsilon)
-
-  def rule(R, T, X, G, V, H):
-    return rules.adam(R, T, X, G, V, H, **hyper)
-
-  return _run("Adam", rule, R, T, inputs)
+  return _run(onnx_adam.RULE, R, T, inputs, hyper)
 
 
-_CALLS: dict[str, Callable[..., tuple[Array, ...]]] = {"Momentum": momentum, "Adagrad": adagrad, "Adam": adam}
-
-
-# -- ONNX Runtime's optimizers (com.microsoft) ----------------------------------------
-
-#: ONNX Runtime's domain, where its training operators live.
-MS_DOMAIN = "com.microsoft"
-#: The version of ONNX Runtime's optimizers (``SinceVersion(1)``, the only one).
-MS_VERSION = 1
-
-
-def _f32(x: float) -> float:
-  """The value a FLOAT attribute stores (float32)."""
-  return float(np.float32(x))
-
-
-class OrtOperator(NamedTuple):
-  """What ONNX Runtime's schema (``training_op_defs.cc``) says of one optimizer.
-
-  ``inputs`` and ``outputs`` are the schema's names in order; the last input
-  (``update_signal``) and every output but the first are optional.
-  ``attributes`` maps each attribute to its type and the schema's default,
-  as the float32 value a node stores.
-  """
-
-  inputs: tuple[str, ...]
-  outputs: tuple[str, ...]
-  attributes: dict[str, tuple[str, Any]]
-
-
-#: The schema of each ONNX Runtime optimizer that runs here, keyed by ``op_type``.
-ORT_OPERATORS: dict[str, OrtOperator] = {
-  "AdamWOptimizer": OrtOperator(
-    inputs=("lr", "step", "weights", "gradients", "momentums_1", "momentums_2", "update_signal"),
-    outputs=("updated_flag", "updated_weights", "updated_momentums_1", "updated_momentums_2"),
-    attributes={
-      "alpha": ("FLOAT", _f32(0.9)),
-      "beta": ("FLOAT", _f32(0.999)),
-      "epsilon": ("FLOAT", _f32(1e-8)),
-      "weight_decay": ("FLOAT", _f32(1e-2)),
-      "correct_bias": ("INT", 1),
-      "adam_mode": ("INT", 0),
-    },
-  ),
-  "SGDOptimizerV2": OrtOperator(
-    inputs=("lr", "weights", "gradients", "update_signal"),
-    outputs=("update_completed", "updated_weights"),
-    attributes={},
-  ),
-}
-
-
-def _choice(name: str, value: Any, choices: tuple[int, ...]) -> int:
-  """An INT attribute with a closed set of values (ONNX Runtime takes others for 0, or throws)."""
-  if isinstance(value, bool):
-    value = int(value)
-  if not isinstance(value, numbers.Integral) or int(value) not in choices:
-    raise ValueError(f"{name} must be one of {choices}, got {value!r}")
-  return int(value)
-
-
-def _sequences(blocks: dict[str, Any]) -> list[list[Any]]:
-  """The tensors of each index across ONNX Runtime's sequences, checked: same count, shape and dtype."""
-  sequences = {name: _checks.tensor_sequence(name, value) for name, value in blocks.items()}
-  (first, first_tensors), *rest = sequences.items()
-  for name, tensors in rest:
-    if len(tensors) != len(first_tensors):
-      raise ValueError(
-        f"{name} holds {len(tensors)} tensors but {first} holds {len(first_tensors)}; "
-        "the sequences pair their tensors by index"
-      )
-  checked = [
-    _checks.block([f"{name}[{i}]" for name in sequences], [tensors[i] for tensors in sequences.values()])
-    for i in range(len(first_tensors))
-  ]
-  return [_checks.as_arrays(tensors) for tensors in checked]
-
-
-def _flag(signal: Any, shape: tuple[int, ...]) -> Array:
-  """``updated_flag``: the signal as a bool tensor of ``step``'s (SGD: ``lr``'s) shape, as ONNX Runtime's."""
-  return jnp.broadcast_to(jnp.asarray(signal, dtype=bool), shape)
-
-
-def _unless_skipped(
-  signal: Any,
-  update: Callable[..., tuple[Array, ...]],
-  kept: Callable[..., tuple[Array, ...]],
-  per_tensor: list[list[Any]],
-) -> list[list[Array]]:
-  """``update`` on each index's tensors where ``signal`` holds, else ``kept`` (the inputs, untouched).
-
-  ``update_signal = False`` is a skipped step (mixed precision's overflow
-  check): the kernel touches nothing. A concrete False computes no tensor;
-  a traced signal selects element-wise, the inputs' bits kept.
-  """
-  outputs: list[tuple[Array, ...]] = []
-  for tensors in per_tensor:
-    old = kept(*tensors)
-    if signal is False:
-      outputs.append(old)
-      continue
-    new = update(*tensors)
-    if signal is not True:
-      new = tuple(jnp.where(signal, n, o) for n, o in zip(new, old))
-    outputs.append(new)
-  return [list(block) for block in zip(*outputs)]
-
-
-def adamw_optimizer(
-  lr: Any,
-  step: Any,
-  weights: Sequence[Any],
-  gradients: Sequence[Any],
-  momentums_1: Sequence[Any],
-  momentums_2: Sequence[Any],
-  update_signal: Any = None,
-  *,
-  alpha: float = 0.9,
-  beta: float = 0.999,
-  epsilon: float = 1e-8,
-  weight_decay: float = 1e-2,
-  correct_bias: int = 1,
-  adam_mode: int = 0,
-) -> tuple[Array, list[Array], list[Array], list[Array]]:
-  """ONNX Runtime's ``AdamWOptimizer`` (com.microsoft, v1), the operator's call.
-
-  Not DirectML's :func:`adam_optimizer`. Per tensor, the rule of
-  :func:`onnx_optax.rules.ort_adamw` (the CPU kernel's operation order, in
-  the tensor's dtype), with ``alpha_correction = 1 - alpha^step`` and
-  ``beta_correction = 1 - beta^step`` when ``correct_bias = 1`` (else 1):
-
-  * ``adam_mode = 0`` (PyTorch's ``AdamW``): ``W <- W - W * lr * weight_decay``;
-    ``M1 <- alpha * M1 + (1 - alpha) * G``; ``M2 <- beta * M2 + (1 - beta) * G^2``;
-    ``W <- W - lr * M1 / (alpha_correction * (Sqrt(M2 / beta_correction) + epsilon))``;
-  * ``adam_mode = 1`` (Hugging Face's ``AdamW``): the same moments;
-    ``W <- W - lr_corrected * M1 / (Sqrt(M2) + epsilon)`` with
-    ``lr_corrected = lr * Sqrt(beta_correction) / alpha_correction``;
-    then ``W <- W - lr * weight_decay * W``.
-
-  The sequences are Python lists (or tuples) of arrays, paired by index;
-  outputs keep each tensor's dtype. ONNX Runtime updates its inputs in
-  place; JAX returns new arrays.
-
-  Args:
-    lr: learning rate, a float scalar (shape ``()`` or ``(1,)``, as the
-      models of ``generate_artifacts`` declare it).
-    step: ONNX Runtime's update count, an int64 scalar (shape ``()`` or
-      ``(1,)``): 1 at the first update (its training loop feeds its step
-      count + 1). With ``correct_bias = 1`` a concrete step must be at least
-      1 (at 0 the corrections are 0, a denominator).
-    weights, gradients, momentums_1, momentums_2: the sequences.
-    update_signal: optional bool scalar; False skips the update: every
-      tensor is returned as it was and ``updated_flag`` is False.
-    alpha, beta: the moments' decays (PyTorch's ``betas``): ``alpha`` in
-      ``[0, 1)``; ``beta`` in ``[0, 1)`` with ``adam_mode=0`` (at 1,
-      ``M2 / (1 - beta^step)`` is 0/0), in ``[0, 1]`` with ``adam_mode=1``
-      (1 and ``epsilon = 0``: refused, every step is 0/0).
-    epsilon: added to the root of the second moment.
-    weight_decay: the decoupled weight decay.
-    correct_bias: 1 (bias corrections) or 0 (with ``adam_mode = 1`` only, as ONNX Runtime).
-    adam_mode: 0 or 1, see above.
-
-  Returns:
-    ``(updated_flag, updated_weights, updated_momentums_1, updated_momentums_2)``:
-    a bool array of ``step``'s shape, then three lists.
-
-  Example:
-    >>> import numpy as np
-    >>> from onnx_optax import onnx as ox
-    >>> flag, (W,), (M1,), (M2,) = ox.adamw_optimizer(
-    ...     np.float32(0.1), np.int64(1), [np.array([1.0, 2.0], np.float32)],
-    ...     [np.array([0.5, -0.5], np.float32)], [np.zeros(2, np.float32)],
-    ...     [np.zeros(2, np.float32)], weight_decay=0.0)
-    >>> flag, W
-    (Array(True, dtype=bool), Array([0.9, 2.1], dtype=float32))
-  """
-  hyper = dict(
-    alpha=_checks.decay("alpha", alpha, below_one=True),
-    beta=_checks.decay("beta", beta),
-    epsilon=_checks.epsilon("epsilon", epsilon),
-    weight_decay=_checks.coefficient("weight_decay", weight_decay),
-  )
-  correct_bias = _choice("correct_bias", correct_bias, (0, 1))
-  adam_mode = _choice("adam_mode", adam_mode, (0, 1))
-  _checks.second_moment_decay_at_one(
-    "beta", beta, epsilon, always=_checks.ORT_ADAMW_MODE0_BETA_ONE if adam_mode == 0 else ""
-  )
-  lr = _checks.one_element_float("lr", lr)
-  flag_shape = tuple(getattr(step, "shape", ()))
-  step = _checks.int64_step(
-    "step",
-    step,
-    minimum=1 if correct_bias else 0,
-    why=" (with correct_bias=1, 1 - alpha**step divides: ONNX Runtime's first update has step 1)"
-    if correct_bias
-    else "",
-  )
-  signal = _checks.bool_scalar("update_signal", update_signal)
-  per_tensor = _sequences(
-    dict(weights=weights, gradients=gradients, momentums_1=momentums_1, momentums_2=momentums_2)
-  )
-
-  # Once per update, before any tensor: this also refuses the pair ONNX Runtime refuses
-  # (adam_mode=0 with correct_bias=0), skipped step or not.
-  scalars = rules.ort_adamw_scalars(lr, step, adam_mode=adam_mode, correct_bias=correct_bias, **hyper)
-
-  def update(W, G, M1, M2):
-    U, M1_new, M2_new = rules.ort_adamw_elementwise(
-      rules.like(scalars, W.dtype), W, G, M1, M2, adam_mode=adam_mode
-    )
-    return W + U, M1_new, M2_new
-
-  W, M1, M2 = _unless_skipped(signal, update, lambda W, G, M1, M2: (W, M1, M2), per_tensor)
-  return _flag(signal, flag_shape), W, M1, M2
-
-
-def sgd_optimizer_v2(
-  lr: Any, weights: Sequence[Any], gradients: Sequence[Any], update_signal: Any = None
-) -> tuple[Array, list[Array]]:
-  """ONNX Runtime's ``SGDOptimizerV2`` (com.microsoft, v1), the operator's call.
-
-  Per tensor ``W <- W + (-lr * G)`` (:func:`onnx_optax.rules.ort_sgd`), to
-  the bit of ONNX Runtime's CPU kernel. The operator has no ``step`` input.
-
-  Args:
-    lr: learning rate, a float scalar (shape ``()`` or ``(1,)``).
-    weights, gradients: the sequences, lists of arrays paired by index.
-    update_signal: optional bool scalar; False returns the weights as they
-      were and ``update_completed`` False.
-
-  Returns:
-    ``(update_completed, updated_weights)``: a bool array of ``lr``'s
-    shape, and a list.
-
-  Example:
-    >>> import numpy as np
-    >>> from onnx_optax import onnx as ox
-    >>> done, (W,) = ox.sgd_optimizer_v2(np.float32(0.1), [np.array([1.0, 2.0], np.float32)],
-    ...                                  [np.array([1.0, -1.0], np.float32)])
-    >>> done, W
-    (Array(True, dtype=bool), Array([0.9, 2.1], dtype=float32))
-  """
-  flag_shape = tuple(getattr(lr, "shape", ()))
-  lr = _checks.one_element_float("lr", lr)
-  signal = _checks.bool_scalar("update_signal", update_signal)
-  per_tensor = _sequences(dict(weights=weights, gradients=gradients))
-
-  def update(W, G):
-    # SGDOptimizerV2 has no step; the rule's T is not read.
-    (U,) = rules.ort_sgd(lr, 0, W, G)
-    return (W + U,)
-
-  (W,) = _unless_skipped(signal, update, lambda W, G: (W,), per_tensor)
-  return _flag(signal, flag_shape), W
-
-
+#: ONNX Runtime's optimizers (com.microsoft), their rules (the registry's bindings).
+_ORT_RULES = _rules_of(MS_DOMAIN)
 _ORT_CALLS: dict[str, Callable[..., tuple[Any, ...]]] = {
   "AdamWOptimizer": adamw_optimizer,
   "SGDOptimizerV2": sgd_optimizer_v2,
@@ -551,7 +296,7 @@ def _ort_node_attributes(node: Any, opset: int | None) -> tuple[str, dict[str, A
   attributes = _read_attributes(node, ORT_OPERATORS[node.op_type].attributes)
   for name in ("correct_bias", "adam_mode"):
     if name in attributes:
-      attributes[name] = _choice(f"node.attribute {name!r}", attributes[name], (0, 1))
+      attributes[name] = choice(f"node.attribute {name!r}", attributes[name], (0, 1))
   return node.op_type, attributes
 
 
@@ -716,7 +461,7 @@ def run_node(node: Any, *inputs: Any, opset: int | None = None) -> tuple[Any, ..
     raise ValueError(
       f"node.output lists {len(node.output)} outputs; {op_type} with {n} tensors has {n_outputs}"
     )
-  return _CALLS[op_type](*inputs, **attributes)
+  return _run(_RULES[op_type], inputs[0], inputs[1], inputs[2:], attributes)
 
 
 def _run_ort_node(node: Any, inputs: Sequence[Any], opset: int | None) -> tuple[Any, ...]:
@@ -739,7 +484,7 @@ def _run_ort_node(node: Any, inputs: Sequence[Any], opset: int | None) -> tuple[
 
 def from_node(
   node: Any,
-  learning_rate: transforms.ScalarOrSchedule,
+  learning_rate: _engine.ScalarOrSchedule,
   *,
   initial_count: int | None = None,
   state_dtype: Any = None,
@@ -791,20 +536,11 @@ def from_node(
     schema = ORT_OPERATORS[op_type]
     if len(node.input):
       _ort_node_io(op_type, node.input, "node.input", schema.inputs, len(schema.inputs) - 1)
-    if op_type == "AdamWOptimizer":
-      attributes["correct_bias"] = bool(attributes["correct_bias"])
-      return transforms.ort_adamw(learning_rate, state_dtype=state_dtype, **count, **attributes)
-    return transforms.ort_sgd(learning_rate, state_dtype=state_dtype, **count, **attributes)
+    return _ORT_RULES[op_type].transform(learning_rate, state_dtype=state_dtype, **count, **attributes)
   op_type, attributes = _node_attributes(node, None)
   if len(node.input):
     _tensor_count(op_type, len(node.input), "node inputs")
-  makers: dict[str, Callable[..., Any]] = {
-    "Momentum": transforms.momentum,
-    "Adagrad": transforms.adagrad,
-    "Adam": transforms.adam,
-  }
-  make = makers[op_type]
-  return make(learning_rate, state_dtype=state_dtype, **count, **attributes)
+  return _RULES[op_type].transform(learning_rate, state_dtype=state_dtype, **count, **attributes)
 
 
 def _describe_node(node: Any) -> str:
@@ -813,7 +549,7 @@ def _describe_node(node: Any) -> str:
 
 def from_model(
   model: Any,
-  learning_rate: transforms.ScalarOrSchedule,
+  learning_rate: _engine.ScalarOrSchedule,
   *,
   initial_count: int | None = None,
   state_dtype: Any = None,

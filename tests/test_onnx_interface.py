@@ -547,7 +547,8 @@ def test_bad_attributes_of_the_calls():
   R, T, X, G, V = _good()
   with pytest.raises(ValueError, match="mode must be one of"):
     ox.momentum(R, T, X, G, V, **{**MOMENTUM, "mode": "Nesterov"})
-  with pytest.raises(ValueError, match="mode must be one of"):
+  # One check for mode wherever it is passed (the transform's, the registry's): not a str is a TypeError.
+  with pytest.raises(TypeError, match="mode must be a str, one of"):
     ox.momentum(R, T, X, G, V, **{**MOMENTUM, "mode": b"standard"})
   with pytest.raises(TypeError, match="unexpected keyword argument 'gamma'"):
     ox.adagrad(R, T, X, G, V, gamma=0.1)

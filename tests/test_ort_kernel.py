@@ -54,7 +54,8 @@ ort = pytest.importorskip("onnxruntime", reason="the test extra's onnxruntime-tr
 from onnx import TensorProto, helper  # noqa: E402
 
 import onnx_optax  # noqa: E402
-from onnx_optax import reference, rules  # noqa: E402
+from onnx_optax import _numerics, reference, rules  # noqa: E402
+from onnx_optax.rules import ort as ort_rules  # noqa: E402
 
 STEPS = 120
 SHAPES = [(37,), (8, 16)]
@@ -247,7 +248,7 @@ def _root_dropped(R, T, **kw):
   s = _true_scalars(R, T, **kw)
   if kw["adam_mode"] == 0:
     return s._replace(one_over_beta_correction=s.one_over_beta_correction**2)  # sqrt(M2) / bc
-  ac, bc = (rules._one_minus_power(kw[d], jnp.asarray(T)) for d in ("alpha", "beta"))
+  ac, bc = (_numerics.one_minus_power(kw[d], jnp.asarray(T)) for d in ("alpha", "beta"))
   return s._replace(lr_corrected=R * bc / ac)
 
 
@@ -272,9 +273,9 @@ VARIANTS = {
 def test_the_bound_catches_wrong_variants(variant, monkeypatch):
   mode, cb, how = VARIANTS[variant]
   if "elementwise" in how:
-    monkeypatch.setattr(rules, "ort_adamw_elementwise", how["elementwise"])
+    monkeypatch.setattr(ort_rules.RULE, "elementwise", how["elementwise"])
   if "scalars" in how:
-    monkeypatch.setattr(rules, "ort_adamw_scalars", how["scalars"])
+    monkeypatch.setattr(ort_rules.RULE, "scalars", how["scalars"])
   ours = {**HYPER, "adam_mode": mode, "correct_bias": bool(cb), **how.get("ours", {})}
   if ours["adam_mode"] == 0:
     ours["correct_bias"] = True

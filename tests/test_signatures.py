@@ -14,6 +14,7 @@ import pytest
 
 import onnx_optax
 import onnx_optax._checks
+import onnx_optax._engine
 import onnx_optax.interop
 import onnx_optax.onnx
 from onnx_optax import reference, rules
@@ -31,7 +32,7 @@ KEYWORD_ONLY = {
   rules.adam: ["alpha", "beta", "epsilon", "norm_coefficient", "norm_coefficient_post"],
   rules.directml_adam_scalars: ["beta1", "beta2", "epsilon"],
   rules.directml_adam: ["learning_rate", "beta1", "beta2", "epsilon"],
-  onnx_optax.transforms._transform: ["minimum_count", "read_params_for", "decays"],
+  onnx_optax._engine.transform: [],  # the rule, then learning_rate, initial_count, state_dtype, hyper
   onnx_optax.momentum: ["alpha", "beta", "mode", "norm_coefficient", "initial_count", "state_dtype"],
   onnx_optax.adagrad: ["decay_factor", "epsilon", "norm_coefficient", "initial_count", "state_dtype"],
   onnx_optax.adam: [

@@ -47,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from onnx_optax import transforms
+from onnx_optax import _engine
 from onnx_optax.conformance.cases import Case, base_rule, numpy_dtype
 from onnx_optax.conformance.tolerance import Bounded
 
@@ -288,7 +288,7 @@ def _program(
       R = h.pop("R", None)
       if schedule is not None:  # The transform's R: the schedule at the number of updates applied.
         init, steps, first = schedule
-        R = optax.linear_schedule(init, 0.0, steps)(transforms._updates_applied(T, first))
+        R = optax.linear_schedule(init, 0.0, steps)(_engine.updates_applied(T, first))
       return formula(_Jax(), R, T, h, hyper)
 
     _PROGRAMS[key] = jax.jit(scalars)

@@ -39,6 +39,7 @@ import optax
 
 from onnx_optax import _checks, transforms
 from onnx_optax.interop import _common
+from onnx_optax.rules.keras import KerasAdamState
 
 __all__ = ["from_keras", "to_keras"]
 
@@ -85,7 +86,7 @@ def from_keras(
   params: Any,
   *,
   learning_rate: Any = None,
-) -> tuple[optax.GradientTransformationExtraArgs, transforms.KerasAdamState]:
+) -> tuple[optax.GradientTransformationExtraArgs, KerasAdamState]:
   """The transform and state that continue a Keras 3 Adam run in JAX.
 
   ``optimizer`` may have taken any number of steps, zero included (an

@@ -1,0 +1,355 @@
+"""The registry of update rules: each rule declared once, every layer reading it.
+
+A rule's module (``onnx_optax/rules/<rule>.py``) holds its formula, its state,
+its Optax transform and one :class:`Rule` that declares everything the other
+layers need to know about it: its state fields, its hyperparameters (each with
+the check of its kind, which holds the range it accepts and why), the count of
+its first update, its two parts (per-update scalars and per-leaf element-wise
+work), the policy of the engine that maps it over a pytree, and its bindings
+(an ONNX operator, the framework optimizers it is the twin of). The transforms
+(:mod:`onnx_optax._engine`), the ONNX interface (:mod:`onnx_optax.onnx`), the
+bridges (:mod:`onnx_optax.interop`), the conformance suite and the tests read
+this registry instead of keeping tables of their own.
+
+The NumPy expectations (:mod:`onnx_optax.reference`) and the bound models of the
+conformance suite are written independently of the JAX code and registered
+under the rule's name by their own modules.
+
+Registering a rule from outside the package::
+
+  from onnx_optax import registry
+  registry.register(my_rule)      # a Rule; its name must be new
+
+after which :func:`rules` lists it and the conformance grid, the state checks
+and the test configurations built from the registry include it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+__all__ = [
+  "Binding",
+  "Conformance",
+  "Edge",
+  "Field",
+  "Hyperparameter",
+  "Policy",
+  "Rule",
+  "TestConfig",
+  "Variant",
+  "get",
+  "register",
+  "rules",
+  "unregister",
+]
+
+
+@dataclass(frozen=True)
+class Field:
+  """One state tensor of a rule, in the order its element-wise part takes it.
+
+  Attributes:
+    name: the field of the rule's state ``NamedTuple`` (``count`` comes first and is not a field).
+    spec: the tensor's name in the rule's spec (``"V"``, ``"M1"``), which names the ONNX
+      operator's block and the conformance report's output (``"V_new"``).
+    second_moment: a second moment (a running mean or sum of squares): never negative.
+    initial: the value the state starts at, or the name of the hyperparameter that gives it.
+  """
+
+  name: str
+  spec: str
+  second_moment: bool = False
+  initial: float | str = 0.0
+
+
+@dataclass(frozen=True)
+class Hyperparameter:
+  """How a rule checks one hyperparameter.
+
+  Attributes:
+    check: ``check(name, value) -> value``, the check of the hyperparameter's kind
+      (``onnx_optax._checks``: ``decay``, ``epsilon``, ...), which decides its range and says why;
+      ``name`` is the argument as its user wrote it (``"alpha"``, an ONNX attribute, a
+      PyTorch ``param_groups[0]['momentum']``). It returns the value the rule computes with.
+    static: selects the formula (Momentum's ``mode``, a flag): a Python value when the
+      update is traced, never an array.
+    decay: a decay rate that the rule subtracts from 1 in the compute dtype; the engine
+      refuses one that rounds to 1 where a leaf is computed or stored
+      (``onnx_optax._checks.decays_representable``).
+    may_be_one: a decay whose range includes 1 (the refusal then offers ``1.0``); a callable of
+      the checked hyperparameters where that depends on them.
+  """
+
+  check: Callable[[str, Any], Any]
+  static: bool = False
+  decay: bool = False
+  may_be_one: bool | Callable[[Mapping[str, Any]], bool] = False
+
+
+@dataclass(frozen=True)
+class Policy:
+  """How the engine maps a rule's element-wise part over the leaves of a pytree.
+
+  Attributes:
+    name: ``"spec"`` or ``"framework"``.
+    compute_dtype: ``compute_dtype(G.dtype, *state_dtypes) -> dtype``, the dtype a leaf is
+      computed in.
+    round_scalars: ``round_scalars(scalars, dtype)``, the per-update scalars rounded once to
+      a compute dtype.
+    casts: the engine casts ``X``, ``G`` and the state to the compute dtype and the results
+      back (the spec rules); False: the rule gets its tensors in their own dtypes and rounds
+      where its framework stores (the twins).
+    refuses_stalling_decays: a decay that rounds to 1 in a 16-bit compute or state dtype is
+      refused at ``init`` (the spec rules would silently run another algorithm). The twins
+      accept it: their frameworks run that configuration, stall included, and a carried run
+      must continue as the framework would.
+    params_when_given: the rule gets ``X`` whenever ``update`` is given the parameters (the
+      twins read them for parameters narrower than float32); False: only where the rule
+      reads them at every update (:attr:`Rule.params_for`), else ``X = None``.
+  """
+
+  name: str
+  compute_dtype: Callable[..., Any]
+  round_scalars: Callable[[Any, Any], Any]
+  casts: bool
+  refuses_stalling_decays: bool
+  params_when_given: bool
+
+
+@dataclass(frozen=True)
+class Binding:
+  """A rule's counterpart in another runtime or framework.
+
+  Attributes:
+    kind: ``"onnx"`` (an operator of an ONNX domain), ``"torch"`` (a ``torch.optim``
+      optimizer), ``"keras"`` (a ``keras.optimizers`` optimizer).
+    name: the operator's ``op_type`` or the optimizer's class name.
+    domain: the ONNX domain (``kind == "onnx"``).
+    names: the counterpart's name of each hyperparameter that it spells otherwise.
+  """
+
+  kind: str
+  name: str
+  domain: str = ""
+  names: Mapping[str, str] = field(default_factory=dict)
+
+
+class Edge(NamedTuple):
+  """A case of the conformance grid that one rule adds: a hyperparameter at an edge of its range.
+
+  ``changes`` are the case's fields that differ from the grid's default case (``T``, ``R``,
+  ``state``, ``hyper``: the hyperparameters that differ from :attr:`Conformance.hyper`).
+  """
+
+  name: str
+  changes: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class TestConfig:
+  """The hyperparameters the tests run a rule with: every term of the formula matters.
+
+  Attributes:
+    hyper: the hyperparameters (non-zero coefficients, decays away from 0 and 1, an epsilon
+      comparable to the root).
+    learning_rate: the learning rate.
+    sweep: a second hyperparameter the tests sweep besides the learning rate ("" for none).
+  """
+
+  hyper: Mapping[str, Any]
+  learning_rate: float = 0.05
+  sweep: str = ""
+
+
+@dataclass(frozen=True)
+class Conformance:
+  """How the conformance suite and the tests check a rule.
+
+  Attributes:
+    hyper: the conformance grid's hyperparameters (every term non-zero).
+    tests: the tests' configuration.
+    edges: the cases this rule adds to the grid.
+    dtypes: the parameter dtypes the grid runs it in.
+    more_tests: configurations the tests run besides :attr:`tests`, by the suffix of their
+      name (``{"nesterov": ...}`` is ``pytorch_sgd_nesterov``).
+  """
+
+  hyper: Mapping[str, Any]
+  tests: TestConfig
+  edges: tuple[Edge, ...] = ()
+  dtypes: tuple[str, ...] = ("float32", "float64", "float16", "bfloat16")
+  more_tests: Mapping[str, TestConfig] = field(default_factory=dict)
+
+
+class Variant(NamedTuple):
+  """A configuration of a rule that the conformance suite and the tests check as a rule of its own.
+
+  The suite names it ``f"{rule}_{suffix}"`` (the two Momentum modes, ONNX Runtime AdamW's two
+  ``adam_mode``). ``hyper`` overrides the rule's conformance hyperparameters, ``tests`` its
+  test configuration (None: the rule's, with ``hyper`` applied).
+  """
+
+  suffix: str
+  hyper: Mapping[str, Any]
+  tests: TestConfig | None = None
+
+
+@dataclass(eq=False)
+class Rule:
+  """Everything about one update rule that a layer other than its own module needs.
+
+  A rule is computed in two parts (:mod:`onnx_optax.rules`): ``scalars(R, T, **...)`` once
+  per update, ``elementwise(s, X, G, *state, **...)`` once per leaf. :attr:`bind` gives both
+  with the hyperparameters bound. The engine and the ONNX interface look both parts up on
+  this object when they run, so that a test can plant a wrong part
+  (``monkeypatch.setattr(rule, "elementwise", wrong)``) and see a check fail.
+
+  Attributes:
+    name: the rule's name: its transform's (``onnx_optax.<name>``) and its suite name.
+    transform: the public factory, ``transform(learning_rate, *, **hyperparameters,
+      initial_count, state_dtype)``; its signature gives the hyperparameters' defaults.
+    state: the state ``NamedTuple``: ``count``, then one field per :attr:`fields` entry.
+    fields: the state tensors.
+    hyperparameters: name -> :class:`Hyperparameter`, in the transform's order.
+    scalars, elementwise: the rule's two parts.
+    bind: ``bind(rule, hyper) -> (scalars(R, T), elementwise(s, X, G, *state))`` with the
+      checked hyperparameters bound.
+    minimum_count: the least ``initial_count`` (1 where ``T = 0`` divides by zero); a callable
+      of the checked hyperparameters where it depends on them. The count at the first update
+      by default is the transform's ``initial_count`` default (:meth:`first_count`).
+    policy: how the engine maps the rule over a pytree (:data:`onnx_optax._engine.SPEC` for the
+      spec rules, :data:`onnx_optax._engine.FRAMEWORK` for the framework twins).
+    params_for: the hyperparameters that multiply ``X``: unless each is the Python number 0,
+      ``update`` needs the parameters.
+    always_reads_params: why ``update`` needs the parameters whatever the hyperparameters
+      ("": it does not).
+    validate: ``validate(hyper, name)``: the checks that involve several hyperparameters
+      (``name`` maps a hyperparameter to the argument as the user wrote it).
+    bindings: the rule's counterparts (:class:`Binding`).
+    twin_of: for a framework twin, the spec rule it equals in exact arithmetic (None: a spec
+      rule); a state of either can be loaded where the framework's optimizer is.
+    variants: the configurations the conformance suite checks as rules of their own.
+    conformance: how the conformance suite and the tests check the rule
+      (:class:`Conformance`).
+  """
+
+  name: str
+  transform: Callable[..., Any]
+  state: type
+  fields: tuple[Field, ...]
+  hyperparameters: Mapping[str, Hyperparameter]
+  scalars: Callable[..., Any]
+  elementwise: Callable[..., Any]
+  bind: Callable[[Rule, dict[str, Any]], tuple[Callable[..., Any], Callable[..., Any]]]
+  minimum_count: int | Callable[[dict[str, Any]], int]
+  policy: Policy
+  params_for: tuple[str, ...] = ()
+  always_reads_params: str = ""
+  validate: Callable[[dict[str, Any], Callable[[str], str]], None] | None = None
+  bindings: tuple[Binding, ...] = ()
+  twin_of: Rule | None = None
+  variants: tuple[Variant, ...] = ()
+  conformance: Conformance | None = None
+
+  def defaults(self) -> dict[str, Any]:
+    """The hyperparameters' defaults, read from :attr:`transform`'s signature (required ones left out)."""
+    parameters = inspect.signature(self.transform).parameters
+    return {
+      name: parameters[name].default
+      for name in self.hyperparameters
+      if parameters[name].default is not inspect.Parameter.empty
+    }
+
+  def checked(self, hyper: Mapping[str, Any], name: Callable[[str], str] = str) -> dict[str, Any]:
+    """Every hyperparameter checked with its kind's check, then the rule's joint checks.
+
+    ``name(h)`` is the argument as the caller's user wrote it (default: ``h``), so that a
+    refusal names what the user passed. Raises before anything is computed.
+    """
+    unknown = sorted(set(hyper) - set(self.hyperparameters))
+    if unknown:
+      raise TypeError(f"{self.name} has no hyperparameter {', '.join(map(repr, unknown))}")
+    checked = {h: self.hyperparameters[h].check(name(h), value) for h, value in hyper.items()}
+    if self.validate is not None:
+      self.validate(checked, name)
+    return checked
+
+  def minimum(self, hyper: Mapping[str, Any]) -> int:
+    """The least ``initial_count``, for checked ``hyper``."""
+    return self.minimum_count(dict(hyper)) if callable(self.minimum_count) else self.minimum_count
+
+  def first_count(self) -> int:
+    """The count at the first update by default: the transform's ``initial_count`` default."""
+    return int(inspect.signature(self.transform).parameters["initial_count"].default)
+
+  def decays(self, hyper: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The decay rates among ``hyper`` and those whose range includes 1."""
+    decays = {h: v for h, v in hyper.items() if self.hyperparameters[h].decay}
+    one = [h for h in decays if _holds(self.hyperparameters[h].may_be_one, hyper)]
+    return decays, tuple(one)
+
+  def binding(self, kind: str) -> Binding | None:
+    """The rule's counterpart of a ``kind`` (``"onnx"``, ``"torch"``, ``"keras"``), if any."""
+    return next((b for b in self.bindings if b.kind == kind), None)
+
+
+def _holds(flag: bool | Callable[[Mapping[str, Any]], bool], hyper: Mapping[str, Any]) -> bool:
+  return flag(hyper) if callable(flag) else flag
+
+
+_RULES: dict[str, Rule] = {}
+
+
+def register(rule: Rule) -> Rule:
+  """Adds ``rule`` to the registry and returns it; its name must be new.
+
+  Raises:
+    ValueError: a rule of that name is registered, or its declaration is inconsistent (a
+      state whose fields are not ``count`` then :attr:`Rule.fields`, a hyperparameter the
+      transform does not take).
+  """
+  if rule.name in _RULES:
+    raise ValueError(f"a rule named {rule.name!r} is registered already")
+  expected = ("count", *(f.name for f in rule.fields))
+  if tuple(getattr(rule.state, "_fields", ())) != expected:
+    raise ValueError(
+      f"{rule.name}: the state's fields are {getattr(rule.state, '_fields', None)}, expected {expected}"
+    )
+  parameters = inspect.signature(rule.transform).parameters
+  missing = [h for h in (*rule.hyperparameters, "initial_count", "state_dtype") if h not in parameters]
+  if missing:
+    raise ValueError(f"{rule.name}: the transform takes no {', '.join(missing)}")
+  _RULES[rule.name] = rule
+  return rule
+
+
+def unregister(name: str) -> None:
+  """Removes a rule registered from outside the package (for tests)."""
+  del _RULES[name]
+
+
+def get(name: str) -> Rule:
+  """The registered rule of that name.
+
+  Raises:
+    KeyError: no such rule; the message lists the registered ones.
+  """
+  try:
+    return _RULES[name]
+  except KeyError:
+    raise KeyError(f"no rule named {name!r}; registered: {', '.join(_RULES)}") from None
+
+
+def rules() -> Iterator[Rule]:
+  """Every registered rule, in registration order (the package's own first)."""
+  return iter(list(_RULES.values()))
+
+
+def replace(rule: Rule, **changes: Any) -> Rule:
+  """A copy of ``rule`` with some attributes changed (not registered)."""
+  return dataclasses.replace(rule, **changes)

@@ -1,0 +1,154 @@
+"""The registry is the one place a rule is declared, and the package is laid out in one direction.
+
+* Each rule's name is spelled as a string at most three times in the package (its
+  registration, its NumPy expectation, its bound model; ``__all__`` aside): every other
+  table is derived from the registry.
+* No import circle anywhere in ``onnx_optax/``, function-level imports included.
+* No module of the package over 800 lines.
+* Each registered rule's declaration agrees with its transform (defaults, state fields,
+  the hyperparameters its conformance and test configurations use).
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import pathlib
+
+import pytest
+
+import onnx_optax
+from onnx_optax import registry
+
+PACKAGE = pathlib.Path(onnx_optax.__file__).resolve().parent
+SOURCES = sorted(PACKAGE.rglob("*.py"))
+RULES = list(registry.rules())
+
+
+def _module_name(path: pathlib.Path) -> str:
+  parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+  return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(path): path for path in SOURCES}
+
+
+def _strings(tree: ast.AST) -> list[str]:
+  """The string constants of a module, docstrings and ``__all__`` lists left out."""
+  skip: set[int] = set()
+  for node in ast.walk(tree):
+    if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+      body = node.body
+      if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        skip.add(id(body[0].value))
+    if isinstance(node, ast.Assign) and any(
+      isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+    ):
+      skip.update(id(n) for n in ast.walk(node.value))
+  return [
+    node.value
+    for node in ast.walk(tree)
+    if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip
+  ]
+
+
+def _reads_an_option_of_that_name(name: str, path: pathlib.Path) -> bool:
+  """A module that declares or reads a framework's hyperparameter spelled like a rule (PyTorch SGD's
+  ``momentum``): the twin of that framework's optimizer, and the bridges."""
+  declares = any(
+    name in rule.hyperparameters and path == pathlib.Path(inspect.getfile(rule.transform)) for rule in RULES
+  )
+  return declares or (path.parent.name == "interop" and any(name in r.hyperparameters for r in RULES))
+
+
+def test_a_rule_name_is_spelled_at_most_three_times():
+  """Its registration, its NumPy expectation and its bound model: every other table reads the registry.
+
+  A rule's name that is also a framework's option (``momentum``, PyTorch SGD's) is not counted
+  where that option is declared or read.
+  """
+  counts = {rule.name: 0 for rule in RULES}
+  where: dict[str, list[str]] = {rule.name: [] for rule in RULES}
+  for path in SOURCES:
+    for value in _strings(ast.parse(path.read_text())):
+      if value in counts and _reads_an_option_of_that_name(value, path):
+        continue
+      if value in counts:
+        counts[value] += 1
+        where[value].append(str(path.relative_to(PACKAGE)))
+  over = {name: where[name] for name, n in counts.items() if n > 3}
+  assert not over, f"rule names spelled more than three times: {over}"
+
+
+def _imports(module: str, path: pathlib.Path) -> set[str]:
+  """The package's modules that ``module`` imports, at module level or inside a function."""
+  found: set[str] = set()
+  package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import):
+      names = [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:
+        base = ".".join(
+          package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+        )
+      names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base for alias in node.names]
+    else:
+      continue
+    found.update(name for name in names if name in MODULES and name != module)
+  return found
+
+
+def test_no_import_circle():
+  """Imports run one way (registry and checks -> engine -> rules -> interfaces -> conformance)."""
+  graph = {module: _imports(module, path) for module, path in MODULES.items()}
+  circles, stack, state = [], [], {}
+
+  def visit(module: str) -> None:
+    state[module] = "open"
+    stack.append(module)
+    for other in sorted(graph[module]):
+      if state.get(other) == "open":
+        circles.append(stack[stack.index(other) :] + [other])
+      elif other not in state:
+        visit(other)
+    stack.pop()
+    state[module] = "done"
+
+  for module in sorted(graph):
+    if module not in state:
+      visit(module)
+  assert not circles, "import circles:\n" + "\n".join(" -> ".join(c) for c in circles)
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_module_over_800_lines(path):
+  assert len(path.read_text().splitlines()) <= 800
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.name)
+def test_declaration_agrees_with_the_transform(rule):
+  """The transform takes every declared hyperparameter, the state's fields are ``count`` then the
+  declared ones, and the conformance and test configurations name only declared hyperparameters."""
+  parameters = inspect.signature(rule.transform).parameters
+  assert list(parameters)[0] == "learning_rate"
+  assert set(rule.hyperparameters) == set(parameters) - {"learning_rate", "initial_count", "state_dtype"}
+  assert rule.state._fields == ("count", *(f.name for f in rule.fields))
+  assert getattr(onnx_optax, rule.name) is rule.transform
+  assert registry.get(rule.name) is rule
+  assert rule.conformance is not None
+  configurations = [rule.conformance.hyper, rule.conformance.tests.hyper]
+  configurations += [v.hyper for v in rule.variants] + [t.hyper for t in rule.conformance.more_tests.values()]
+  configurations += [e.changes.get("hyper", {}) for e in rule.conformance.edges]
+  for hyper in configurations:
+    assert set(hyper) <= set(rule.hyperparameters), hyper
+  for field in rule.fields:
+    assert not isinstance(field.initial, str) or field.initial in rule.hyperparameters
+
+
+def test_a_name_is_registered_once():
+  with pytest.raises(ValueError, match="registered already"):
+    registry.register(RULES[0])
+  with pytest.raises(KeyError, match="registered: momentum"):
+    registry.get("no_such_rule")
