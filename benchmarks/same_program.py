@@ -89,7 +89,7 @@ def main(argv=None) -> int:
   ap.add_argument("--trees", default=f"{ONE_LEAF},mix100")
   ap.add_argument("--dtypes", default="float32,bfloat16")
   ap.add_argument("--rules", default="", help="comma-separated names of configurations(); default all")
-  ap.add_argument("--compile-tree", default="mix1000", help="the tree whose compile time is timed ('' for none)")
+  ap.add_argument("--compile-tree", default="mix1000", help="the tree timed to compile ('': none)")
   ap.add_argument("--repeats", type=int, default=3, help="interleaved compiles per revision (median)")
   args = ap.parse_args(argv)
   print(f"baseline: {scale.add_baseline(args.baseline)}")
