@@ -1012,6 +1012,53 @@ def test_carried_state_is_placed_like_the_parameters():
   assert out.stdout.split() == ["True", "2"], out
 
 
+def test_a_group_option_is_checked_by_the_twins_declared_check(monkeypatch):
+  """The bridge has no range of its own: the check the registry declares for the twin's hyperparameter
+  decides, naming the option as the PyTorch user wrote it. A stricter check planted in the declaration
+  refuses ``momentum=0.9`` under ``param_groups[0]['momentum']`` (a bridge that checked with its own
+  range would let it through, and the transform would refuse it as ``momentum``)."""
+  from onnx_optax import registry
+
+  (rule,) = [r for r in registry.rules() if r.binding("torch") and r.binding("torch").name == "SGD"]
+
+  def at_most_half(name, value):
+    if value > 0.5:
+      raise ValueError(f"{name} must be <= 0.5 (planted)")
+    return value
+
+  monkeypatch.setitem(rule.hyperparameters, "momentum", registry.Hyperparameter(at_most_half))
+  ps, structure = _params32()
+  with pytest.raises(ValueError, match=r"^param_groups\[0\]\['momentum'\] must be <= 0.5 \(planted\)$"):
+    from_torch(torch.optim.SGD(ps, lr=0.1, momentum=0.9), torch_params(torch.optim.SGD(ps), structure))
+  from_torch(torch.optim.SGD(ps, lr=0.1, momentum=0.5), torch_params(torch.optim.SGD(ps), structure))
+
+
+def test_a_rule_registered_later_is_found_in_a_state():
+  """The rule states the bridges look for are the registry's, read when they look: a rule registered
+  from outside the package is found inside an ``optax.chain``, and not once it is unregistered."""
+  from typing import NamedTuple
+
+  from onnx_optax import registry
+  from onnx_optax.interop import _common
+  from onnx_optax.rules import torch_sgd
+
+  class OutsideState(NamedTuple):
+    count: jax.Array
+    momentum_buffer: list
+
+  state = (optax.EmptyState(), OutsideState(jnp.zeros([], jnp.int32), [jnp.ones(3)]))
+  with pytest.raises(TypeError, match="state holds no OutsideState"):
+    _common.positions(state, 1, (OutsideState,))
+  registry.register(registry.replace(torch_sgd.RULE, name="outside_sgd", state=OutsideState, bindings=()))
+  try:
+    ((rule_state, values),) = _common.positions(state, 1, (OutsideState,))
+    assert rule_state is state[1] and values[0] is state[1].momentum_buffer[0]
+  finally:
+    registry.unregister("outside_sgd")
+  with pytest.raises(TypeError, match="state holds no OutsideState"):
+    _common.positions(state, 1, (OutsideState,))
+
+
 def test_a_state_tensor_in_another_dtype_is_refused_not_cast():
   """A float32 momentum buffer put by hand on a bfloat16 parameter: refused (casting it would round it);
   the advice, run as printed, stores it as PyTorch's own steps would, and the state then carries."""
