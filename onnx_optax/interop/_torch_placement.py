@@ -4,7 +4,8 @@ One mapping (:func:`mapping`) places the leaves of every tree the PyTorch
 bridges take or return (``params``, ``like``, a state's trees) on the
 optimizer's parameters, in its order: group by group through
 ``param_groups``, each group's ``params`` in order. A live optimizer and a
-state dict are placed alike. Nothing here knows an optimizer's rule.
+state dict are placed alike; a refusal's advice names what the caller has (the
+optimizer, or only the state dict). Nothing here knows an optimizer's rule.
 """
 
 from __future__ import annotations
@@ -45,6 +46,37 @@ def _leaf_name(path: tuple[Any, ...]) -> str | None:
   return ".".join(str(key.key) for key in path)
 
 
+def _advice(argument: str, source: str) -> dict[str, str]:
+  """The refusals' advice, for a caller with a live optimizer or with only a state dict."""
+  if source == "state_dict":
+    return {
+      "unnamed": (
+        f"the state dict keys its parameters by index and has no param_names: jax.tree.leaves sorts "
+        f"dict keys, which need not be its order. Pass a list in the state dict's order (its "
+        f"param_groups' 'params', group by group), or pass param_names=, the names of its parameters "
+        f"in that order (torch_param_names(optimizer, model) for the optimizer that saved it), and key "
+        f"{argument} by those names"
+      ),
+      "named": "the state dict's parameters have names (its keys, or its groups' param_names)",
+      "order": "a list in the state dict's order",
+      "exactly": f"key {argument} by exactly those names, or pass a list in the state dict's order",
+    }
+  return {
+    "unnamed": (
+      f"the optimizer's parameters have no names to match them by: jax.tree.leaves sorts dict keys, "
+      f"which need not be the optimizer's order. Pass a list in the order of optimizer.param_groups "
+      f"(torch_params(optimizer) returns one), or build the optimizer from model.named_parameters() "
+      f"(or groups of (name, parameter) pairs) and key {argument} by those names"
+    ),
+    "named": "the optimizer's parameters have names (built from named_parameters())",
+    "order": "a list in the optimizer's order",
+    "exactly": (
+      f"key {argument} by exactly those names (torch_params(optimizer) returns such a dict), or pass a "
+      f"list in the optimizer's order"
+    ),
+  }
+
+
 def mapping(
   tree: Any,
   names: Sequence[str] | None,
@@ -52,6 +84,7 @@ def mapping(
   *,
   tensors: Sequence[Any] = (),
   is_leaf: Any = None,
+  source: str = "optimizer",
 ) -> list[int]:
   """The one mapping between a pytree's leaves and PyTorch's parameters: ``perm[i]``, parameter ``i``'s leaf.
 
@@ -74,7 +107,8 @@ def mapping(
   A tree with dict keys that cannot be matched by name (the parameters have
   no names, or other names), or a tree mixing its parameters' tensors with
   other leaves, is refused: no sorted key order is ever taken for the
-  optimizer's.
+  optimizer's. ``source`` is what the caller holds, ``"optimizer"`` or
+  ``"state_dict"``: the refusal's advice is for that.
 
   Raises:
     ValueError: the tree's names or tensors do not place every parameter
@@ -97,23 +131,17 @@ def mapping(
   keyed = any(isinstance(key, jax.tree_util.DictKey) for path, _ in with_path for key in path)
   if not keyed or len(leaves) <= 1:
     return list(range(len(leaves)))
+  advice = _advice(argument, source)
   if names is None:
     # jax.tree.leaves sorts dict keys: their order is the optimizer's only by accident.
     keys = [_leaf_name(path) or jax.tree_util.keystr(path) for path, _ in with_path]
-    raise ValueError(
-      f"{argument} is a dict (keys {few(keys)}), and the optimizer's parameters have no names to "
-      f"match them by: jax.tree.leaves sorts dict keys, which need not be the optimizer's order. "
-      f"Pass a list in the order of optimizer.param_groups (torch_params(optimizer) returns one), or "
-      f"build the optimizer from model.named_parameters() (or groups of (name, parameter) pairs) and "
-      f"key {argument} by those names"
-    )
+    raise ValueError(f"{argument} is a dict (keys {few(keys)}), and {advice['unnamed']}")
   maybe_names = [_leaf_name(path) for path, _ in with_path]
   if None in maybe_names:
     where = jax.tree_util.keystr(with_path[maybe_names.index(None)][0])
     raise ValueError(
-      f"{argument}{where} is not keyed by dict keys alone, and the optimizer's parameters have names "
-      f"(built from named_parameters()): {argument} must be a dict keyed by those names (nested dicts "
-      f"join their keys with '.') or a list in the optimizer's order"
+      f"{argument}{where} is not keyed by dict keys alone, and {advice['named']}: {argument} must be a "
+      f"dict keyed by those names (nested dicts join their keys with '.') or {advice['order']}"
     )
   leaf_names = [name for name in maybe_names if name is not None]
   known, given = set(names), set(leaf_names)
@@ -130,10 +158,11 @@ def mapping(
       )
       if which
     )
+    owner = "the state dict's parameters'" if source == "state_dict" else "the optimizer's parameters'"
     raise ValueError(
-      f"{argument} is keyed by names that are not the optimizer's parameters' names: {found}. "
-      f"The optimizer's names are {few(list(names))}: key {argument} by exactly those names "
-      f"(torch_params(optimizer) returns such a dict), or pass a list in the optimizer's order"
+      f"{argument} is keyed by names that are not {owner} names: {found}. "
+      f"The {'state dict' if source == 'state_dict' else 'optimizer'}'s names are {few(list(names))}: "
+      f"{advice['exactly']}"
     )
   index = {name: j for j, name in enumerate(leaf_names)}
   return [index[name] for name in names]

@@ -322,15 +322,15 @@ def to_torch(state: Any, optimizer: Any, params: Any = None) -> None:
 
 
 def checked_writes(
-  torch: Any, kind: str, groups: Sequence[dict], state: Any
+  torch: Any, kind: str, groups: Sequence[dict], state: Any, *, source: str = "optimizer"
 ) -> list[tuple[Any, dict, int, tuple]]:
   """``(parameter, group, step, state tensors)`` per parameter, every check done, nothing written
-  (``step``: PyTorch's, the updates done)."""
+  (``step``: PyTorch's, the updates done). ``source``: what the caller holds (``mapping``'s)."""
   # The state's trees have the params' structure (optax.MaskedNode where a
   # label's transform does not own a leaf): the one mapping places them.
   names = _torch_placement.param_names(groups)
   owners = _common.positions(state, len(_torch_placement.tensors(groups)), _torch_optim.states(kind))
-  perm = mapping(_common.first_field(state), names, "state", is_leaf=_common.is_masked)
+  perm = mapping(_common.first_field(state), names, "state", is_leaf=_common.is_masked, source=source)
   owners = [owners[j] for j in perm]
   described = _torch_placement.described(groups)
   writes = []

@@ -252,7 +252,9 @@ def to_torch_state_dict(
   # Each parameter's state value, placed as to_torch places it: its shape and
   # dtype stand in for a parameter that has no entry in like yet.
   owners = _common.positions(state, len(keys), _torch_optim.states(kind))
-  perm = _torch_placement.mapping(_common.first_field(state), names, "state", is_leaf=_common.is_masked)
+  perm = _torch_placement.mapping(
+    _common.first_field(state), names, "state", is_leaf=_common.is_masked, source="state_dict"
+  )
   stand_ins = {}
   for i, key in enumerate(keys):
     value = owners[perm[i]].values[0]
@@ -262,7 +264,7 @@ def to_torch_state_dict(
     template = held[0] if held and _dtensor.is_dtensor(held[0]) else None
     stand_ins[key] = _Param(key, shape, dtype, device, template)
   view_groups = _groups(kind, groups, stand_ins, names)
-  writes = bridge.checked_writes(torch, kind, view_groups, state)
+  writes = bridge.checked_writes(torch, kind, view_groups, state, source="state_dict")
   out_state: dict[Any, dict] = {}
   for p, group, count, tensors in writes:
     slot = dict(entries.get(p.key, {}))  # a copy: like keeps its tensors
@@ -285,7 +287,7 @@ def _placed(params: Any, leaves: list, paths: list[str], keys: list, names: list
   """The mapping of the params' leaves on the state dict's parameters, or a refusal naming the leaves."""
   if names is not None:
     try:
-      perm = _torch_placement.mapping(params, names, "params")
+      perm = _torch_placement.mapping(params, names, "params", source="state_dict")
     except ValueError as error:
       raise ValueError(f"{error}{_tied(leaves, paths) if len(leaves) > len(keys) else ''}") from None
   if len(leaves) != len(keys):
@@ -307,7 +309,7 @@ def _placed(params: Any, leaves: list, paths: list[str], keys: list, names: list
       f"params has {len(leaves)} leaves but the state dict's param groups list {len(keys)} parameters: "
       f"{which}{_tied(leaves, paths) if len(leaves) > len(keys) else ''}; pass one leaf per parameter"
     )
-  return _torch_placement.mapping(params, names, "params") if names is None else perm
+  return _torch_placement.mapping(params, names, "params", source="state_dict") if names is None else perm
 
 
 def _tied(leaves: list, paths: list[str]) -> str:
