@@ -1012,6 +1012,44 @@ def test_carried_state_is_placed_like_the_parameters():
   assert out.stdout.split() == ["True", "2"], out
 
 
+def test_a_jitted_step_of_a_carried_run_compiles_once():
+  """The count too is placed on the parameters' devices (their mesh, replicated): the first jitted step
+  gets the count as every later one does, and compiles once. ``init`` leaves it on the default device
+  and the step returns it on the mesh, a new input sharding and a second compilation. PyTorch's and
+  Keras's bridges, in a fresh interpreter with two CPU devices."""
+  code = textwrap.dedent("""
+      import os
+      os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+      os.environ["KERAS_BACKEND"] = "jax"
+      import jax, jax.numpy as jnp, keras, numpy as np, optax, torch
+      from jax.sharding import Mesh, NamedSharding, PartitionSpec
+      from onnx_optax.interop import from_keras, from_torch
+      mesh = Mesh(np.array(jax.devices()), ("d",))
+      sharding = NamedSharding(mesh, PartitionSpec("d"))
+      p = torch.nn.Parameter(torch.arange(4.0))
+      opt = torch.optim.SGD([p], lr=0.1, momentum=0.9)
+      p.grad = torch.ones(4)
+      opt.step()
+      w = keras.Variable(np.arange(4.0, dtype=np.float32))
+      kopt = keras.optimizers.Adam(learning_rate=0.1)
+      kopt.apply([np.ones(4, np.float32)], [w])
+      for carried in (from_torch(opt, [jax.device_put(jnp.arange(4.0), sharding)]),
+                      from_keras(kopt, [jax.device_put(jnp.arange(4.0), sharding)])):
+        tx, state = carried
+        params = [jax.device_put(jnp.arange(4.0), sharding)]
+        @jax.jit
+        def step(params, state):
+          updates, state = tx.update([jnp.ones(4)], state, params)
+          return optax.apply_updates(params, updates), state
+        placed = state.count.sharding == NamedSharding(mesh, PartitionSpec())
+        for _ in range(3):
+          params, state = step(params, state)
+        print(placed, step._cache_size())
+  """)
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+  assert out.stdout.split("\n")[:2] == ["True 1", "True 1"], out
+
+
 def test_a_group_option_is_checked_by_the_twins_declared_check(monkeypatch):
   """The bridge has no range of its own: the check the registry declares for the twin's hyperparameter
   decides, naming the option as the PyTorch user wrote it. A stricter check planted in the declaration

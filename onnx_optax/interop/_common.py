@@ -386,6 +386,36 @@ def fill(state: Any, treedef: jax.tree_util.PyTreeDef, values: Sequence[Sequence
   return jax.tree.map(fill_one, state, is_leaf=is_rule_state)
 
 
+def counts_placed(state: Any, leaves: Sequence[Any]) -> Any:
+  """``state`` with each rule state's ``count`` replicated on the devices of the parameters' sharding.
+
+  ``init`` leaves the count uncommitted on the default device, and a jitted
+  step returns it on the parameters' mesh: the second step would see another
+  input sharding and compile again. Placed here, the first step's count is
+  placed as every later one. The sharding is the first leaf's that has one
+  (a ``NamedSharding``: its mesh, replicated; one device: that device);
+  leaves without one, or on devices that no replicated sharding names here,
+  leave the state as it is.
+  """
+  sharding = next((s for s in (getattr(leaf, "sharding", None) for leaf in leaves) if s is not None), None)
+  if isinstance(sharding, jax.sharding.NamedSharding):
+    target: Any = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+  elif sharding is not None and len(sharding.device_set) == 1:
+    target = sharding
+  else:
+    return state
+  is_rule_state = _rule_state_test()
+
+  def place(node: Any) -> Any:
+    if not is_rule_state(node):
+      return node
+    count = np.asarray(node.count)
+    # From the host, each process its own devices: a mesh over several processes too.
+    return node._replace(count=jax.make_array_from_callback((), target, lambda _: count))
+
+  return jax.tree.map(place, state, is_leaf=is_rule_state)
+
+
 def partition(
   transforms_by_label: dict[str, optax.GradientTransformation],
   labels: Sequence[str],

@@ -192,7 +192,7 @@ def from_keras(
         for field in moments
       ],
     )
-  return tx, state
+  return tx, _common.counts_placed(state, leaves)
 
 
 def to_keras(state: Any, optimizer: Any, params: Any = None, *, variables: Any = None) -> None:

@@ -256,7 +256,7 @@ def carry(torch: Any, view: View, params: Any, learning_rate: Any) -> tuple[Any,
     for column in zip(*tree_tensors)
   ]
   state = _common.fill(state, treedef, fields)
-  return tx, state
+  return tx, _common.counts_placed(state, tree_leaves)
 
 
 def to_torch(state: Any, optimizer: Any, params: Any = None) -> None:
