@@ -357,9 +357,10 @@ def checked_writes(
         )
       if steps < 0:
         spec_rule = _torch_optim.twins()[kind].twin_of
+        assert spec_rule is not None  # only the spec rule's count starts above PyTorch's step
         raise ValueError(
           f"the state of {where} has count {count}: torch.optim.{kind}'s next update is its step 1 or "
-          f"later (count >= {offset}, {spec_rule.name if spec_rule else ''}'s initial_count)"
+          f"later (count >= {offset}, {spec_rule.name}'s initial_count)"
         )
       tensors = tuple(_dtensor.to_tensor(torch, value, p, f"the state of {where}") for value in owner.values)
       writes.append((p, group, steps, tensors))
