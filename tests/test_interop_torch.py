@@ -1081,7 +1081,7 @@ def test_a_rule_registered_later_is_found_in_a_state():
   from onnx_optax.rules import torch_sgd
 
   class OutsideState(NamedTuple):
-    count: jax.Array
+    count: jax.Array  # type: ignore[assignment]  # shadows tuple.count, as in the rules' states
     momentum_buffer: list
 
   state = (optax.EmptyState(), OutsideState(jnp.zeros([], jnp.int32), [jnp.ones(3)]))
