@@ -60,6 +60,7 @@ autodoc_preserve_defaults = True
 autodoc_type_aliases = {
   "ScalarOrSchedule": "onnx_optax.transforms.ScalarOrSchedule",
   "transforms.ScalarOrSchedule": "onnx_optax.transforms.ScalarOrSchedule",
+  "_engine.ScalarOrSchedule": "onnx_optax.transforms.ScalarOrSchedule",
 }
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
@@ -72,7 +73,7 @@ napoleon_use_rtype = False
 nitpicky = True
 nitpick_ignore_regex = [
   (r"py:.*", r"(jax|jaxlib|optax|numpy|np|onnx|ml_dtypes|flax|torch|keras)(\..*)?"),
-  (r"py:.*", r"(collections\.abc|typing|decimal)\..*"),
+  (r"py:.*", r"(collections\.abc|typing|decimal|pathlib)\..*"),
   (r"py:.*", r"(Array|ArrayLike|NodeProto|Any|Callable|Sequence|Iterable|Mapping|NamedTuple)"),
 ]
 

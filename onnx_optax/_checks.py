@@ -78,7 +78,7 @@ def hyperparameter(
   return value
 
 
-def wide_enough(name: str, value: Any) -> Any:
+def wide_enough(name: str, value: Any, *, at_least: Any = None, why: str = "") -> Any:
   """A float hyperparameter array must be at least float32; returns it unchanged.
 
   The rules compute their scalars (bias corrections, ``1 - beta``) in the
@@ -89,9 +89,16 @@ def wide_enough(name: str, value: Any) -> Any:
   algorithm, silently. ``optax.inject_hyperparams`` does exactly this by
   default: it casts every float hyperparameter to the parameters' dtype.
   The dtype is static, so this is checked under ``jax.jit`` too.
+
+  ``at_least``: a float dtype the value must be at least as wide as, where the
+  value is computed by the caller's code and stands for a number computed in
+  that dtype (a schedule of the PyTorch bridge: PyTorch's rate is a Python
+  float); ``why`` says where that is so.
   """
   dtype = getattr(value, "dtype", None)
-  if dtype is not None and jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32:
+  if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+    return value
+  if jnp.finfo(dtype).bits < 32:
     raise TypeError(
       f"{name} arrived as a {dtype} array, rounded before the rule could compute with it "
       f"(bfloat16 holds 0.999 as 1.0, float16 holds 1e-8 as 0); the rules compute their scalars in "
@@ -100,6 +107,16 @@ def wide_enough(name: str, value: Any) -> Any:
       f"optax.inject_hyperparams(onnx_optax.adam, hyperparam_dtype=jnp.float32)(...), adding "
       f"static_args=('state_dtype',) when you pass state_dtype (and 'adam_mode' for ort_adamw); "
       f"elsewhere pass a Python float or a float32 array"
+    )
+  if at_least is not None and jnp.finfo(dtype).bits < jnp.finfo(at_least).bits:
+    wide = jnp.dtype(at_least).name
+    raise TypeError(
+      f"{name} is a {dtype} array for {wide} parameters{why}: its value was rounded to {dtype} "
+      f"(1e-8 relative for float32) before the rule could compute with it. Compute the rate in {wide}: "
+      f"from Python floats and the count n as the transform passes it (an int64 array under "
+      f"jax_enable_x64, where n / k is float64), with no cast in the schedule: write n, not "
+      f"n.astype(jnp.int32) (an int32 n / k is {dtype}) nor jnp.asarray(n, jnp.{dtype}), and 0.1, not "
+      f"jnp.{dtype}(0.1)"
     )
   return value
 

@@ -26,7 +26,7 @@ from jax.custom_derivatives import SymbolicZero
 from onnx_optax import _checks, _numerics, _pytorch
 from onnx_optax.registry import Policy, Rule
 
-__all__ = ["FRAMEWORK", "SPEC", "ScalarOrSchedule", "tensor", "transform"]
+__all__ = ["FRAMEWORK", "SPEC", "ScalarOrSchedule", "tensor", "transform", "updates_applied"]
 
 ScalarOrSchedule: TypeAlias = float | Array | optax.Schedule
 
@@ -36,13 +36,13 @@ def _wider(g_dtype: Any, *state_dtypes: Any) -> Any:
   return jnp.promote_types(g_dtype, state_dtypes[0]) if state_dtypes else g_dtype
 
 
-#: The spec rules: each leaf in the wider of its gradient's and its state's dtype, every
+#: The policy of the spec rules, each leaf in the wider of its gradient's and its state's dtype, every
 #: scalar rounded once to it, the results rounded to the state's and the parameter's dtypes
 #: (docs/spec.md, "Dtypes"); ``X`` is read only where a coefficient multiplies it.
 SPEC = Policy(
   "spec", _wider, _numerics.like, casts=True, refuses_stalling_decays=True, params_when_given=False
 )
-#: The framework twins: each leaf in PyTorch's opmath dtype (float64 if any of its tensors
+#: The policy of the framework twins, each leaf in PyTorch's opmath dtype (float64 if any of its tensors
 #: is, else float32), the rule rounding where its framework stores (docs/spec.md,
 #: "PyTorch-order twins"); ``X`` is handed to the rule whenever ``update`` gets it (the
 #: rule reads it for parameters narrower than float32).
@@ -101,7 +101,7 @@ def transform(
     del extra_args  # The GradientTransformationExtraArgs protocol.
     with _named(rule):
       if reads and params is None:
-        raise ValueError(f"this transform needs the parameters: {reads}")
+        raise ValueError(f"this transform needs the parameters: call update(grads, state, params). {reads}")
       _checks.state(rule.state, state)
       trees = {f"state.{name}": tree for name, tree in zip(rule.state._fields[1:], state[1:])}
       if params is not None:
@@ -115,7 +115,7 @@ def transform(
     if callable(learning_rate):
       with _named(rule):
         # A schedule's value is a hyperparameter received as an array: at least float32.
-        R = _checks.wide_enough("learning_rate", learning_rate(T - initial_count))
+        R = _checks.wide_enough("learning_rate", learning_rate(updates_applied(T, initial_count)))
     scalars, elementwise = rule.bind(rule, hyper)
     s = scalars(R, T)
     grads, treedef = jax.tree.flatten(updates)
@@ -165,7 +165,7 @@ def _reads_params(rule: Rule, hyper: Mapping[str, Any]) -> str:
   it in (an array, traced under jit, multiplies the parameters even at 0).
   """
   if rule.always_reads_params:
-    return f"{rule.always_reads_params}. Call update(grads, state, params)"
+    return rule.always_reads_params
   named = [h for h in rule.params_for if not _numerics.is_static_zero(hyper[h])]
   if not named:
     return ""
@@ -173,12 +173,25 @@ def _reads_params(rule: Rule, hyper: Mapping[str, Any]) -> str:
   if injected:
     static = ", ".join(repr(h) for h in injected)
     return (
-      f"its {' and '.join(injected)} multiplies them and is an array, as optax.inject_hyperparams "
-      f"injects it (traced under jit), so even an injected 0.0 needs them. Call update(grads, state, "
-      f"params), or keep it a Python number: optax.inject_hyperparams(..., static_args=({static},))"
+      f"Its {' and '.join(injected)} multiplies them and is an array, as optax.inject_hyperparams "
+      f"injects it (traced under jit), so even an injected 0.0 needs them. Pass params, or keep it a "
+      f"Python number: optax.inject_hyperparams(..., static_args=({static},))"
     )
   values = " and ".join(f"{h}={hyper[h]!r}" for h in named)
-  return f"its {values} multiplies them. Call update(grads, state, params)"
+  return f"Its {values} multiplies them"
+
+
+def updates_applied(count: Array, initial_count: int | Array) -> Array:
+  """``count - initial_count``, the argument of a ``learning_rate`` schedule: int64 under ``jax_enable_x64``.
+
+  An int32 count divided by a Python int is float32 even under x64
+  (``jnp.int32(3) / 4``), so a schedule such as ``lambda n: base * (n + 1) /
+  warmup``, or ``optax.linear_schedule``, would compute its rate in float32
+  for float64 parameters: another rate (1e-8 relative), where PyTorch's is a
+  Python float. As int64 it is float64, as the quotient of a Python int is.
+  Without x64 there is no int64: the count stays int32, the program unchanged.
+  """
+  return _cast(count - initial_count, jnp.result_type(int))  # type: ignore[return-value]
 
 
 def _cast(x: Array | None, dtype: Any) -> Array | None:

@@ -214,17 +214,37 @@ def trajectory(
 # twins"), not from onnx_optax.rules. Scalars are Python floats (float64), as PyTorch's; each
 # tensor operation computes in `dtype` and rounds its result to `dtype`. With dtype=np.float32
 # the operations that PyTorch's CPU kernels fuse (`add(other, alpha)`, `lerp`, `addcmul`) are
-# fused multiply-adds, emulated exactly enough in float64 (`_fma`); PyTorch's CPU `sqrt` (MKL's)
-# is not always correctly rounded, NumPy's is.
+# fused multiply-adds, rounded once (`_fma`): the expectation is then PyTorch's float32
+# arithmetic to the bit wherever its operations are correctly rounded. PyTorch's CPU `sqrt`
+# (MKL's `vmsSqrt`, dispatched by MKL on the CPU it finds) is not always correctly rounded;
+# NumPy's is (docs/interop.md, "PyTorch's float32 arithmetic per CPU").
 
 
 def _fma(a: np.ndarray, b: Any, c: np.ndarray, dtype: Any) -> np.ndarray:
-  """``a * b + c`` rounded once to ``dtype`` (float32: through float64, where the product of two
-  float32 numbers is exact); in float64 the plain expression."""
+  """``a * b + c`` rounded once to ``dtype``; in float64 the plain expression.
+
+  Narrower dtypes through float64: the product of two float32 numbers is exact there, the sum's
+  rounding error is recovered exactly (Knuth's TwoSum) and the sum rounded to odd (the last bit
+  set where it was inexact), which a rounding to nearest of 24 bits or fewer then rounds as the
+  exact ``a * b + c`` (Boldo and Melquiond: 53 >= 24 + 2). Without it the two roundings differ
+  from one FMA in about one element in 2^29.
+
+  Example:
+    >>> a, b, c = np.float32(1 + 2.0**-18), np.float32(2.0**-24 - 2.0**-42), np.float32(1 + 2.0**-23)
+    >>> float(_fma(a, b, c, np.float32)) == 1 + 2.0**-23  # float64, then float32: 1 + 2**-22
+    True
+  """
   if np.dtype(dtype) == np.float64:
     return np.asarray(a * b + c, dtype)
-  wide = np.asarray(a, np.float64) * np.asarray(b, np.float64) + np.asarray(c, np.float64)
-  return wide.astype(dtype)
+  p = np.asarray(a, np.float64) * np.asarray(b, np.float64)
+  c64 = np.asarray(c, np.float64)
+  with np.errstate(invalid="ignore", over="ignore"):
+    s = np.asarray(p + c64)
+    virtual = s - p
+    err = (p - (s - virtual)) + (c64 - virtual)
+    even = (s.reshape(-1).view(np.int64).reshape(s.shape) & 1) == 0
+    odd = np.where((err != 0) & even & np.isfinite(s), np.nextafter(s, np.copysign(np.inf, err)), s)
+  return np.asarray(odd).astype(dtype)
 
 
 def pytorch_sgd(
@@ -249,16 +269,19 @@ def pytorch_sgd(
   return _fma(grad, s(-lr), X, X.dtype), buf  # param.add_(grad, alpha=-lr)
 
 
-def pytorch_adagrad(lr, count, X, G, state_sum, *, lr_decay, eps, weight_decay, maximize, dtype=np.float64):
+def pytorch_adagrad(
+  lr, count, X, G, state_sum, *, lr_decay, eps, weight_decay, maximize, dtype=np.float64, scalars=None
+):
   """``torch.optim.Adagrad``'s step; ``count``: PyTorch's ``step`` before it. Returns
-  ``(X_new, sum_new)``."""
+  ``(X_new, sum_new)``. ``scalars``: ``{"clr": value}`` to use instead of PyTorch's float64 ``clr``
+  (a framework that computes it otherwise: the expectation then follows its number)."""
   X, G, state_sum = _arrays(dtype, X, G, state_sum)
   s = lambda v: np.asarray(v, X.dtype)  # noqa: E731
   step = count + 1
   grad = -G if maximize else G
   if weight_decay != 0:
     grad = _fma(X, s(weight_decay), grad, X.dtype)
-  clr = lr / (1 + (step - 1) * lr_decay)  # Python floats
+  clr = lr / (1 + (step - 1) * lr_decay) if scalars is None else scalars["clr"]  # Python floats
   state_sum = _fma(grad, grad, state_sum, X.dtype)  # addcmul_(grad, grad, value=1)
   std = np.sqrt(state_sum) + s(eps)
   return X + (s(-clr) * grad) / std, state_sum  # param.addcdiv_(grad, std, value=-clr)
@@ -278,9 +301,12 @@ def pytorch_adam(
   decoupled_weight_decay,
   maximize,
   dtype=np.float64,
+  scalars=None,
 ):
   """``torch.optim.Adam`` (``AdamW``: ``decoupled_weight_decay=True``); ``count``: PyTorch's
-  ``step`` before it. Returns ``(X_new, exp_avg_new, exp_avg_sq_new)``."""
+  ``step`` before it. Returns ``(X_new, exp_avg_new, exp_avg_sq_new)``. ``scalars``:
+  ``{"step_size": value, "bias_correction2_sqrt": value}`` to use instead of PyTorch's float64
+  numbers (a framework that computes them otherwise: the expectation then follows its numbers)."""
   X, G, exp_avg, exp_avg_sq = _arrays(dtype, X, G, exp_avg, exp_avg_sq)
   s = lambda v: np.asarray(v, X.dtype)  # noqa: E731
   beta1, beta2 = betas
@@ -302,6 +328,8 @@ def pytorch_adam(
   bias_correction2 = 1 - beta2**step
   step_size = lr / bias_correction1
   bias_correction2_sqrt = bias_correction2**0.5
+  if scalars is not None:
+    step_size, bias_correction2_sqrt = scalars["step_size"], scalars["bias_correction2_sqrt"]
   denom = np.sqrt(exp_avg_sq) / s(bias_correction2_sqrt) + s(eps)
   return (
     X + (s(-step_size) * exp_avg) / denom,

@@ -73,15 +73,14 @@ class Hyperparameter:
 
   Attributes:
     check: ``check(name, value) -> value``, the check of the hyperparameter's kind
-      (:mod:`onnx_optax._checks`: :func:`~onnx_optax._checks.decay`,
-      :func:`~onnx_optax._checks.epsilon`, ...), which decides its range and says why;
+      (``onnx_optax._checks``: ``decay``, ``epsilon``, ...), which decides its range and says why;
       ``name`` is the argument as its user wrote it (``"alpha"``, an ONNX attribute, a
       PyTorch ``param_groups[0]['momentum']``). It returns the value the rule computes with.
     static: selects the formula (Momentum's ``mode``, a flag): a Python value when the
       update is traced, never an array.
     decay: a decay rate that the rule subtracts from 1 in the compute dtype; the engine
       refuses one that rounds to 1 where a leaf is computed or stored
-      (:func:`onnx_optax._checks.decays_representable`).
+      (``onnx_optax._checks.decays_representable``).
     may_be_one: a decay whose range includes 1 (the refusal then offers ``1.0``); a callable of
       the checked hyperparameters where that depends on them.
   """

@@ -19,7 +19,9 @@ int32 maximum (``optax.safe_increment``) instead of wrapping.
 ``learning_rate`` is a float or an Optax schedule. A schedule is evaluated at
 the number of updates this transform has applied, ``count - initial_count``
 (0 at the first update, as for every Optax optimizer), whatever ``T`` the rule
-itself uses.
+itself uses. That number is an int32 array, int64 under ``jax_enable_x64``:
+there ``n / k`` is float64, as a Python float is (an int32 count would make
+``optax.linear_schedule``'s rate float32, rounded to 1e-8 relative).
 
 Dtypes: the state is stored in ``state_dtype`` (default: each parameter's
 dtype). Each leaf is computed in the wider of its parameter's dtype and its

@@ -1,21 +1,30 @@
 """Every ``python`` code block of README.md and docs/*.md runs as printed.
 
-A page is read as a reader reads it: its blocks in order, in one namespace
-(a later block uses what an earlier one defined), in a fresh Python process
-(a page that sets ``XLA_FLAGS`` or ``KERAS_BACKEND`` does so before it
-imports JAX or Keras, as the reader's script would), started in an empty
-temporary directory (checkpoints and files the examples write land there).
-A new page of ``docs/`` is picked up without editing this file.
+Each block runs alone, as a reader who copies that one block into a fresh
+interpreter runs it: its imports and the small setup it needs are in the
+block. And each page runs as a reader who pastes the whole page runs it: its
+blocks in order, in one namespace, so that a block does not break what an
+earlier one set up (JAX's ``jax_enable_x64``, ``XLA_FLAGS``, a name reused).
+
+Every run is a fresh Python process (a block that sets ``XLA_FLAGS`` or
+``KERAS_BACKEND`` does so before it imports JAX or Keras, as the reader's
+script would), with none of those variables inherited, started in an empty
+temporary directory of its own (checkpoints and files the examples write land
+there). A page's first block alone is the first step of the page's run, so it
+is not run twice. The runs of a page go in parallel, one per CPU. A new page of
+``docs/`` is picked up without editing this file.
 
 A line ``print(x)  # value`` promises that output: the block's first printed
 lines must be the promised values, in order. Blocks that are not Python
-(``bash``, ``text``: shell recipes, outlines) are not run; a shell recipe
-that starts several processes is a ``bash`` block, a Python example that
-needs several processes starts them itself.
+(``bash``, ``text``: shell recipes, outlines, sketches) are not run; a shell
+recipe that starts several processes is a ``bash`` block, a Python example
+that needs several processes starts them itself.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import json
 import os
 import pathlib
 import re
@@ -29,33 +38,33 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # A fence at the start of a line; the info string must be exactly "python".
 BLOCK = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", flags=re.S | re.M)
-# The slowest page (docs/optax.md: Orbax, Flax NNX, two extra processes) takes
-# about a minute on a 2-core machine.
+# The slowest run (docs/optax.md in sequence: Orbax, Flax NNX, two extra
+# processes) takes about a minute on a 2-core machine.
 TIMEOUT_S = 600
+# What a reader's fresh shell does not have: the page decides these itself.
+UNSET = ("XLA_FLAGS", "KERAS_BACKEND", "JAX_ENABLE_X64", "JAX_PLATFORMS")
 
 RUNNER = textwrap.dedent(
   """
   import contextlib, io, json, re, sys, traceback
 
-  blocks = json.load(open(sys.argv[1]))
+  page, blocks = sys.argv[2], json.load(open(sys.argv[1]))
   namespace = {"__name__": "__main__"}
-  for i, (line, code) in enumerate(blocks):
+  for number, line, code in blocks:
+    where = f"{page}, block {number} (line {line})"
     out = io.StringIO()
     try:
       with contextlib.redirect_stdout(out):
-        exec(compile(code, f"{sys.argv[2]}, block {i + 1} (line {line})", "exec"), namespace)
+        exec(compile(code, where, "exec"), namespace)
     except BaseException:
       sys.stdout.write(out.getvalue())
-      print(f"FAILED: {sys.argv[2]}, block {i + 1} (line {line})", file=sys.stderr)
+      print(f"FAILED: {where}", file=sys.stderr)
       raise
     sys.stdout.write(out.getvalue())
     promised = [p.strip() for p in re.findall(r"print\\(.*\\)\\s*#\\s*(.+)", code)]
     printed = out.getvalue().splitlines()
     if printed[: len(promised)] != promised:
-      sys.exit(
-        f"{sys.argv[2]}, block {i + 1} (line {line}) printed {printed[: len(promised)]}, "
-        f"the page promises {promised}"
-      )
+      sys.exit(f"{where} printed {printed[: len(promised)]}, the page promises {promised}")
   """
 )
 
@@ -67,7 +76,43 @@ def blocks(page: pathlib.Path) -> list[tuple[int, str]]:
 
 
 def _name(page: pathlib.Path) -> str:
-  return str(page.relative_to(ROOT))
+  return str(page.relative_to(ROOT)) if page.is_relative_to(ROOT) else page.name
+
+
+def _run(name: str, numbered: list[tuple[int, int, str]], directory: pathlib.Path) -> str | None:
+  """Runs ``numbered`` (number, line, code) in order in one fresh process; what failed, or None."""
+  directory.mkdir(parents=True)
+  source = directory / "blocks.json"
+  source.write_text(json.dumps(numbered))
+  runner = directory / "run_blocks.py"
+  runner.write_text(RUNNER)
+  work = directory / "cwd"
+  work.mkdir()
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+  for variable in UNSET:
+    env.pop(variable, None)
+  result = subprocess.run(
+    [sys.executable, str(runner), str(source), name],
+    cwd=work,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=TIMEOUT_S,
+  )
+  if result.returncode == 0:
+    return None
+  what = "in sequence" if len(numbered) > 1 else f"block {numbered[0][0]} (line {numbered[0][1]}) alone"
+  return f"{name}, {what}:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+
+
+def page_failures(page: pathlib.Path, directory: pathlib.Path) -> list[str]:
+  """The page in sequence and each block after the first alone, in parallel: what failed."""
+  numbered = [(number, line, code) for number, (line, code) in enumerate(blocks(page), start=1)]
+  runs = [numbered] + [[block] for block in numbered[1:]]
+  workers = min(len(runs), os.cpu_count() or 1)
+  with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+    results = pool.map(lambda k: _run(_name(page), runs[k], directory / f"run{k}"), range(len(runs)))
+    return [failure for failure in results if failure is not None]
 
 
 RUNNABLE = [page for page in PAGES if blocks(page)]
@@ -88,26 +133,36 @@ def test_the_block_pattern(tmp_path):
   assert blocks(page) == [(2, "x = 1\n"), (11, "z = 2\n\n")]
 
 
+def test_what_the_runs_catch(tmp_path):
+  """A block that needs an earlier one fails alone; a broken promise and a page out of order fail."""
+  pages = {
+    "needs_an_earlier_block": "```python\nx = 41\n```\n\n```python\nprint(x + 1)  # 42\n```\n",
+    "breaks_a_promise": "```python\nx = 41\n```\n\n```python\nx = 41\nprint(x)  # 42\n```\n",
+    "out_of_order": (
+      "```python\nimport os\nos.environ['MODE'] = 'a'\n```\n\n"
+      "```python\nimport os\nprint(os.environ.setdefault('MODE', 'b'))  # b\n```\n"
+    ),
+    "complete": "```python\nx = 41\nprint(x + 1)  # 42\n```\n\n```python\nprint(2)  # 2\n```\n",
+  }
+  failures = {}
+  for name, text in pages.items():
+    (tmp_path / f"{name}.md").write_text(text)
+    failures[name] = page_failures(tmp_path / f"{name}.md", tmp_path / name)
+  assert [f.split(":")[0] for f in failures["needs_an_earlier_block"]] == [
+    "needs_an_earlier_block.md, block 2 (line 5) alone"
+  ]
+  assert "NameError: name 'x' is not defined" in failures["needs_an_earlier_block"][0]
+  assert [f.split(":")[0] for f in failures["breaks_a_promise"]] == [
+    "breaks_a_promise.md, in sequence",
+    "breaks_a_promise.md, block 2 (line 5) alone",
+  ]
+  assert "printed ['41'], the page promises ['42']" in failures["breaks_a_promise"][1]
+  assert [f.split(":")[0] for f in failures["out_of_order"]] == ["out_of_order.md, in sequence"]
+  assert failures["complete"] == []
+
+
 @pytest.mark.parametrize("page", RUNNABLE, ids=_name)
 def test_page_runs_as_printed(page, tmp_path):
-  import json
-
-  source = tmp_path / "blocks.json"
-  source.write_text(json.dumps(blocks(page)))
-  runner = tmp_path / "run_blocks.py"
-  runner.write_text(RUNNER)
-  work = tmp_path / "cwd"
-  work.mkdir()
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-  # The page decides these itself, as a reader's fresh shell would.
-  for name in ("XLA_FLAGS", "KERAS_BACKEND", "JAX_ENABLE_X64", "JAX_PLATFORMS"):
-    env.pop(name, None)
-  result = subprocess.run(
-    [sys.executable, str(runner), str(source), _name(page)],
-    cwd=work,
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=TIMEOUT_S,
-  )
-  assert result.returncode == 0, f"{_name(page)}:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+  """The page top to bottom in one process, and each of its blocks alone in a fresh one."""
+  failures = page_failures(page, tmp_path)
+  assert not failures, "\n\n".join(failures)

@@ -1,15 +1,29 @@
 """The PyTorch-order twins: against the NumPy expectations, against torch.optim, and carried in float32.
 
 * Each twin equals its NumPy expectation (onnx_optax/reference.py, written from PyTorch's
-  ``_single_tensor_*`` functions) in float64 to 1e-13, and in float32 to the bit wherever
-  PyTorch's CPU kernel and NumPy agree (everywhere but MKL's square root, which NumPy does not
-  reproduce: the Adam and Adagrad checks allow one ulp in a few elements).
+  ``_single_tensor_*`` functions) in float64 to 1e-13, and its rule in float32 to the bit
+  (the expectation rounds each of PyTorch's operations once, its fused multiply-adds too;
+  NumPy and XLA round every operation correctly on every CPU).
 * Each twin continues a torch.optim run in float64 to 1e-12.
+* Each step of PyTorch's own float32 run, taken from PyTorch's state (scalars in float64, as
+  PyTorch's): the twin's new state is PyTorch's to the bit, and its new parameters too, except
+  where PyTorch's square root of that step was not correctly rounded. PyTorch's CPU ``sqrt``
+  of a float32 tensor is MKL's ``vmsSqrt``, which MKL dispatches by the CPU it finds (another
+  kernel on an AVX-512 Xeon than on an AMD EPYC, whatever ``ATEN_CPU_CAPABILITY`` says): the
+  test measures it in the same run, on the tensor PyTorch took the root of. What the test
+  depends on: PyTorch's other float32 kernels rounding as its source says (one FMA in
+  ``add(alpha=)``, ``lerp``, ``addcmul``; every other operation correctly rounded), which
+  does not vary between x86 CPUs (docs/interop.md, "PyTorch's float32 arithmetic per CPU").
 * The table of benchmarks/carried_float32.py, on smaller runs: a run carried to JAX after 100
-  steps stays within ``max(4 ulp, 2 x PyTorch's own spread)`` of the run that never left
-  PyTorch after 400 more, in float32 and with bfloat16 parameters; its bitwise-equal fraction
-  is held to a floor measured here (XLA permits these fractions, not 100 %: see
-  docs/interop.md, "Float32 runs carried from PyTorch").
+  steps stays within ``max(4 ulp, 2 x PyTorch's own spread)`` of the run that never left PyTorch
+  after 400 more, in float32 and with bfloat16 parameters. Its bitwise-equal fraction is
+  printed: in float32 it follows which elements MKL's square root rounds off on this CPU (a
+  7-element leaf: 6/7 on an AMD EPYC, 5/7 on an Intel Xeon), so it holds nothing. The bfloat16
+  rows keep a floor: their parameters are rounded to bfloat16 at every step (a bfloat16 state's
+  root is PyTorch's own vectorized one, correctly rounded), and a float32 root one ulp off (the
+  float32 state of bf16/f32 Adagrad: MKL's) changes the bfloat16 parameter only where the
+  float32 result lies within that much of a bfloat16 halfway point (about |step| / |X| x 2^-15
+  of the elements per step).
 """
 
 from __future__ import annotations
@@ -51,6 +65,7 @@ ADAGRAD_CASES: dict[str, dict] = {
 ADAM_CASES: dict[str, dict] = {
   "adam": dict(lr=1e-2),
   "adam coupled": dict(lr=1e-2, weight_decay=0.05, betas=(0.8, 0.99)),
+  "adam coupled maximize": dict(lr=1e-2, weight_decay=0.05, maximize=True),
   "adamw": dict(lr=1e-2, weight_decay=0.05, decoupled_weight_decay=True, maximize=True),
   "adamw lerp's other branch": dict(
     lr=1e-2, weight_decay=0.05, decoupled_weight_decay=True, betas=(0.3, 0.9)
@@ -131,8 +146,8 @@ def test_twin_is_its_numpy_expectation_float64(kind, name, hyper):
 
 def _rule_run(kind, hyper, x, grads):
   """The rule's own new parameters (``onnx_optax.rules``), step by step, jitted: no additive update."""
-  from onnx_optax import rules
-  from onnx_optax.transforms import _scalars_in
+  from onnx_optax import _pytorch, rules
+  from onnx_optax._pytorch import scalars_in as _scalars_in
 
   hyper = dict(hyper)
   lr, maximize = hyper.pop("lr"), hyper.pop("maximize", False)
@@ -161,8 +176,8 @@ def _rule_run(kind, hyper, x, grads):
 
   # The rules' arithmetic: X_new itself where the transform returns an update.
   with (
-    mock.patch.object(rules, "_in_place", lambda x_new, X: x_new.astype(X.dtype)),
-    mock.patch.object(rules, "_added", lambda x, q, X, dt, G: (x + q).astype(X.dtype)),
+    mock.patch.object(_pytorch, "in_place", lambda x_new, X: x_new.astype(X.dtype)),
+    mock.patch.object(_pytorch, "added", lambda x, q, X, dt, G: (x + q).astype(X.dtype)),
   ):
     X = jnp.asarray(x)
     for count, g in enumerate(grads):
@@ -172,17 +187,17 @@ def _rule_run(kind, hyper, x, grads):
 
 @pytest.mark.parametrize("kind, name, hyper", ALL, ids=[n for _, n, _ in ALL])
 def test_rule_is_its_numpy_expectation_float32(kind, name, hyper):
-  """float32, step-dependent scalars in float64 (x64): the rule rounds where the expectation does.
-
-  NumPy's square root and XLA's are both correctly rounded, so what may remain is the float64
-  emulation of the FMA in the expectation (a double rounding, about 2^-29 per operation).
-  """
+  """float32, step-dependent scalars in float64 (x64): the rule rounds where the expectation does,
+  to the bit, over 30 steps. NumPy and XLA round every operation correctly (square roots
+  included), and the expectation rounds each fused multiply-add once, as XLA's FMA does.
+  A product rounded where PyTorch fuses it, or fused where PyTorch rounds it, fails."""
   x, grads = _data(30, np.float32)
   with jax.enable_x64(True):
     ours = _rule_run(kind, hyper, x, grads)
   expected = _expected(kind, hyper, x, grads, np.float32)
   assert ours.dtype == np.float32
-  assert np.mean(ours == expected) >= 0.999, np.mean(ours == expected)
+  differ = np.flatnonzero(ours.view(np.uint32) != expected.view(np.uint32))
+  assert differ.size == 0, (differ.size, ours[differ[:3]], expected[differ[:3]])
 
 
 @pytest.mark.parametrize("kind, name, hyper", ALL, ids=[n for _, n, _ in ALL])
@@ -222,20 +237,34 @@ def test_twin_is_torch_optim_float64(kind, name, hyper):
   np.testing.assert_allclose(ours, theirs, rtol=1e-12, atol=1e-12)
 
 
+def test_adam_maximize_negates_the_gradient_before_the_coupled_decay():
+  """``torch.optim.Adam(maximize=True, weight_decay=...)`` negates the gradient, then adds the
+  decay: from x = 1 with g = 0.25, lr = 0.1 and weight_decay = 1, one step gives 0.9 (the
+  decay added before the negation would give 1.1). The expectation is torch.optim.Adam's."""
+  p = torch.nn.Parameter(torch.tensor([1.0], dtype=torch.float64))
+  opt = torch.optim.Adam([p], lr=0.1, weight_decay=1.0, maximize=True, foreach=False)
+  p.grad = torch.tensor([0.25], dtype=torch.float64)
+  opt.step()
+  want = p.detach().numpy()
+  with jax.enable_x64(True):
+    tx = onnx_optax.pytorch_adam(0.1, weight_decay=1.0, maximize=True)
+    x = jnp.array([1.0])
+    updates, _ = tx.update(jnp.array([0.25]), tx.init(x), x)
+    got = np.asarray(optax.apply_updates(x, updates))
+  assert abs(float(want[0]) - 0.9) < 1e-6  # eps = 1e-8 in the denominator
+  np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
 # -- the carried float32 table ----------------------------------------------------------------
 
 STEPS, MOVE_AT = 500, 100
 SHAPES = ((32, 16), (97,), (7,))
 
-#: The smallest bitwise-equal fraction of each configuration's carried run, measured
+#: The smallest bitwise-equal fraction of each bfloat16 configuration's carried run, measured
 #: (CPU, torch 2.13, jax 0.10): a floor a little under what is seen, so that a lost rounding
-#: (an FMA where PyTorch rounds, ONNX Runtime's 1 - beta) fails it.
+#: in the bfloat16 paths (a product rounded to bfloat16 where PyTorch keeps float32) fails it.
+#: The float32 rows have none: the lockstep test below holds them to the bit.
 BITWISE_FLOOR = {
-  "AdamW (lr 1e-3, wd 0.01)": 0.75,
-  "Adam (coupled wd 0.01)": 0.75,
-  "SGD (momentum 0.9, dampening 0.1, wd 1e-3)": 0.95,
-  "SGD Nesterov (momentum 0.9, wd 1e-3)": 0.95,
-  "Adagrad (lr_decay 1e-3, wd 1e-3)": 0.7,
   "bf16/bf16 AdamW": 0.95,
   "bf16/bf16 Adam (coupled wd)": 0.95,
   "bf16/f32 SGD (momentum, dampening, wd)": 0.9,
@@ -252,7 +281,86 @@ def test_carried_run_within_pytorch_spread(config):
   allowed = max(4.0, 2 * carried.spread(result))
   print(f"{config.name}: twins {ulps:.2f} ulp, {100 * bitwise:.1f}% bitwise; PyTorch's spread {result}")
   assert ulps <= allowed, (ulps, allowed, result)
-  assert bitwise >= BITWISE_FLOOR[config.name], (bitwise, result)
+  if config.name in BITWISE_FLOOR:
+    assert bitwise >= BITWISE_FLOOR[config.name], (bitwise, result)
+
+
+# -- each step of PyTorch's own float32 run ------------------------------------------------------
+
+LOCKSTEP_STEPS = 150
+
+#: Per PyTorch optimizer: its state tensors (in the twin state's order) and the one whose square
+#: root its step takes (None: no root).
+_STATE_KEYS = {
+  "SGD": (("momentum_buffer",), None),
+  "Adagrad": (("sum",), "sum"),
+  "Adam": (("exp_avg", "exp_avg_sq"), "exp_avg_sq"),
+  "AdamW": (("exp_avg", "exp_avg_sq"), "exp_avg_sq"),
+}
+
+
+def pytorch_root_is_off(v: torch.Tensor) -> np.ndarray:
+  """Where PyTorch's ``v.sqrt()`` (its step's own call, on this CPU) is not the correctly rounded
+  root of ``v`` (NumPy's float32 ``sqrt``, IEEE's)."""
+  return v.sqrt().numpy() != np.sqrt(v.numpy())
+
+
+def test_pytorch_root_is_off_finds_a_root_one_ulp_off():
+  """The measurement itself: a root one ulp off is found, a correct one is not."""
+  v = np.array([2.0, 0.0153], np.float32)
+  one_off = lambda t: torch.from_numpy(np.nextafter(np.sqrt(t.numpy()), 1))  # noqa: E731
+  with mock.patch.object(torch.Tensor, "sqrt", one_off):
+    off = pytorch_root_is_off(torch.from_numpy(v))
+  assert off.tolist() == [True, True]
+  assert pytorch_root_is_off(torch.from_numpy(np.array([4.0, 0.25], np.float32))).tolist() == [False, False]
+
+
+@pytest.mark.parametrize("config", carried.CONFIGS, ids=lambda c: c.name)
+def test_each_step_is_pytorchs_where_its_root_is_correctly_rounded(config):
+  """Lockstep along PyTorch's float32 run (its default implementation): at every step the twin,
+  given PyTorch's parameters and state (mapped as ``from_torch`` maps them, under x64 so that
+  the step-dependent scalars are PyTorch's float64 ones), returns PyTorch's new state to the
+  bit, and ``optax.apply_updates`` gives PyTorch's new parameters to the bit, except
+
+  * where PyTorch's square root of the step was not correctly rounded (measured here, on
+    this CPU: :func:`pytorch_root_is_off`), and
+  * where the step shrinks a parameter below half its magnitude, out of reach of ``X + U``
+    (``_pytorch.in_place``): there ``U`` is ``X_new - X`` rounded once.
+  """
+  torch.set_num_threads(1)
+  keys, root = _STATE_KEYS[config.kind]
+  params, grads = carried.data(LOCKSTEP_STEPS, SHAPES)
+  opt, ps = carried.torch_optimizer(config, params, "default")
+  carried.torch_run(config, opt, ps, grads[:1])  # PyTorch's state exists from its first step on.
+  excused = checked = 0
+  wrong: list[str] = []
+  with jax.enable_x64(True):
+    tx, _ = carried.twins(config, opt, ps)
+    step = jax.jit(lambda x, state, g: tx.update(g, state, x))
+    for k in range(1, LOCKSTEP_STEPS):
+      _, state = carried.twins(config, opt, ps)
+      X = [p.detach().numpy().copy() for p in ps]
+      U, new_state = step([jnp.asarray(x) for x in X], state, [jnp.asarray(g) for g in grads[k]])
+      carried.torch_run(config, opt, ps, [grads[k]])
+      for i, p in enumerate(ps):
+        for key, ours in zip(keys, new_state[1:]):
+          theirs = opt.state[p][key].numpy()
+          if not np.array_equal(np.asarray(ours[i]).view(np.uint32), theirs.view(np.uint32)):
+            wrong.append(f"step {k}, leaf {i}: {key} differs in {int(np.sum(np.asarray(ours[i]) != theirs))}")
+        x, u, theirs = X[i], np.asarray(U[i]), p.detach().numpy()
+        difference = theirs - x  # float32, rounded once
+        reachable = difference.astype(np.float64) == theirs.astype(np.float64) - x.astype(np.float64)
+        same = ((x + u).view(np.uint32) == theirs.view(np.uint32)) | (~reachable & (u == difference))
+        off = pytorch_root_is_off(opt.state[p][root]) if root else np.zeros(x.shape, bool)
+        excused, checked = excused + int(off.sum()), checked + off.size
+        for j in np.flatnonzero(~same & ~off)[:3]:
+          wrong.append(
+            f"step {k}, leaf {i}, element {j}: X {x.flat[j]!r}, PyTorch {theirs.flat[j]!r}, "
+            f"X + U {(x + u).flat[j]!r}"
+          )
+  if root:
+    print(f"{config.name}: PyTorch's square root on this CPU was one rounding off in {excused} of {checked}")
+  assert not wrong, "\n".join(wrong[:20])
 
 
 def test_parameters_are_needed_where_the_step_reads_them():

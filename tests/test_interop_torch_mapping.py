@@ -416,10 +416,12 @@ def test_a_dict_for_an_optimizer_without_names_is_refused():
 
 @pytest.mark.parametrize("via", ["to_torch", "state_dict"])
 def test_back_in_pytorch_the_scheduler_is_stepped_once_per_jax_update(via):
-  """A StepLR run: 2 steps in PyTorch, 3 in JAX on the shifted schedule, back, the scheduler stepped 3
-  times as docs/interop.md says, 2 more steps: equal to the run that never left PyTorch (float64).
-  Without the 3 scheduler steps PyTorch continues on the rate of the switch (planted: fails)."""
-  from onnx_optax.interop import to_torch_state_dict
+  """A StepLR run: 2 steps in PyTorch, 3 in JAX on the shifted schedule, back, 2 more steps: equal to
+  the run that never left PyTorch (float64). Back into the live optimizer (to_torch), the scheduler is
+  stepped 3 times as docs/interop.md says; through the state dicts, to_torch_scheduler_state_dict writes
+  the scheduler 3 steps on and to_torch_state_dict its rate, loaded as a client resumes. Without the 3
+  scheduler steps PyTorch continues on the rate of the switch (planted: fails)."""
+  from onnx_optax.interop import to_torch_scheduler_state_dict, to_torch_state_dict
 
   with jax.enable_x64(True):
     grads = _grads(3, 7, 1)
@@ -441,18 +443,20 @@ def test_back_in_pytorch_the_scheduler_is_stepped_once_per_jax_update(via):
     torch_steps(p, opt, sched, grads[:2])
     schedule = lambda n: 0.4 * 0.5 ** ((n + 2) // 2)
     params = torch_params(opt)
-    saved = opt.state_dict()
+    saved, saved_scheduler = opt.state_dict(), sched.state_dict()
     tx, state = from_torch(opt, params, learning_rate=schedule)
     for g in grads[2:5]:
       updates, state = tx.update([jnp.asarray(g[0])], state, params)
       params = optax.apply_updates(params, updates)
     if via == "to_torch":
       to_torch(state, opt, params)
+      for _ in range(3):  # once per JAX update
+        sched.step()
     else:
-      opt.load_state_dict(to_torch_state_dict(state, saved))
+      later = to_torch_scheduler_state_dict(saved_scheduler, saved, steps=3)
+      opt.load_state_dict(to_torch_state_dict(state, saved, learning_rate=later["_last_lr"]))
+      sched.load_state_dict(later)
       with torch.no_grad():
         p.copy_(torch.from_numpy(np.array(params[0])))
-    for _ in range(3):  # once per JAX update
-      sched.step()
     torch_steps(p, opt, sched, grads[5:])
     np.testing.assert_allclose(p.detach().numpy(), p_ref.detach().numpy(), rtol=1e-12)

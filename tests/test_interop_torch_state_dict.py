@@ -2,8 +2,9 @@
 
 The expectation is always the run that never left PyTorch: N steps there, the
 optimizer's state dict saved with ``torch.save`` (keyed by index) or from
-``get_optimizer_state_dict`` (keyed by name, as DCP and FSDP2 write it),
-loaded back from the file alone, M steps in JAX, the state written back with
+``get_optimizer_state_dict`` (keyed by name, as DCP and FSDP2 write it; also
+flattened, ``flatten_optimizer_state_dict=True``), loaded back from the file
+alone, M steps in JAX, the state written back with
 ``to_torch_state_dict`` and loaded by ``load_state_dict`` /
 ``set_optimizer_state_dict`` into a fresh optimizer, K more steps in PyTorch:
 equal to N + M + K PyTorch steps, to 1e-12 in float64.
@@ -22,7 +23,11 @@ import numpy as np
 import optax
 import pytest
 import torch
-from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+from torch.distributed.checkpoint.state_dict import (
+  StateDictOptions,
+  get_optimizer_state_dict,
+  set_optimizer_state_dict,
+)
 
 from onnx_optax.interop import from_torch_state_dict, to_torch_state_dict
 
@@ -99,7 +104,10 @@ def _save_load(obj, path):
   return torch.load(path, weights_only=True, map_location="cpu")
 
 
-@pytest.mark.parametrize("keyed", ["index", "index-named", "name"])
+FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+@pytest.mark.parametrize("keyed", ["index", "index-named", "name", "flat"])
 @pytest.mark.parametrize("kind", list(OPTIMIZERS))
 def test_resume_from_a_file_and_back(kind, keyed, tmp_path):
   with jax.enable_x64(True):
@@ -113,6 +121,9 @@ def test_resume_from_a_file_and_back(kind, keyed, tmp_path):
     if keyed == "name":
       saved = _save_load(get_optimizer_state_dict(model, opt), tmp_path / "optimizer.pt")
       assert set(saved["state"]) == set(ORDER)
+    elif keyed == "flat":
+      saved = _save_load(get_optimizer_state_dict(model, opt, options=FLAT), tmp_path / "optimizer.pt")
+      assert "state.0.weight.momentum_buffer" in saved or "state.0.weight.step" in saved
     else:
       saved = _save_load(opt.state_dict(), tmp_path / "optimizer.pt")
       assert set(saved["state"]) == {0, 1, 2, 3}
@@ -125,14 +136,17 @@ def test_resume_from_a_file_and_back(kind, keyed, tmp_path):
     params, state = _jax_steps(tx, state, params, model, M)
 
     back = to_torch_state_dict(state, saved)
+    if keyed == "flat":  # the same keys, flattened as the template was
+      assert list(back) == list(saved)
     fresh = _model(seed=1)  # other weights: every value below comes from the JAX run
     values = params if isinstance(params, dict) else dict(zip(ORDER, params))
     with torch.no_grad():
       for name, p in fresh.named_parameters():
         p.copy_(torch.from_numpy(np.array(values[name])))
     opt2 = _optimizer(kind, fresh, named=keyed == "index-named")
-    if keyed == "name":
-      set_optimizer_state_dict(fresh, opt2, _save_load(back, tmp_path / "back.pt"))
+    if keyed in ("name", "flat"):
+      options = FLAT if keyed == "flat" else None
+      set_optimizer_state_dict(fresh, opt2, _save_load(back, tmp_path / "back.pt"), options=options)
     else:
       opt2.load_state_dict(_save_load(back, tmp_path / "back.pt"))
     _torch_steps(fresh, opt2, K)
@@ -316,6 +330,57 @@ def test_refuses_names_missing_on_either_side():
       to_torch_state_dict(state, keyed_other)
 
 
+def test_a_dict_for_a_state_dict_without_names_gets_advice_it_can_follow():
+  """``params`` (and a state) keyed by name for a state dict keyed by index, without ``param_names``:
+  refused with advice for a caller who has the state dict (not ``torch_params(optimizer)``, for an
+  optimizer such a caller does not have), and each fix it names, followed as printed, resumes the run
+  (to 1e-12 of the run that never left PyTorch, written back and loaded by PyTorch)."""
+  from onnx_optax.interop import torch_param_names
+
+  with jax.enable_x64(True):
+    ref = _model()
+    opt_ref = _optimizer("SGD", ref, named=False)
+    _torch_steps(ref, opt_ref, N + M + K)
+    model = _model()
+    opt = _optimizer("SGD", model, named=False)
+    _torch_steps(model, opt, N)
+    saved = opt.state_dict()  # keyed by index; the optimizer was built without names
+    named = {n: jnp.asarray(p.detach().numpy()) for n, p in model.named_parameters()}
+    with pytest.raises(
+      ValueError, match=r"params is a dict .*the state dict keys its parameters by index"
+    ) as e:
+      from_torch_state_dict(saved, named)
+    advice = str(e.value)
+    assert "torch_params" not in advice and "optimizer.param_groups" not in advice, advice
+    assert "param_names=" in advice and "torch_param_names(optimizer, model)" in advice, advice
+
+    # Fix 1, a list in the state dict's order (its param_groups' 'params', group by group).
+    order = [ORDER[i] for group in saved["param_groups"] for i in group["params"]]
+    tx, state = from_torch_state_dict(saved, [named[n] for n in order])
+    # Fix 2, param_names= (torch_param_names for the optimizer that saved it), params keyed by those names.
+    names = torch_param_names(opt, model)
+    tx2, state2 = from_torch_state_dict(saved, named, param_names=names)
+    params, state = _jax_steps(tx, state, [named[n] for n in order], model, M)
+    params2, state2 = _jax_steps(tx2, state2, named, model, M)
+    # The named state written into the index-keyed template: the same advice, and its fix.
+    with pytest.raises(ValueError, match=r"state is a dict .*pass param_names=") as e:
+      to_torch_state_dict(state2, saved)
+    assert "torch_params" not in str(e.value), e.value
+    for values, back in (
+      (dict(zip(order, params)), to_torch_state_dict(state, saved)),
+      (params2, to_torch_state_dict(state2, saved, param_names=names)),
+    ):
+      fresh = _model(seed=1)
+      with torch.no_grad():
+        for name, p in fresh.named_parameters():
+          p.copy_(torch.from_numpy(np.array(values[name])))
+      opt2 = _optimizer("SGD", fresh, named=False)
+      opt2.load_state_dict(back)
+      _torch_steps(fresh, opt2, K)
+      for (name, p), q in zip(fresh.named_parameters(), ref.parameters()):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-12, err_msg=name)
+
+
 def test_refuses_other_optimizers_and_tells_adam_from_adamw():
   model = _model()
   rms = torch.optim.RMSprop(model.parameters(), lr=0.1, momentum=0.9)
@@ -474,3 +539,110 @@ def _jax_steps_list(tx, state, params, model, steps):
     updates, state = tx.update(grads, state, params)
     params = optax.apply_updates(params, updates)
   return params, state
+
+
+class _Tied(torch.nn.Module):
+  """GPT-2's tie in small: the output layer's weight is the embedding's (``lm_head.weight = wte.weight``)."""
+
+  def __init__(self):
+    super().__init__()
+    self.wte = torch.nn.Embedding(5, 3)
+    self.ln = torch.nn.LayerNorm(3)
+    self.lm_head = torch.nn.Linear(3, 5, bias=False)
+    self.lm_head.weight = self.wte.weight
+
+  def forward(self, tokens):
+    return self.lm_head(self.ln(self.wte(tokens)))
+
+
+def test_a_tied_weight_listed_twice_is_named():
+  """A model's ``state_dict()`` lists a tied weight under both names, the optimizer once: the extra leaf is
+  named (by name where both sides have names, by position in a list, by value where the state dict has no
+  names), and the missing one too; ``named_parameters()``, as the message says, is accepted."""
+  torch.manual_seed(0)
+  model = _Tied()
+  opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+  model(torch.tensor([0, 1, 2])).sum().backward()
+  opt.step()
+  weights = {name: jnp.asarray(value.numpy()) for name, value in model.state_dict().items()}
+  assert list(weights) == ["wte.weight", "ln.weight", "ln.bias", "lm_head.weight"]
+  equal = r"params\['lm_head.weight'\] and params\['wte.weight'\] are equal element for element: a model's"
+  by_name, by_index = get_optimizer_state_dict(model, opt), opt.state_dict()
+  with pytest.raises(ValueError, match=rf"leaves named \['lm_head.weight'\]\..*\({equal}"):
+    from_torch_state_dict(by_name, weights)
+  renamed = {("ln.b" if name == "ln.bias" else name): value for name, value in weights.items()}
+  with pytest.raises(
+    ValueError, match=r"no leaf for \['ln.bias'\]; leaves named \['lm_head.weight', 'ln.b'\]"
+  ):
+    from_torch_state_dict(by_name, renamed)
+  with pytest.raises(
+    ValueError,
+    match=r"4 leaves but .* list 3 parameters: placed by position, params\[3\] has no parameter "
+    r"\(params\[0\] and params\[3\] are equal element for element",
+  ):
+    from_torch_state_dict(by_index, list(weights.values()))
+  with pytest.raises(ValueError, match=rf"keys them by index, with no names to tell .*\({equal}"):
+    from_torch_state_dict(by_index, weights)
+  named = {name: jnp.asarray(p.detach().numpy()) for name, p in model.named_parameters()}
+  _, state = from_torch_state_dict(by_name, named)
+  assert int(state.count) == 1
+
+
+def test_amsgrad_is_refused_as_amsgrad():
+  """Its group says amsgrad=True: that is the reason (no rule keeps the running maximum), not the
+  max_exp_avg_sq it keeps; also flattened, and on the way back."""
+  model = _model()
+  opt = torch.optim.Adam(model.parameters(), lr=0.01, amsgrad=True)
+  _torch_steps(model, opt, 1)
+  with jax.enable_x64(True):
+    params = [jnp.asarray(p.detach().numpy()) for p in model.parameters()]
+    named = dict(zip([n for n, _ in model.named_parameters()], params))
+    saved = {
+      "index": (opt.state_dict(), params),
+      "flat": (get_optimizer_state_dict(model, opt, options=FLAT), named),
+    }
+    for form, (state_dict, leaves) in saved.items():
+      with pytest.raises(ValueError, match=r"param_groups\[0\] has amsgrad=True: torch.optim.Adam then") as e:
+        from_torch_state_dict(state_dict, leaves)
+      assert "does not keep" not in str(e.value), form
+    _, state = from_torch_state_dict(torch.optim.Adam(model.parameters(), lr=0.01).state_dict(), params)
+    with pytest.raises(ValueError, match=r"param_groups\[0\] has amsgrad=True"):
+      to_torch_state_dict(state, opt.state_dict())
+
+
+def test_a_flattened_state_dict_with_state_of_no_listed_parameter_is_refused():
+  """A flattened DCP key whose parameter no ``param_groups.<name>.<option>`` key lists (a nested state, or an
+  edited dict): refused, naming the key and the flag; the same dict without it is read, its groups those
+  of the optimizer (the runs of parameters with equal options)."""
+  model = _model()
+  opt = _optimizer("AdamW", model, named=False)
+  _torch_steps(model, opt, 1)
+  flat = get_optimizer_state_dict(model, opt, options=FLAT)
+  with jax.enable_x64(True):
+    params = {n: jnp.asarray(p.detach().numpy()) for n, p in model.named_parameters()}
+    from_torch_state_dict(flat, params)
+    # The groups are read back as the runs of parameters with equal options: two here.
+    from_torch_state_dict(flat, params, learning_rate=[0.01, 0.02])
+    with pytest.raises(ValueError, match=r"learning_rate has 4 entries but the optimizer has 2 param groups"):
+      from_torch_state_dict(flat, params, learning_rate=[0.01] * 4)
+    nested = {**flat, "state.0.weight.shampoo.factor": torch.ones(3)}
+    with pytest.raises(
+      ValueError,
+      match=r"state_dict\['state.0.weight.shampoo.factor'\] \(a flattened DCP state dict, "
+      r"flatten_optimizer_state_dict=True\) is the state of no parameter",
+    ):
+      from_torch_state_dict(nested, params)
+
+
+def test_a_piece_that_lacks_a_shard_is_not_put():
+  """The guard under the bridge's own check: a host's piece of an array is put only where it holds every
+  shard the target's devices need."""
+  from onnx_optax.interop import _common
+
+  piece = _common.HostPiece(np.arange(2.0), (2,), (4,))
+  assert _common.missing_region(piece, jax.ShapeDtypeStruct((4,), jnp.float32)) == ((0, 4),)
+  with pytest.raises(ValueError, match=r"this process holds \(\(2, 4\),\) of an array of shape \(4,\), not"):
+    _common.put_like(piece, jnp.zeros(4))
+  whole = _common.HostPiece(np.arange(4.0), (0,), (4,))
+  assert _common.missing_region(whole, jnp.zeros(4)) is None
+  np.testing.assert_array_equal(_common.put_like(whole, jnp.zeros(4)), np.arange(4.0))

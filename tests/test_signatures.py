@@ -72,6 +72,13 @@ KEYWORD_ONLY = {
   onnx_optax.interop.to_keras: ["variables"],
   onnx_optax.interop.to_torch: [],  # no option: only nothing positional-only
   onnx_optax.interop.torch_params: [],
+  onnx_optax.interop.from_torch_state_dict: ["optimizer", "learning_rate", "param_names"],
+  onnx_optax.interop.to_torch_state_dict: ["optimizer", "learning_rate", "param_names"],
+  onnx_optax.interop.to_torch_scheduler_state_dict: ["steps", "learning_rate"],
+  onnx_optax.interop.to_trainer_checkpoint: ["steps", "learning_rate", "param_names", "optimizer"],
+  onnx_optax.interop.to_lightning_checkpoint: ["steps", "learning_rate", "param_names", "optimizer"],
+  onnx_optax.interop.torch_param_names: [],
+  onnx_optax._checks.wide_enough: ["at_least", "why"],
   onnx_optax.interop._common.check_leaves: ["argument", "order"],
   torch_bridge._check_group: ["source"],
   torch_bridge.mapping: ["tensors", "is_leaf"],

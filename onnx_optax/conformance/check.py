@@ -9,6 +9,8 @@ in units of the tolerance of :mod:`onnx_optax.conformance.tolerance`.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -28,6 +30,7 @@ from onnx_optax.conformance.cases import INT32_MAX, STATE, TWINS, Case, base_rul
 
 __all__ = [
   "EXTENDED",
+  "ORDERED",
   "OUTPUT_NAMES",
   "CaseResult",
   "Comparison",
@@ -39,6 +42,8 @@ __all__ = [
   "expected_update",
   "has_float64",
   "make_transform",
+  "order_applies",
+  "order_mismatch",
   "platforms",
   "received",
   "received_dtype",
@@ -220,11 +225,14 @@ def received(R: float, hyper: dict[str, Any], dtype: Any) -> tuple[float, dict[s
 EXTENDED = np.dtype(np.longdouble) if np.finfo(np.longdouble).nmant > 52 else np.dtype(np.float64)
 
 
-def _twin_expected(rule: str, R: float, T: int, x, g, s, hyper, dtype: Any) -> tuple[np.ndarray, ...]:
+def _twin_expected(
+  rule: str, R: float, T: int, x, g, s, hyper, dtype: Any, scalars: Mapping[str, float] | None = None
+) -> tuple[np.ndarray, ...]:
   """A twin's outputs from its framework's NumPy expectation (:mod:`onnx_optax.reference`).
 
   PyTorch's rules: ``reference.pytorch_*`` (``count = T``; AdamW is ``pytorch_adam`` with
-  ``decoupled_weight_decay``). Keras's Adam is DirectML Adam in exact arithmetic (Keras's
+  ``decoupled_weight_decay``), their step-dependent scalars PyTorch's float64 numbers or, given
+  ``scalars``, those. Keras's Adam is DirectML Adam in exact arithmetic (Keras's
   ``m += (g - m) * (1 - beta_1)`` is ``beta_1 m + (1 - beta_1) g``, its ``alpha`` DirectML's
   ``LearningRate * Alpha`` at ``T = count + 1``): ``reference.directml_adam``.
   """
@@ -232,11 +240,11 @@ def _twin_expected(rule: str, R: float, T: int, x, g, s, hyper, dtype: Any) -> t
     X_new, buf = reference.pytorch_sgd(R, T, x, g, s[0], maximize=False, dtype=dtype, **hyper)
     return X_new, (np.asarray(s[0], dtype) if buf is None else buf)  # No momentum: the buffer stays.
   if rule == "pytorch_adagrad":
-    return reference.pytorch_adagrad(R, T, x, g, s[0], maximize=False, dtype=dtype, **hyper)
+    return reference.pytorch_adagrad(R, T, x, g, s[0], maximize=False, dtype=dtype, scalars=scalars, **hyper)
   if rule in ("pytorch_adam", "pytorch_adamw"):
     decoupled = rule == "pytorch_adamw"
     return reference.pytorch_adam(
-      R, T, x, g, *s, decoupled_weight_decay=decoupled, maximize=False, dtype=dtype, **hyper
+      R, T, x, g, *s, decoupled_weight_decay=decoupled, maximize=False, dtype=dtype, scalars=scalars, **hyper
     )
   b1, b2, eps = hyper["beta_1"], hyper["beta_2"], hyper["epsilon"]
   return reference.directml_adam(
@@ -340,6 +348,135 @@ def tolerances(
   return outs
 
 
+# -- the twins' float32 order, to the bit -------------------------------------------------------
+
+#: The twins whose expectation (``reference.pytorch_*``) follows their framework's float32
+#: operation order, each fused multiply-add rounded once: where the device's arithmetic is
+#: correctly rounded their float32 outputs are compared with it to the bit (:func:`order_mismatch`).
+#: (Keras's Adam is checked against DirectML's formula, which is not Keras's order.)
+ORDERED = ("pytorch_sgd", "pytorch_adagrad", "pytorch_adam", "pytorch_adamw")
+_ORDER_OPS = ("add", "mul", "div", "sqrt")
+
+
+def order_applies(case: Case, arithmetic: DeviceArithmetic | None) -> tuple[bool, str]:
+  """``(applies, why not)``: whether :func:`order_mismatch` checks ``case`` on a device of ``arithmetic``.
+
+  It applies to the float32 cases of :data:`ORDERED` (with a float32 state) where the device's
+  measured float32 sum, product, quotient and square root are correctly rounded (0.5 ulp): two
+  evaluations of the same operations in the same order on the same operands, each correctly
+  rounded, give the same bits, so the bound is zero. Elsewhere the rounding-error bound is the
+  check, and ``why not`` says why (empty for a case the comparison is not meant for).
+
+  Example:
+    >>> from onnx_optax.conformance.arithmetic import OpError
+    >>> from onnx_optax.conformance.cases import cases
+    >>> ops = [OpError(op, "float32", 0.5, 1.0, 0.0, False, 9) for op in ("add", "mul", "div")]
+    >>> gpu = DeviceArithmetic("gpu", (*ops, OpError("sqrt", "float32", 1.5, 3.0, 0.0, False, 9)))
+    >>> order_applies(cases("pytorch_sgd", "float32")[0], gpu)
+    (False, 'the float32 arithmetic is not correctly rounded (sqrt 1.50 ulp)')
+    >>> order_applies(cases("keras_adam", "float32")[0], gpu)
+    (False, '')
+  """
+  if case.rule not in ORDERED or case.dtype != "float32" or case.state_dtype not in (None, "float32"):
+    return False, ""
+  if arithmetic is None:
+    return False, "the pinned model measures no arithmetic"
+  off = []
+  for op in _ORDER_OPS:
+    e = arithmetic.get(op, "float32")
+    if e is None or e.ulp > 0.5:
+      off.append(f"{op} {'not measured' if e is None else f'{e.ulp:.2f} ulp'}")
+  if off:
+    return False, f"the float32 arithmetic is not correctly rounded ({', '.join(off)})"
+  return True, ""
+
+
+def _same(got: Any, want: Any) -> np.ndarray:
+  """Element-wise: equal float32 values, NaN where NaN is expected."""
+  a, b = np.asarray(got, np.float32), np.asarray(want, np.float32)
+  return (a == b) | (np.isnan(a) & np.isnan(b))
+
+
+def order_mismatch(
+  case: Case,
+  X,
+  G,
+  state,
+  got_x,
+  got_state,
+  got_u,
+  scalars: Mapping[str, tolerance.Bounded],
+) -> str:
+  """Where a twin's float32 outputs are not its framework's float32 order, ``""`` where they all are.
+
+  The expectation is ``reference.pytorch_*`` in float32: each of PyTorch's operations rounded
+  once (a fused multiply-add too), from the case's inputs, with the step-dependent scalars as
+  the device computes them from the spec's formula (``scalars``, measured by
+  :mod:`~onnx_optax.conformance.scalars`, never by the rule; one expectation per distinct value
+  the device gave, and the outputs must be one of them). Each new state tensor must equal it,
+  and ``X + U`` its new parameters, or, where the step shrinks a parameter below half its
+  magnitude (``X_new`` out of reach of any ``X + U``, ``rules._in_place``), ``U`` its
+  ``X_new - X`` rounded once. A rounding moved, added or fused where PyTorch's order does not
+  shows here even when it is within the tolerance.
+  """
+  R, hyper = case.learning_rate, case.hyper
+  names = [name for name in scalars if name != "R"]  # R: a Python float (the twins' grid has no schedule)
+  got_values = [getattr(scalars[name], "got", ()) or (float(scalars[name].v),) for name in names]
+  first = ""
+  for values in itertools.product(*got_values):
+    given = dict(zip(names, values)) if names else None
+    found = _order_differs(case, R, hyper, X, G, state, got_x, got_state, got_u, given)
+    if not found:
+      return ""
+    first = first or found
+  return first
+
+
+def _order_differs(case: Case, R, hyper, X, G, state, got_x, got_state, got_u, given) -> str:
+  out_names = OUTPUT_NAMES[case.base_rule]
+  for leaf, (x, g) in enumerate(zip(X, G)):
+    s = [block[leaf] for block in state]
+    want = _twin_expected(case.rule, R, case.T, x, g, s, hyper, np.float32, given)
+    x32, E = np.asarray(x, np.float32), np.asarray(want[0], np.float32)
+    difference = E - x32  # rounded once, in float32
+    with np.errstate(invalid="ignore"):
+      reachable = difference.astype(np.float64) == E.astype(np.float64) - x32.astype(np.float64)
+    ok = _same(got_x[leaf], E)
+    if got_u is not None:
+      ok |= ~reachable & _same(got_u[leaf], difference)
+    for name, got, expected in [(out_names[0], got_x[leaf], E)] + [
+      (out_names[k + 1], got_state[k][leaf], want[k + 1]) for k in range(len(got_state))
+    ]:
+      bad = np.flatnonzero(~(ok if name == out_names[0] else _same(got, expected)).ravel())
+      if bad.size:
+        j = int(bad[0])
+        return (
+          f"{name}[leaf {leaf}, element {j}]: got {float(np.ravel(got)[j])!r}, PyTorch's float32 order "
+          f"gives {float(np.ravel(expected)[j])!r} ({bad.size} of {np.size(expected)} elements differ)"
+        )
+  return ""
+
+
+def _flushes(arithmetic: DeviceArithmetic) -> bool:
+  """Whether the device flushes float32 subnormal results or operands (measured)."""
+  return arithmetic.tiny("float32", 0.0) > 0 or arithmetic.flushes_operands("float32")
+
+
+def _touches_subnormals(record_into: list[bool]) -> Callable[..., None]:
+  """A recorder (:func:`tolerance.recording`) that notes a float32 operand below the smallest normal."""
+  normal = float(np.finfo(np.float32).smallest_normal)
+
+  def record(op: str, dtype: Any, *operands: Any) -> None:
+    if np.dtype(dtype) == np.float32 and not record_into:
+      for v in operands:
+        a = np.abs(np.asarray(v, np.float64))
+        if np.any((a > 0) & (a < 2 * normal)):
+          record_into.append(True)
+          return
+
+  return record
+
+
 class Comparison(NamedTuple):
   """The outcome of :func:`compare` on one output tensor."""
 
@@ -396,7 +533,10 @@ class CaseResult:
   documented limit of its dtype that makes them unavoidable
   (:attr:`Case.unchecked_limit`). ``scalar_error``: the largest measured
   error of the case's per-update scalars on the device, in units of the
-  scalar dtype's unit roundoff (0 with the pinned model).
+  scalar dtype's unit roundoff (0 with the pinned model). ``order_checked``:
+  the outputs were compared with the twin's framework's float32 order to the
+  bit (:func:`order_mismatch`); ``order``: where they differ (a failure);
+  ``order_skipped``: why a case of :data:`ORDERED` in float32 was not compared.
   """
 
   rule: str
@@ -412,11 +552,15 @@ class CaseResult:
   limit: str | None = None
   wrong_dtypes: str = ""
   scalar_error: float = 0.0
+  order_checked: bool = False
+  order: str = ""
+  order_skipped: str = ""
 
   @property
   def passed(self) -> bool:
     return (
       self.worst <= 1.0
+      and not self.order
       and self.count_ok
       and not self.error
       and not self.wrong_dtypes
@@ -471,25 +615,31 @@ def check_outputs(
   R, hyper = received(case.learning_rate, case.hyper, received_in)
   want = expected(case.rule, R, case.T, X, G, state, hyper)
   want_u = expected_update(case.rule, R, case.T, X, G, state, hyper) if got_u is not None else None
-  # Optax's schedules are evaluated at the int32 count and return float32,
-  # under x64 too: the rule's scalars are then computed in float32.
-  scalar_dtype = "float32" if case.schedule_steps is not None else None
-  tol = tolerances(
-    case.rule,
-    case.dtype,
-    platform,
-    case.learning_rate,
-    case.T,
-    X,
-    G,
-    state,
-    case.hyper,
-    case.state_dtype,
-    scalar_dtype,
-    received_in,
-    arithmetic=arithmetic,
-    scalars=scalars,
-  )
+  # A schedule's rate has the dtype of a Python float's (float64 under x64: the
+  # count it receives is int64 there), so the scalars' dtype is the others'.
+  ordered, order_skipped = order_applies(case, arithmetic)
+  if ordered and scalars is None:
+    ordered, order_skipped = False, "the scalars were not measured"
+  subnormal: list[bool] = []
+  with tolerance.recording(_touches_subnormals(subnormal)) if ordered else contextlib.nullcontext():
+    tol = tolerances(
+      case.rule,
+      case.dtype,
+      platform,
+      case.learning_rate,
+      case.T,
+      X,
+      G,
+      state,
+      case.hyper,
+      case.state_dtype,
+      None,
+      received_in,
+      arithmetic=arithmetic,
+      scalars=scalars,
+    )
+  if ordered and arithmetic is not None and subnormal and _flushes(arithmetic):
+    ordered, order_skipped = False, "subnormal operands, which the device flushes (PyTorch does not)"
   names = OUTPUT_NAMES[case.base_rule]
   worst, where, loose, unchecked = 0.0, "", 0, 0
   for leaf in range(len(X)):
@@ -523,6 +673,9 @@ def check_outputs(
   ]
   if got_u is not None:
     checked.append(("U", got_u, case.dtype))
+  order = ""
+  if ordered and scalars is not None:
+    order = order_mismatch(case, X, G, state, got_x, got_state, got_u, scalars)
   for label, arrays, dtype in checked:
     found = sorted(
       {str(np.asarray(a).dtype) for a in arrays if hasattr(a, "dtype")} - {str(numpy_dtype(dtype))}
@@ -541,6 +694,9 @@ def check_outputs(
     unchecked=unchecked,
     limit=case.unchecked_limit,
     wrong_dtypes="; ".join(wrong),
+    order_checked=ordered,
+    order=order,
+    order_skipped=order_skipped,
   )
 
 
@@ -588,11 +744,8 @@ def run_case(case: Case, platform: str = "cpu", pinned: bool | None = None) -> C
     arithmetic=arithmetic_lib.measure(platform),
     scalars=measured,
   )
-  # The scalars' dtype: the hyperparameters' (float32 under a schedule, whose R is a float32).
-  scalar_dtype = (
-    np.float32 if case.schedule_steps is not None else received_dtype(case.dtype, case.state_dtype)
-  )
-  u = tolerance.unit_roundoff(scalar_dtype)
+  # The scalars' dtype: the hyperparameters' (a schedule's R too).
+  u = tolerance.unit_roundoff(received_dtype(case.dtype, case.state_dtype))
   with np.errstate(divide="ignore", invalid="ignore"):
     relative = [float(b.e / (u * abs(b.v))) for b in measured.values() if b.v != 0]
   result.scalar_error = max(relative, default=0.0)

@@ -64,6 +64,7 @@ def _row(platform: str, rule: str, dtype: str, results: list[CaseResult]) -> dic
   worst = max(results, key=lambda r: r.worst)
   failures = [f"{r.name}: {_why(r)} ({r.worst:.3g})" for r in results if not r.passed]
   limits = [f"{r.name}: {r.unchecked} unchecked, {r.limit}" for r in results if r.unchecked and r.limit]
+  skipped = sorted({r.order_skipped for r in results if r.order_skipped})
   return dict(
     platform=platform,
     rule=rule,
@@ -78,6 +79,8 @@ def _row(platform: str, rule: str, dtype: str, results: list[CaseResult]) -> dic
     passed=all(r.passed for r in results),
     failures=failures,
     scalar_error=max(r.scalar_error for r in results),
+    order=sum(r.order_checked for r in results),
+    order_skipped=skipped,
   )
 
 
@@ -86,6 +89,8 @@ def _why(r: CaseResult) -> str:
     return r.error
   if r.worst > 1:
     return r.where
+  if r.order:
+    return f"not PyTorch's float32 order: {r.order}"
   if not r.count_ok:
     return "count not advanced to T + 1"
   if r.wrong_dtypes:
@@ -246,6 +251,11 @@ def _mark(passed: bool) -> str:
   return "pass" if passed else "FAIL"
 
 
+def _order(row: dict[str, Any]) -> str:
+  """The cases of a row compared to the bit with the framework's float32 order; ``-`` for none."""
+  return str(row["order"]) if row.get("order") else "-"
+
+
 def format_table(report: dict[str, Any]) -> str:
   """The report as a plain-text table."""
   lines = [
@@ -262,19 +272,21 @@ def format_table(report: dict[str, Any]) -> str:
     "worst = largest |got - expected| / tolerance over all cases and elements (pass: <= 1); "
     "loose = elements whose tolerance reaches their magnitude; unchecked = elements with an "
     "infinite tolerance (a failure unless a documented limit of the dtype); scalars = largest "
-    "measured error of the per-update scalars, in u of their dtype"
+    "measured error of the per-update scalars, in u of their dtype; order = cases compared to the "
+    "bit with the framework's float32 order (PyTorch's twins, correctly rounded arithmetic)"
   )
   header = (
     f"{'device':<6} {'rule':<18} {'dtype':<9} {'cases':>5} {'worst':>8} {'loose':>7} {'unchecked':>9} "
-    f"{'scalars':>8}  result"
+    f"{'scalars':>8} {'order':>5}  result"
   )
   lines += [header, "-" * len(header)]
   for r in report["rows"]:
     lines.append(
       f"{r['platform']:<6} {r['rule']:<18} {r['dtype']:<9} {r['cases']:>5} {r['worst']:>8.3f} "
-      f"{r['loose']:>7} {r['unchecked']:>9} {r.get('scalar_error', 0.0):>8.2f}  {_mark(r['passed'])}"
+      f"{r['loose']:>7} {r['unchecked']:>9} {r.get('scalar_error', 0.0):>8.2f} {_order(r):>5}  "
+      f"{_mark(r['passed'])}"
     )
-    for f in r["failures"] + r["limits"]:
+    for f in r["failures"] + r["limits"] + [f"order not compared: {w}" for w in r.get("order_skipped", [])]:
       lines.append(f"         {f}")
   if report["onnx_rows"]:
     lines.append("")
@@ -316,20 +328,28 @@ def format_markdown(report: dict[str, Any], command: str = "python -m onnx_optax
     "documents that limit of its dtype (listed below the table). `scalars` is the largest "
     "error of the case's per-update scalars as the device computed them, in units of their "
     "dtype's unit roundoff: the bound charges it instead of an assumed accuracy of `log` and "
-    "`expm1`.",
+    "`expm1`. `order` counts the cases compared to the bit with the framework's float32 order "
+    "(PyTorch's twins in float32, where the device's float32 arithmetic is correctly rounded; "
+    "`-`: none).",
     "",
-    "| device | rule | dtype | cases | worst | loose | unchecked | scalars | result |",
-    "|---|---|---|---:|---:|---:|---:|---:|---|",
+    "| device | rule | dtype | cases | worst | loose | unchecked | scalars | order | result |",
+    "|---|---|---|---:|---:|---:|---:|---:|---:|---|",
   ]
   for r in report["rows"]:
     out.append(
       f"| {r['platform']} | {r['rule']} | {r['dtype']} | {r['cases']} | {r['worst']:.3f} | "
-      f"{r['loose']} | {r['unchecked']} | {r.get('scalar_error', 0.0):.2f} | {_mark(r['passed'])} |"
+      f"{r['loose']} | {r['unchecked']} | {r.get('scalar_error', 0.0):.2f} | {_order(r)} | "
+      f"{_mark(r['passed'])} |"
     )
   limits = [(r, f) for r in report["rows"] for f in r["limits"]]
   if limits:
     out += ["", "Documented limits:", ""] + [
       f"- {r['platform']} {r['rule']} {r['dtype']}: {f}" for r, f in limits
+    ]
+  skipped = [(r, w) for r in report["rows"] for w in r.get("order_skipped", [])]
+  if skipped:
+    out += ["", "Not compared with the framework's float32 order:", ""] + [
+      f"- {r['platform']} {r['rule']} {r['dtype']}: {w}" for r, w in skipped
     ]
   failures = [(r, f) for r in report["rows"] for f in r["failures"]]
   if failures:

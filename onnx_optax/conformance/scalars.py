@@ -12,7 +12,8 @@ fixes. So the runner does not assume it: :func:`measure` evaluates the
 spec's formula of each scalar **in this module's own code** (never by
 calling the rule) on the device, jitted, with the rule's inputs (the
 hyperparameters as the Python floats the transform closes over, ``T`` as
-its int32 count, a schedule's ``R`` from the schedule), and compares with
+its int32 count, a schedule's ``R`` from the schedule at the count the
+transform passes it), and compares with
 the exact value (45-digit decimals, from the hyperparameters as the rule
 receives them). The tolerance charges that actual error for the case
 (:meth:`onnx_optax.conformance.tolerance.Context.value`).
@@ -46,10 +47,23 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from onnx_optax import _engine
 from onnx_optax.conformance.cases import Case, base_rule, numpy_dtype
 from onnx_optax.conformance.tolerance import Bounded
 
-__all__ = ["FORMULAS", "clear", "exact", "measure", "measure_case"]
+__all__ = ["FORMULAS", "Measured", "clear", "exact", "measure", "measure_case"]
+
+
+class Measured(Bounded):
+  """A measured scalar: its exact value ``v``, the device's error ``e``, and ``got``, the distinct
+  values the device computed (the folded and the run-time compilation; usually one). The check in
+  the rule's own float32 order (``check.order_mismatch``) computes its expectation from them."""
+
+  __slots__ = ("got",)
+
+  def __init__(self, v: Any, e: Any = 0.0, got: tuple[float, ...] = ()):
+    super().__init__(v, e)
+    self.got = got
 
 
 class _Jax:
@@ -274,7 +288,7 @@ def _program(
       R = h.pop("R", None)
       if schedule is not None:  # The transform's R: the schedule at the number of updates applied.
         init, steps, first = schedule
-        R = optax.linear_schedule(init, 0.0, steps)(T - first)
+        R = optax.linear_schedule(init, 0.0, steps)(_engine.updates_applied(T, first))
       return formula(_Jax(), R, T, h, hyper)
 
     _PROGRAMS[key] = jax.jit(scalars)
@@ -306,7 +320,7 @@ def measure(
       ``optax.linear_schedule(R0, 0, steps)`` evaluated at ``T - initial_count``.
 
   Returns:
-    ``{name: Bounded(exact value, |device's value - exact value|)}``, the
+    ``{name: Measured(exact value, |device's value - exact value|, device's values)}``, the
     error the larger of the two compilations (see the module docstring).
   """
   from onnx_optax.conformance import check
@@ -315,6 +329,7 @@ def measure(
   want = exact(rule, R if schedule is not None else R_in, T, hyper_in)
   device = check.device(platform)
   errors: dict[str, float] = {name: 0.0 for name in want}
+  values: dict[str, list[float]] = {name: [] for name in want}
   given = {**hyper, "R": R} if schedule is None else dict(hyper)
   floats = _floats(given)
   with jax.enable_x64(x64):
@@ -325,6 +340,8 @@ def measure(
         got = _program(rule, given, folded, schedule)(T_dev, **args)
       for name, value in got.items():
         v = np.asarray(value)
+        if float(v) not in values[name]:
+          values[name].append(float(v))
         g = decimal.Decimal(float(v)) if np.isfinite(v) else None
         x = want[name]
         if g is None or not x.is_finite():
@@ -333,7 +350,7 @@ def measure(
         else:
           err = float(_DECIMAL.copy_abs(_DECIMAL.subtract(g, x)))
           errors[name] = max(errors[name], err * (1 + 2.0**-50))  # Rounded up from the decimal.
-  return {name: Bounded(float(want[name]), errors[name]) for name in want}
+  return {name: Measured(float(want[name]), errors[name], tuple(values[name])) for name in want}
 
 
 def measure_case(case: Case, platform: str) -> dict[str, Bounded]:

@@ -7,7 +7,11 @@
   copies the weights.
 * :func:`from_torch_state_dict` / :func:`to_torch_state_dict`: the same from
   and to a saved optimizer state dict (``torch.save``, Hugging Face's
-  ``optimizer.pt``, ``get_optimizer_state_dict``), with no PyTorch optimizer.
+  ``optimizer.pt``, ``get_optimizer_state_dict``), with no PyTorch optimizer;
+  :func:`to_torch_scheduler_state_dict` writes the learning-rate scheduler's
+  side, :func:`to_trainer_checkpoint` and :func:`to_lightning_checkpoint` the
+  checkpoints that Hugging Face's Trainer and Lightning resume from, and
+  :func:`torch_param_names` names the parameters of their index-keyed files.
 * :func:`from_keras` / :func:`to_keras`: Keras 3's ``keras.optimizers.Adam``
   (DirectML Adam, on any Keras backend).
 
@@ -28,6 +32,12 @@ from __future__ import annotations
 
 from onnx_optax.interop.keras import from_keras, to_keras
 from onnx_optax.interop.torch import from_torch, to_torch, torch_params
+from onnx_optax.interop.torch_checkpoints import (
+  to_lightning_checkpoint,
+  to_torch_scheduler_state_dict,
+  to_trainer_checkpoint,
+  torch_param_names,
+)
 from onnx_optax.interop.torch_state_dict import from_torch_state_dict, to_torch_state_dict
 
 __all__ = [
@@ -35,7 +45,11 @@ __all__ = [
   "from_torch",
   "from_torch_state_dict",
   "to_keras",
+  "to_lightning_checkpoint",
   "to_torch",
+  "to_torch_scheduler_state_dict",
   "to_torch_state_dict",
+  "to_trainer_checkpoint",
+  "torch_param_names",
   "torch_params",
 ]

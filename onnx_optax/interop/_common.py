@@ -1,10 +1,11 @@
 """What the PyTorch and Keras bridges share: lazy imports, leaf checks, state surgery.
 
-Nothing here knows a rule's formula. A bridge decides which transform of
-:mod:`onnx_optax.transforms` and which hyperparameters reproduce another
-framework's optimizer, builds it, calls its ``init`` and then writes the other
-framework's state tensors into the state ``init`` returned. The reverse
-direction reads them back out of the same places.
+Nothing here knows a rule's formula. A bridge finds in the registry
+(:mod:`onnx_optax.registry`) the rule bound to another framework's optimizer,
+builds its transform with that optimizer's hyperparameters, calls its ``init``
+and then writes the other framework's state tensors into the state ``init``
+returned. The reverse direction reads them back out of the same places: the
+state of any registered rule with state tensors (:func:`rule_states`).
 """
 
 from __future__ import annotations
@@ -21,21 +22,23 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from onnx_optax import _checks, transforms
+from onnx_optax import _checks, registry
 
-#: The transforms' state NamedTuples: what the bridges look for inside a state
-#: (alone, in an ``optax.chain`` or under ``optax.multi_transform``).
-RULE_STATES = (
-  transforms.MomentumState,
-  transforms.AdagradState,
-  transforms.AdamState,
-  transforms.DirectMLAdamState,
-  transforms.OrtAdamWState,
-  transforms.PyTorchSGDState,
-  transforms.PyTorchAdagradState,
-  transforms.PyTorchAdamState,
-  transforms.KerasAdamState,
-)
+
+def rule_states() -> tuple[type, ...]:
+  """The state NamedTuples of the registered rules that keep state tensors, in registration order.
+
+  What the bridges look for inside a state (alone, in an ``optax.chain`` or
+  under ``optax.multi_transform``). Read from the registry at each call, so
+  that a rule registered from outside the package counts as well.
+  """
+  return tuple(dict.fromkeys(rule.state for rule in registry.rules() if rule.fields))
+
+
+def _rule_state_test() -> Callable[[Any], bool]:
+  """``is_leaf`` for a walk over a state: a rule state of :func:`rule_states` (read once per walk)."""
+  kinds = rule_states()
+  return lambda node: isinstance(node, kinds)
 
 
 #: How to install each framework the bridges import (docs/interop.md, "Installing").
@@ -103,8 +106,9 @@ def first_field(state: Any) -> Any:
   another label's transform owns: flatten it with ``is_leaf=is_masked`` to
   see every parameter's place.
   """
-  for node in jax.tree.leaves(state, is_leaf=_is_rule_state):
-    if _is_rule_state(node):
+  is_rule_state = _rule_state_test()
+  for node in jax.tree.leaves(state, is_leaf=is_rule_state):
+    if is_rule_state(node):
       return node[1]
   return None
 
@@ -162,15 +166,116 @@ def check_leaves(
       )
 
 
-def put_like(value: np.ndarray, leaf: Any) -> jax.Array:
+class HostPiece(NamedTuple):
+  """The part of a larger array that this process holds: ``data`` at ``offset`` in an array of ``shape``.
+
+  What a sharded tensor of another framework leaves on each host (a PyTorch
+  ``DTensor``'s local shard, with its place in the global tensor). Its
+  ``shape`` and ``dtype`` are the whole array's, so that it is checked like the
+  whole array; :func:`put_like` puts each of a target's devices' shards from it.
+  """
+
+  data: np.ndarray
+  offset: tuple[int, ...]
+  shape: tuple[int, ...]
+
+  @property
+  def dtype(self) -> Any:
+    return self.data.dtype
+
+  def region(self) -> tuple[tuple[int, int], ...]:
+    """``(start, stop)`` per dimension, in the whole array."""
+    return tuple((o, o + n) for o, n in zip(self.offset, self.data.shape))
+
+
+def bounds(index: tuple[Any, ...], shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+  """A shard's index (a tuple of slices, as ``jax.Shard.index``) as ``(start, stop)`` per dimension."""
+  return tuple(s.indices(n)[:2] for s, n in zip(index, shape)) + tuple((0, n) for n in shape[len(index) :])
+
+
+def _inside(inner: tuple[tuple[int, int], ...], outer: tuple[tuple[int, int], ...]) -> bool:
+  """Region ``inner`` lies in ``outer`` (an empty region lies anywhere)."""
+  if any(start == stop for start, stop in inner):
+    return True
+  return all(a <= c and d <= b for (c, d), (a, b) in zip(inner, outer))
+
+
+def missing_region(value: Any, leaf: Any) -> tuple[tuple[int, int], ...] | None:
+  """The first region of ``leaf``'s devices on this process that ``value`` does not hold, or None.
+
+  ``value`` is a :class:`HostPiece` or a whole array (which holds every
+  region); ``leaf`` the target (a JAX array, or anything with ``shape`` and
+  optionally ``sharding``: without one, the whole array is the target).
+  """
+  if not isinstance(value, HostPiece):
+    return None
+  shape = tuple(value.shape)
+  held = value.region()
+  sharding = getattr(leaf, "sharding", None)
+  wanted = (
+    [bounds(index, shape) for index in sharding.addressable_devices_indices_map(shape).values()]
+    if sharding is not None
+    else [tuple((0, n) for n in shape)]
+  )
+  return next((region for region in wanted if not _inside(region, held)), None)
+
+
+def put_like(value: Any, leaf: Any) -> jax.Array:
   """``value`` as a JAX array with ``leaf``'s dtype, on ``leaf``'s devices.
 
   Put from the host straight onto ``leaf``'s sharding: each device receives
-  its own shard, and no device holds the whole array on the way.
+  its own shard, and no device holds the whole array on the way. ``value`` is
+  a NumPy array (the whole array) or a :class:`HostPiece` that holds every
+  shard this process's devices need (:func:`missing_region` says which it
+  lacks); for a sharding over several processes, each process puts its own
+  devices' shards.
   """
-  host = np.asarray(value, dtype=dtype_name(leaf.dtype))
+  dtype = dtype_name(leaf.dtype)
   sharding = getattr(leaf, "sharding", None)
-  return jax.device_put(host, sharding) if sharding is not None else jnp.asarray(host)
+  piece = value if isinstance(value, HostPiece) else None
+  if piece is None and (sharding is None or sharding.is_fully_addressable):
+    host = np.asarray(value, dtype=dtype)
+    return jax.device_put(host, sharding) if sharding is not None else jnp.asarray(host)
+  if piece is None:
+    host = np.asarray(value)
+    piece = HostPiece(host, (0,) * host.ndim, host.shape)
+  shape = tuple(piece.shape)
+  missing = missing_region(piece, leaf)
+  if missing is not None:  # the callers check first, naming the entry
+    raise ValueError(f"this process holds {piece.region()} of an array of shape {shape}, not {missing}")
+  if sharding is None:
+    return jnp.asarray(np.asarray(piece.data, dtype=dtype))
+  arrays = []
+  for device, index in sharding.addressable_devices_indices_map(shape).items():
+    local = tuple(slice(a - o, b - o) for (a, b), o in zip(bounds(index, shape), piece.offset))
+    arrays.append(jax.device_put(np.asarray(piece.data[local], dtype=dtype), device))
+  return jax.make_array_from_single_device_arrays(shape, sharding, arrays)
+
+
+def host_region(value: Any, region: tuple[tuple[int, int], ...] | None = None) -> np.ndarray | None:
+  """The values of ``value`` in ``region`` (``(start, stop)`` per dimension; None: all), on the host.
+
+  A JAX array spread over several processes is read from this process's own
+  shards alone (no collective): None when they do not hold all of
+  ``region``. Anything else is read whole, as ``np.asarray``.
+  """
+  if not isinstance(value, jax.Array) or value.is_fully_addressable:
+    host = host_array(value)
+    return host if region is None else host[tuple(slice(a, b) for a, b in region)]
+  shape = tuple(value.shape)
+  region = region if region is not None else tuple((0, n) for n in shape)
+  out = np.empty(tuple(b - a for a, b in region), dtype=value.dtype)
+  covered = np.zeros(out.shape, bool)
+  for shard in value.addressable_shards:
+    held = bounds(shard.index, shape)
+    common = tuple((max(a, c), min(b, d)) for (a, b), (c, d) in zip(held, region))
+    if any(lo >= hi for lo, hi in common):
+      continue
+    source = tuple(slice(lo - a, hi - a) for (lo, hi), (a, _) in zip(common, held))
+    target = tuple(slice(lo - c, hi - c) for (lo, hi), (c, _) in zip(common, region))
+    out[target] = np.asarray(shard.data)[source]
+    covered[target] = True
+  return out if covered.all() else None
 
 
 def real_number(name: str, value: Any) -> float:
@@ -212,7 +317,8 @@ def positions(state: Any, n_leaves: int, kinds: tuple[type, ...]) -> list[Positi
     ValueError: a parameter owned by no rule state or by several, or a rule
       state with another number of leaves.
   """
-  found = [node for node in jax.tree.leaves(state, is_leaf=_is_rule_state) if _is_rule_state(node)]
+  is_rule_state = _rule_state_test()
+  found = [node for node in jax.tree.leaves(state, is_leaf=is_rule_state) if is_rule_state(node)]
   names = " or ".join(kind.__name__ for kind in kinds)
   if not found:
     raise TypeError(f"state holds no {names}: pass the state of the transform the bridge returned")
@@ -239,10 +345,6 @@ def positions(state: Any, n_leaves: int, kinds: tuple[type, ...]) -> list[Positi
   return owners  # type: ignore[return-value]
 
 
-def _is_rule_state(node: Any) -> bool:
-  return isinstance(node, RULE_STATES)
-
-
 def is_masked(node: Any) -> bool:
   """``optax.MaskedNode``: a leaf of a rule state's field that another label's transform owns."""
   return isinstance(node, optax.MaskedNode)
@@ -263,8 +365,10 @@ def fill(state: Any, treedef: jax.tree_util.PyTreeDef, values: Sequence[Sequence
       ``MaskedNode``.
   """
 
+  is_rule_state = _rule_state_test()
+
   def fill_one(node):
-    if not _is_rule_state(node):
+    if not is_rule_state(node):
       return node
     fields = []
     for tree, field_values in zip(node[1:], values):
@@ -279,7 +383,37 @@ def fill(state: Any, treedef: jax.tree_util.PyTreeDef, values: Sequence[Sequence
       )
     return type(node)(node.count, *fields)
 
-  return jax.tree.map(fill_one, state, is_leaf=_is_rule_state)
+  return jax.tree.map(fill_one, state, is_leaf=is_rule_state)
+
+
+def counts_placed(state: Any, leaves: Sequence[Any]) -> Any:
+  """``state`` with each rule state's ``count`` replicated on the devices of the parameters' sharding.
+
+  ``init`` leaves the count uncommitted on the default device, and a jitted
+  step returns it on the parameters' mesh: the second step would see another
+  input sharding and compile again. Placed here, the first step's count is
+  placed as every later one. The sharding is the first leaf's that has one
+  (a ``NamedSharding``: its mesh, replicated; one device: that device);
+  leaves without one, or on devices that no replicated sharding names here,
+  leave the state as it is.
+  """
+  sharding = next((s for s in (getattr(leaf, "sharding", None) for leaf in leaves) if s is not None), None)
+  if isinstance(sharding, jax.sharding.NamedSharding):
+    target: Any = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+  elif sharding is not None and len(sharding.device_set) == 1:
+    target = sharding
+  else:
+    return state
+  is_rule_state = _rule_state_test()
+
+  def place(node: Any) -> Any:
+    if not is_rule_state(node):
+      return node
+    count = np.asarray(node.count)
+    # From the host, each process its own devices: a mesh over several processes too.
+    return node._replace(count=jax.make_array_from_callback((), target, lambda _: count))
+
+  return jax.tree.map(place, state, is_leaf=is_rule_state)
 
 
 def partition(

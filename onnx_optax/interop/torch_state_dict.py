@@ -10,6 +10,14 @@ DCP checkpoints), keyed by their fully qualified names. Both have the form::
     {"state": {key: {"step": ..., "exp_avg": ..., ...}, ...},
      "param_groups": [{"lr": ..., ..., "params": [key, ...]}, ...]}
 
+``get_optimizer_state_dict(..., options=StateDictOptions(flatten_optimizer_state_dict=True))``
+keeps the same entries under flat keys, ``"state.<name>.<field>"`` and
+``"param_groups.<name>.<option>"``: read alike, and written back flattened.
+Under FSDP2 (``fully_shard``) the state tensors are DTensors, of which each
+rank holds its own rows: each rank reads its shard onto the devices of its
+JAX process that hold parts of it, and writes DTensors with the template's
+placements and mesh (docs/interop.md, "FSDP2 and DCP").
+
 :func:`from_torch_state_dict` continues such a run in JAX from the state dict
 alone (no PyTorch model or optimizer is built), and
 :func:`to_torch_state_dict` writes a JAX run back as a state dict that
@@ -28,9 +36,11 @@ import collections
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import jax
+import numpy as np
 import optax
 
-from onnx_optax.interop import _common
+from onnx_optax.interop import _common, _dtensor, _torch_optim, _torch_placement
 from onnx_optax.interop import torch as bridge
 
 __all__ = ["from_torch_state_dict", "to_torch_state_dict"]
@@ -40,12 +50,6 @@ _SIGNATURE = {
   "SGD": frozenset({"momentum", "dampening", "nesterov"}),
   "Adagrad": frozenset({"lr_decay", "initial_accumulator_value"}),
   "Adam": frozenset({"betas", "amsgrad"}),
-}
-_ENTRY = {
-  "SGD": frozenset({"momentum_buffer"}),
-  "Adagrad": frozenset({"step", "sum"}),
-  "Adam": frozenset({"step", "exp_avg", "exp_avg_sq"}),
-  "AdamW": frozenset({"step", "exp_avg", "exp_avg_sq"}),
 }
 
 
@@ -59,10 +63,13 @@ _OLDER_DEFAULTS = {
 
 
 class _Param:
-  """A parameter of a state dict: its key, and the shape, dtype and device its state has."""
+  """A parameter of a state dict: its key, and the shape, dtype and device its state has.
 
-  def __init__(self, key: Any, shape: tuple[int, ...], dtype: Any, device: Any) -> None:
-    self.key, self.shape, self.dtype, self.device = key, shape, dtype, device
+  ``template``: a ``DTensor`` of its state (FSDP2), whose placements the written state takes.
+  """
+
+  def __init__(self, key: Any, shape: tuple[int, ...], dtype: Any, device: Any, template: Any = None) -> None:
+    self.key, self.shape, self.dtype, self.device, self.template = key, shape, dtype, device, template
 
   def is_complex(self) -> bool:
     return _common.dtype_name(self.dtype).startswith("complex")
@@ -77,6 +84,7 @@ def from_torch_state_dict(
   *,
   optimizer: Any = None,
   learning_rate: Any = None,
+  param_names: Sequence[str] | None = None,
 ) -> tuple[optax.GradientTransformationExtraArgs, Any]:
   """The transform and state that continue a saved PyTorch optimizer's run in JAX.
 
@@ -89,7 +97,11 @@ def from_torch_state_dict(
       returns it and ``torch.load(path, weights_only=True)`` reads it back
       (keyed by index), or as
       ``torch.distributed.checkpoint.state_dict.get_optimizer_state_dict``
-      returns it (keyed by name). Tensors may be on any device.
+      returns it (keyed by name; also flattened). Tensors may be on any
+      device. DTensors (FSDP2) are read from this rank's shard: each of
+      ``params``' devices on this process must need only rows this rank
+      holds (split the parameters over the processes as FSDP2 does), or
+      pass the gathered state dict (``full_state_dict=True``).
     params: the JAX parameters. Placed on the state dict's parameters by
       :func:`onnx_optax.interop.torch.mapping`: keyed by name, a dict whose
       names (nested dicts join their keys with ``'.'``) are the state dict's
@@ -104,6 +116,12 @@ def from_torch_state_dict(
       PyTorch without ``decoupled_weight_decay``.
     learning_rate: as for :func:`~onnx_optax.interop.from_torch` (a
       scheduler's groups carry ``initial_lr``: pass the rate or schedule).
+    param_names: the names of the parameters of a state dict keyed by
+      index, in its order (group by group): what
+      :func:`~onnx_optax.interop.torch_param_names` returns for the
+      optimizer that saved it (a Trainer's ``optimizer.pt``, a Lightning
+      checkpoint's ``optimizer_states``). ``params`` keyed by those names is
+      then placed by name, so parameters of one shape cannot trade places.
 
   Returns:
     ``(tx, state)``, as :func:`~onnx_optax.interop.from_torch` returns them.
@@ -111,9 +129,12 @@ def from_torch_state_dict(
   Raises:
     TypeError: a state dict of another optimizer, or one it cannot tell.
     ValueError: param groups that do not cover the state, a name missing on
-      either side, a state tensor whose shape or dtype differs from its
-      parameter's, a ``step`` that is not a count, and every refusal of
-      :func:`~onnx_optax.interop.from_torch`, each naming the entry.
+      either side (or a leaf too many: named, and two leaves that are equal
+      element for element, a tied weight, too), a state tensor whose shape
+      or dtype differs from its parameter's, a ``step`` that is not a
+      count, a DTensor shard that lacks rows this process's devices need,
+      and every refusal of :func:`~onnx_optax.interop.from_torch`, each
+      naming the entry.
 
   Example:
     >>> import io, torch, jax.numpy as jnp
@@ -127,25 +148,30 @@ def from_torch_state_dict(
     >>> type(state).__name__, int(state.count)
     ('PyTorchAdamState', 1)
   """
-  torch = bridge._torch()
+  torch = _torch_optim.torch()
+  state_dict, _ = _unflattened(state_dict, "state_dict")
   kind, groups, entries, keys, names = _read(state_dict, optimizer, "state_dict")
+  names = _given_names(param_names, keys, names, "state_dict")
   leaves, _, paths = _common.leaf_paths(params)
-  if len(leaves) != len(keys):
-    raise ValueError(
-      f"params has {len(leaves)} leaves but the state dict's param groups list {len(keys)} parameters: "
-      f"pass one leaf per parameter"
-    )
-  perm = bridge.mapping(params, names, "params")
+  perm = _placed(params, leaves, paths, keys, names)
   stand_ins = {}
   for i, key in enumerate(keys):
-    leaf, path = leaves[perm[i]], paths[perm[i]]
+    leaf = leaves[perm[i]]
     if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
-      raise TypeError(f"params{path} must be an array (or jax.ShapeDtypeStruct), got {type(leaf).__name__}")
-    _check_entry(kind, key, entries.get(key, {}), tuple(leaf.shape), _common.dtype_name(leaf.dtype), path)
+      raise TypeError(
+        f"params{paths[perm[i]]} must be an array (or jax.ShapeDtypeStruct), got {type(leaf).__name__}"
+      )
     stand_ins[key] = _Param(key, tuple(leaf.shape), leaf.dtype, "cpu")
-  view = bridge.View(
+  view_groups = _groups(kind, groups, stand_ins, names)
+  # The groups first: an option no rule has (amsgrad=True) is the reason, not the state it keeps.
+  for g, group in enumerate(view_groups):
+    _torch_optim.check_group(g, group, kind, source="state_dict")
+  for i, key in enumerate(keys):
+    leaf, path = leaves[perm[i]], paths[perm[i]]
+    _check_entry(kind, key, entries.get(key, {}), tuple(leaf.shape), _common.dtype_name(leaf.dtype), path)
+  view = _torch_optim.View(
     kind,
-    _groups(kind, groups, stand_ins, names),
+    view_groups,
     {stand_ins[key]: dict(entries[key]) for key in keys if key in entries},
     None,
     source="state_dict",
@@ -153,26 +179,50 @@ def from_torch_state_dict(
   return bridge.carry(torch, view, params, learning_rate)
 
 
-def to_torch_state_dict(state: Any, like: Mapping[str, Any], *, optimizer: Any = None) -> dict[str, Any]:
+def to_torch_state_dict(
+  state: Any,
+  like: Mapping[str, Any],
+  *,
+  optimizer: Any = None,
+  learning_rate: Any = None,
+  param_names: Sequence[str] | None = None,
+) -> dict[str, Any]:
   """A state dict of a JAX run, to load with ``optimizer.load_state_dict`` (or ``set_optimizer_state_dict``).
 
   ``like`` is the template: the state dict the run came from (read back
   with ``torch.load``), or ``optimizer.state_dict()`` of an optimizer built
   the same way. The result has its param groups (hyperparameters copied),
-  its keys (indices or names) and, where ``like`` has an entry, its tensors'
-  dtypes and devices; ``like`` is not modified. After loading it,
+  its keys (indices or names; flat keys for a flattened ``like``) and,
+  where ``like`` has an entry, its tensors' dtypes and devices, and their
+  placements and mesh where they are DTensors (each rank writes its own rows,
+  from the state's shards on this process); ``like`` is not modified. After loading it,
   ``optimizer.step()`` continues the JAX run: it is the next ``tx.update``
-  with the same gradients. The groups' ``lr`` are the template's: with a
-  learning-rate scheduler, step it once per JAX update after loading. ``state`` is placed on the parameters as
+  with the same gradients. ``state`` is placed on the parameters as
   :func:`onnx_optax.interop.to_torch` places it (by name where ``like`` has
-  names and the state's trees are dicts, else by position). Weights are not
-  part of an optimizer's state dict: save them with the model's.
+  names, or ``param_names`` gives them, and the state's trees are dicts,
+  else by position). Weights are not part of an optimizer's state dict: save
+  them with the model's.
+
+  Each group's ``lr`` is the rate of PyTorch's next step: ``learning_rate``,
+  or the template's when there is no scheduler. A template whose groups
+  carry ``initial_lr`` (a scheduler sets their ``lr``) needs
+  ``learning_rate``: the template's rate is the schedule's at the template's
+  step, not at the state's. The scheduler's own state goes with it:
+  :func:`~onnx_optax.interop.to_torch_scheduler_state_dict` writes it and
+  gives the rates (its ``_last_lr``);
+  :func:`~onnx_optax.interop.to_trainer_checkpoint` and
+  :func:`~onnx_optax.interop.to_lightning_checkpoint` write both.
 
   Args:
     state: the state of a transform returned by :func:`from_torch_state_dict`
       or :func:`~onnx_optax.interop.from_torch`, after any number of updates.
     like: the template state dict.
     optimizer: as for :func:`from_torch_state_dict`.
+    learning_rate: None (the template's ``lr``), or the rate of PyTorch's
+      next step: a number (a float, a NumPy or JAX scalar, a 0-d tensor), or
+      a sequence with one per param group. A schedule is not a rate:
+      evaluate it at the number of JAX updates, ``schedule(m)``.
+    param_names: as for :func:`from_torch_state_dict`.
 
   Returns:
     ``{"state": ..., "param_groups": ...}`` with PyTorch tensors.
@@ -194,29 +244,221 @@ def to_torch_state_dict(state: Any, like: Mapping[str, Any], *, optimizer: Any =
     >>> opt.state[w]["momentum_buffer"]
     tensor([ 1., -1.])
   """
-  torch = bridge._torch()
+  torch = _torch_optim.torch()
+  like, flat = _unflattened(like, "like")
   kind, groups, entries, keys, names = _read(like, optimizer, "like")
+  names = _given_names(param_names, keys, names, "like")
+  rates = _written_rates(groups, learning_rate)
   # Each parameter's state value, placed as to_torch places it: its shape and
   # dtype stand in for a parameter that has no entry in like yet.
-  owners = _common.positions(state, len(keys), bridge._STATES[kind])
-  perm = bridge.mapping(_common.first_field(state), names, "state", is_leaf=_common.is_masked)
+  owners = _common.positions(state, len(keys), _torch_optim.states(kind))
+  perm = _torch_placement.mapping(
+    _common.first_field(state), names, "state", is_leaf=_common.is_masked, source="state_dict"
+  )
   stand_ins = {}
   for i, key in enumerate(keys):
     value = owners[perm[i]].values[0]
     held = [v for v in entries.get(key, {}).values() if isinstance(v, torch.Tensor) and v.dim() > 0]
     shape, dtype = (tuple(held[0].shape), held[0].dtype) if held else (tuple(value.shape), value.dtype)
     device = held[0].device if held else "cpu"
-    stand_ins[key] = _Param(key, shape, dtype, device)
+    template = held[0] if held and _dtensor.is_dtensor(held[0]) else None
+    stand_ins[key] = _Param(key, shape, dtype, device, template)
   view_groups = _groups(kind, groups, stand_ins, names)
-  writes = bridge.checked_writes(torch, kind, view_groups, state)
+  writes = bridge.checked_writes(torch, kind, view_groups, state, source="state_dict")
   out_state: dict[Any, dict] = {}
   for p, group, count, tensors in writes:
     slot = dict(entries.get(p.key, {}))  # a copy: like keeps its tensors
-    bridge.write(torch, kind, slot, group, p, count, tensors)
+    _torch_optim.write(torch, kind, slot, group, p, count, tensors)
     if slot:
       out_state[p.key] = slot
-  out_groups = [{**group, "params": list(group["params"])} for group in groups]
-  return {"state": out_state, "param_groups": out_groups}
+  out_groups = [
+    {
+      **group,
+      "params": list(group["params"]),
+      **({} if rate is None else {"lr": _like_lr(torch, rate, group["lr"])}),
+    }
+    for group, rate in zip(groups, rates)
+  ]
+  out = {"state": out_state, "param_groups": out_groups}
+  return _flattened(out) if flat else out
+
+
+def _placed(params: Any, leaves: list, paths: list[str], keys: list, names: list | None) -> list[int]:
+  """The mapping of the params' leaves on the state dict's parameters, or a refusal naming the leaves."""
+  if names is not None:
+    try:
+      perm = _torch_placement.mapping(params, names, "params", source="state_dict")
+    except ValueError as error:
+      raise ValueError(f"{error}{_tied(leaves, paths) if len(leaves) > len(keys) else ''}") from None
+  if len(leaves) != len(keys):
+    positional = not any(path.startswith("['") for path in paths)
+    if len(leaves) < len(keys):
+      which = f"placed by position, the last {len(keys) - len(leaves)} of them have no leaf"
+    elif positional:
+      more = len(leaves) - len(keys) - 1
+      which = f"placed by position, params{paths[len(keys)]}" + (
+        f" and the {more} leaves after it have no parameter" if more else " has no parameter"
+      )
+    else:
+      shown = ", ".join(f"params{path}" for path in paths[:8]) + (", ..." if len(paths) > 8 else "")
+      which = (
+        f"the state dict keys them by index, with no names to tell which of params' leaves ({shown}) is "
+        f"not one of them"
+      )
+    raise ValueError(
+      f"params has {len(leaves)} leaves but the state dict's param groups list {len(keys)} parameters: "
+      f"{which}{_tied(leaves, paths) if len(leaves) > len(keys) else ''}; pass one leaf per parameter"
+    )
+  return _torch_placement.mapping(params, names, "params", source="state_dict") if names is None else perm
+
+
+def _tied(leaves: list, paths: list[str]) -> str:
+  """What to say of a params tree with more leaves than parameters: a tied weight listed twice, by name
+  where two leaves are equal element for element."""
+  hint = (
+    "a model's state_dict() lists a tied weight (GPT-2's lm_head.weight is its wte.weight) under each of "
+    "its names; the optimizer lists it once, as dict(model.named_parameters()) does"
+  )
+  same: dict[tuple, list[tuple[np.ndarray, str]]] = {}
+  for leaf, path in zip(leaves, paths):
+    if isinstance(leaf, np.ndarray) or (isinstance(leaf, jax.Array) and leaf.is_fully_addressable):
+      host = np.asarray(leaf)
+      same.setdefault((host.shape, host.dtype.str, hash(host.tobytes())), []).append((host, path))
+  equal = [
+    [path for host, path in group if np.array_equal(host, group[0][0])]
+    for group in same.values()
+    if len(group) > 1
+  ]
+  equal = [group for group in equal if len(group) > 1]
+  if not equal:
+    return f" ({hint})"
+  listed = "; ".join(" and ".join(f"params{path}" for path in group) for group in equal[:3])
+  return f" ({listed} are equal element for element: {hint})"
+
+
+# Flattened DCP state dicts (StateDictOptions(flatten_optimizer_state_dict=True)): these prefixes.
+_FLAT_STATE, _FLAT_GROUPS = "state.", "param_groups."
+
+
+def _unflattened(state_dict: Any, argument: str) -> tuple[Any, bool]:
+  """A flattened DCP optimizer state dict in the nested form (and True), or ``state_dict`` (and False).
+
+  ``flatten_optimizer_state_dict=True`` keeps ``state.<name>.<field>`` and
+  ``param_groups.<name>.<option>`` per parameter: the groups are not kept, and
+  are read back as the runs of parameters (in their order) with equal options.
+  """
+  if not isinstance(state_dict, Mapping) or "state" in state_dict or "param_groups" in state_dict:
+    return state_dict, False
+  keys = list(state_dict)
+  if not keys or not all(isinstance(k, str) and k.startswith((_FLAT_STATE, _FLAT_GROUPS)) for k in keys):
+    return state_dict, False
+  options: dict[str, dict] = {}
+  for key in keys:
+    if key.startswith(_FLAT_GROUPS):
+      name, _, option = key[len(_FLAT_GROUPS) :].rpartition(".")
+      options.setdefault(name, {})[option] = state_dict[key]
+  state: dict[str, dict] = {}
+  for key in keys:
+    if key.startswith(_FLAT_STATE):
+      name, _, field = key[len(_FLAT_STATE) :].rpartition(".")
+      if name not in options:
+        raise ValueError(
+          f"{argument}[{key!r}] (a flattened DCP state dict, flatten_optimizer_state_dict=True) is the "
+          f"state of no parameter its 'param_groups.<name>.<option>' keys list: a nested state (another "
+          f"optimizer's) or an edited state dict"
+        )
+      state.setdefault(name, {})[field] = state_dict[key]
+  groups: list[dict] = []
+  for name, group_options in options.items():
+    if groups and _same_options(groups[-1], group_options):
+      groups[-1]["params"].append(name)
+    else:
+      groups.append({**group_options, "params": [name]})
+  return {"state": state, "param_groups": groups}, True
+
+
+def _same_options(group: dict, options: dict) -> bool:
+  if set(group) - {"params"} != set(options):
+    return False
+  return all(group[key] is value or bool(group[key] == value) for key, value in options.items())
+
+
+def _flattened(state_dict: dict[str, Any]) -> dict[str, Any]:
+  """The flattened form of a nested state dict, as ``flatten_optimizer_state_dict=True`` writes it."""
+  out = {
+    f"{_FLAT_STATE}{name}.{field}": value
+    for name, entry in state_dict["state"].items()
+    for field, value in entry.items()
+  }
+  for group in state_dict["param_groups"]:
+    for name in group["params"]:
+      out.update({f"{_FLAT_GROUPS}{name}.{key}": value for key, value in group.items() if key != "params"})
+  return out
+
+
+def _given_names(
+  param_names: Sequence[str] | None, keys: list, names: list | None, argument: str
+) -> list | None:
+  """The parameters' names: ``param_names`` where given (checked against the state dict's), else its own."""
+  if param_names is None:
+    return names
+  if isinstance(param_names, str) or not isinstance(param_names, Sequence):
+    raise TypeError(
+      f"param_names must be a list of names, one per parameter in {argument}'s order (what "
+      f"torch_param_names(optimizer, model) returns), got {type(param_names).__name__}"
+    )
+  given = list(param_names)
+  if len(given) != len(keys) or not all(isinstance(name, str) for name in given):
+    raise ValueError(
+      f"param_names has {len(given)} entries but {argument}'s param groups list {len(keys)} parameters: "
+      f"pass one name (a str) per parameter, in the groups' order (torch_param_names(optimizer, model))"
+    )
+  twice = sorted(name for name, n in collections.Counter(given).items() if n > 1)
+  if twice:
+    raise ValueError(f"param_names names several parameters {_torch_placement.few(twice)}: each name once")
+  if names is not None and names != given:
+    i = next(i for i, (a, b) in enumerate(zip(names, given)) if a != b)
+    raise ValueError(
+      f"param_names[{i}] is {given[i]!r}, but {argument} names its parameter {keys[i]!r} {names[i]!r}: "
+      f"a state dict that has names is placed by its own (leave param_names out)"
+    )
+  return given
+
+
+def _written_rates(groups: list[dict], learning_rate: Any) -> list[Any]:
+  """Each group's ``lr`` to write (None: the template's), refusing a scheduler's template without a rate."""
+  if learning_rate is None:
+    if any("initial_lr" in group for group in groups):
+      current = [
+        _common.real_number(f"like['param_groups'][{g}]['lr']", group["lr"]) for g, group in enumerate(groups)
+      ]
+      value = repr(current[0]) if len(set(current)) == 1 else "[" + ", ".join(map(repr, current)) + "]"
+      raise ValueError(
+        f"like's param groups have 'initial_lr': a learning-rate scheduler sets their 'lr', which is the "
+        f"rate at like's step, not at the state's. Pass learning_rate=, the rate of PyTorch's next step: "
+        f"the schedule you gave from_torch_state_dict evaluated at the number m of JAX updates "
+        f"(learning_rate=schedule(m)), or the scheduler's own, which "
+        f"to_torch_scheduler_state_dict(scheduler_state_dict, like, steps=m) writes with the scheduler's "
+        f"state (learning_rate=its['_last_lr']); to_trainer_checkpoint and to_lightning_checkpoint write "
+        f"both. learning_rate={value} keeps like's"
+      )
+    return [None] * len(groups)
+  entries = _common.learning_rates(learning_rate, len(groups))
+  for g, entry in enumerate(entries):
+    if callable(entry):
+      where = "learning_rate" if callable(learning_rate) else f"learning_rate[{g}]"
+      raise TypeError(
+        f"{where} is a schedule; to_torch_state_dict writes a rate, that of PyTorch's next step: evaluate "
+        f"the schedule at the number m of JAX updates, {where}=schedule(m)"
+      )
+  return [float(entry) for entry in entries]
+
+
+def _like_lr(torch: Any, rate: float, old: Any) -> Any:
+  """``rate`` as the template's ``lr`` holds it: a Python float, or a tensor of its dtype and device."""
+  if isinstance(old, torch.Tensor):
+    return torch.tensor(rate, dtype=old.dtype, device=old.device)
+  return rate
 
 
 def _read(state_dict: Any, optimizer: Any, argument: str) -> tuple[str, list[dict], dict, list, list | None]:
@@ -260,7 +502,7 @@ def _kind(groups: list[dict], optimizer: Any, argument: str) -> str:
   """The optimizer's kind: given, or told by the param groups' keys."""
   fitting = []
   for kind, signature in _SIGNATURE.items():
-    allowed = bridge._KEYS[kind] | {"params", "param_names"}
+    allowed = _torch_optim.KEYS[kind] | {"params", "param_names"}
     if groups and all(signature <= set(group) <= allowed for group in groups):
       fitting.append(kind)
   inferred = None
@@ -273,8 +515,8 @@ def _kind(groups: list[dict], optimizer: Any, argument: str) -> str:
     if inferred is None:
       keys = sorted(set().union(*map(set, groups)) - {"params"}) if groups else []
       raise TypeError(
-        f"{argument}'s param groups (options {keys}) are not those of torch.optim.SGD, Adagrad, Adam or "
-        f"AdamW in PyTorch 2.13"
+        f"{argument}'s param groups (options {keys}) are not those of "
+        f"torch.optim.{_torch_optim.listed(list(_torch_optim.twins()), 'or')} in PyTorch 2.13"
         + (
           ": an Adam's or an AdamW's without 'decoupled_weight_decay'; pass optimizer='Adam' or 'AdamW'"
           if fitting == ["Adam"]
@@ -283,9 +525,11 @@ def _kind(groups: list[dict], optimizer: Any, argument: str) -> str:
       )
     return inferred
   given = getattr(optimizer, "__name__", optimizer)
-  if given not in ("SGD", "Adagrad", "Adam", "AdamW"):
+  kinds = list(_torch_optim.twins())
+  if given not in kinds:
     raise TypeError(
-      f"optimizer must be 'SGD', 'Adagrad', 'Adam' or 'AdamW' (or the class), got {optimizer!r}"
+      f"optimizer must be {_torch_optim.listed([repr(k) for k in kinds], 'or')} (or the class), "
+      f"got {optimizer!r}"
     )
   family = "Adam" if given in ("Adam", "AdamW") else given
   if fitting and family not in fitting:
@@ -293,16 +537,23 @@ def _kind(groups: list[dict], optimizer: Any, argument: str) -> str:
   return given
 
 
+def _entry(kind: str) -> frozenset[str]:
+  """The keys of a parameter's state entry: the twin's fields (PyTorch's names), and ``step`` where kept."""
+  fields = {field.name for field in _torch_optim.twins()[kind].fields}
+  return frozenset(fields | ({"step"} if kind in _torch_optim.STEPS else set()))
+
+
 def _check_entry(kind: str, key: Any, entry: Mapping[str, Any], shape: tuple, dtype: str, path: str) -> None:
   """A state entry's tensors have the parameter's shape and dtype; its ``step`` is a count."""
   where = f"state_dict['state'][{key!r}]"
-  missing = sorted(_ENTRY[kind] - {"momentum_buffer"} - set(entry)) if entry else []
+  keeps = _entry(kind)
+  missing = sorted(keeps - {"momentum_buffer"} - set(entry)) if entry else []
   if missing:
     raise ValueError(
-      f"{where} has no {missing}: torch.optim.{kind} keeps {sorted(_ENTRY[kind])} for every "
+      f"{where} has no {missing}: torch.optim.{kind} keeps {sorted(keeps)} for every "
       f"parameter it has stepped (a truncated or edited checkpoint)"
     )
-  unknown = sorted(set(entry) - _ENTRY[kind])
+  unknown = sorted(set(entry) - keeps)
   if unknown:
     raise ValueError(
       f"{where} has {unknown}, which torch.optim.{kind} does not keep (amsgrad's max_exp_avg_sq, or "
@@ -335,7 +586,7 @@ def _groups(kind: str, groups: list[dict], stand_ins: dict, names: list | None) 
     members = [stand_ins[key] for key in group["params"]]
     # Options an older PyTorch saved no key for: the behaviour it had (none of them but maximize
     # changes the arithmetic, and maximize did not exist).
-    older = {key: value for key, value in _OLDER_DEFAULTS.items() if key in bridge._KEYS[kind]}
+    older = {key: value for key, value in _OLDER_DEFAULTS.items() if key in _torch_optim.KEYS[kind]}
     view = {**older, **group, "params": members}
     if kind in ("Adam", "AdamW"):
       view.setdefault("decoupled_weight_decay", kind == "AdamW")

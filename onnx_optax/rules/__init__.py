@@ -45,7 +45,7 @@ Conventions shared by every rule:
   ``X + U`` equals ``X - S`` to the bit (IEEE ``x + (-y)`` is ``x - y``).
   This is what lets ``optax.apply_updates(params, updates)`` reproduce the
   spec exactly. The one exception is ONNX Adam with a non-zero
-  ``norm_coefficient_post``, documented in :func:`adam`.
+  ``norm_coefficient_post``, documented in :func:`onnx_optax.rules.onnx_adam.adam_tensor`.
 * The scalars are computed in the dtype the hyperparameters arrive in
   (float32 for Python floats and for Optax's injected hyperparameters;
   float64 under ``jax_enable_x64``) and rounded once to ``X``'s dtype.
@@ -74,7 +74,7 @@ from onnx_optax._numerics import like
 # isort: off
 # In the registry's order: the spec rules, then their twins.
 from onnx_optax.rules import onnx_momentum, onnx_adagrad, onnx_adam, directml, ort
-from onnx_optax.rules import torch_sgd, torch_adagrad, torch_adam, keras
+from onnx_optax.rules import torch_sgd, torch_adagrad, torch_adam, keras  # noqa: F401 (they register)
 
 # isort: on
 from onnx_optax.rules.directml import DirectMLAdamScalars, directml_adam_elementwise, directml_adam_scalars
@@ -126,21 +126,15 @@ __all__ = [
   "adam",
   "adam_elementwise",
   "adam_scalars",
-  "directml",
   "directml_adam",
   "directml_adam_elementwise",
   "directml_adam_scalars",
-  "keras",
   "keras_adam_elementwise",
   "keras_adam_scalars",
   "like",
   "momentum",
   "momentum_elementwise",
   "momentum_scalars",
-  "onnx_adagrad",
-  "onnx_adam",
-  "onnx_momentum",
-  "ort",
   "ort_adamw",
   "ort_adamw_elementwise",
   "ort_adamw_scalars",
@@ -153,7 +147,4 @@ __all__ = [
   "pytorch_adam_scalars",
   "pytorch_sgd_elementwise",
   "pytorch_sgd_scalars",
-  "torch_adagrad",
-  "torch_adam",
-  "torch_sgd",
 ]

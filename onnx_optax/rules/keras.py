@@ -110,7 +110,7 @@ def keras_adam(
   initial_count: int = 0,
   state_dtype: Any = None,
 ) -> optax.GradientTransformationExtraArgs:
-  """Keras 3 ``keras.optimizers.Adam``, in Keras's order: the float32 twin of :func:`directml_adam`.
+  """Keras 3 ``keras.optimizers.Adam`` in Keras's order: the float32 twin of :func:`onnx_optax.directml_adam`.
 
   The same rule as DirectML Adam (``T = count + 1``) in exact arithmetic, written as Keras's
   ``Adam.update_step`` writes it (``count`` is Keras's ``iterations``)::

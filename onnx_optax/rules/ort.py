@@ -103,7 +103,7 @@ def ort_adamw_scalars(
 
   ``T`` is the kernel's ``step`` input: 1 at the first update. The bias
   corrections are the spec's numbers in the hyperparameters' dtype, without
-  cancellation (:func:`_numerics.one_minus_power`); the CPU kernel rounds
+  cancellation (:func:`onnx_optax._numerics.one_minus_power`); the CPU kernel rounds
   ``pow(alpha, step)`` to float32 before subtracting it from 1 (docs/spec.md,
   section 5, says what that changes).
   """

@@ -93,7 +93,7 @@ def pytorch_adagrad(
   initial_count: int = 0,
   state_dtype: Any = None,
 ) -> optax.GradientTransformationExtraArgs:
-  """``torch.optim.Adagrad``, in PyTorch's order: the float32 twin of :func:`adagrad`.
+  """``torch.optim.Adagrad``, in PyTorch's order: the float32 twin of :func:`onnx_optax.adagrad`.
 
   The same rule as ONNX ``Adagrad`` (``decay_factor = lr_decay``, ``epsilon = eps``,
   ``norm_coefficient = weight_decay``, ``T = count``), as ``_single_tensor_adagrad`` evaluates

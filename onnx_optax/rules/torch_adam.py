@@ -163,7 +163,7 @@ def pytorch_adam(
 ) -> optax.GradientTransformationExtraArgs:
   """``torch.optim.Adam`` (and ``AdamW``), in PyTorch's order.
 
-  The float32 twin of :func:`ort_adamw` (``adam_mode=0``, ``correct_bias=True``): the same
+  The float32 twin of :func:`onnx_optax.ort_adamw` (``adam_mode=0``, ``correct_bias=True``): the same
   rule in exact arithmetic, as ``_single_tensor_adam`` evaluates it, with ``step = count + 1``::
 
       grad = -grad if maximize

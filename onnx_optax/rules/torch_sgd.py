@@ -118,7 +118,7 @@ def pytorch_sgd(
   initial_count: int = 0,
   state_dtype: Any = None,
 ) -> optax.GradientTransformationExtraArgs:
-  """``torch.optim.SGD``, in PyTorch's order: the float32 twin of :func:`momentum`.
+  """``torch.optim.SGD``, in PyTorch's order: the float32 twin of :func:`onnx_optax.momentum`.
 
   The same rule as ONNX ``Momentum`` (``alpha = momentum``, ``beta = 1 - dampening``,
   ``norm_coefficient = weight_decay``), evaluated as PyTorch 2.13's ``_single_tensor_sgd``
@@ -198,7 +198,7 @@ RULE = registry.register(
     bind=_bind,
     minimum_count=0,
     policy=_engine.FRAMEWORK,
-    always_reads_params="its update writes the parameters in place (PyTorch's param.add_)",
+    always_reads_params="Its update writes the parameters in place (PyTorch's param.add_)",
     validate=_validate,
     bindings=(registry.Binding("torch", "SGD"),),
     twin_of=onnx_momentum.RULE,

@@ -221,3 +221,56 @@ def test_measured_scalars_sharpen_the_bound():
   tight = check.tolerances(*args, received_dtype=np.float32, scalars=measured)
   pinned = check.tolerances(*args, received_dtype=np.float32)
   assert np.all(tight[0][-1] < pinned[0][-1])  # U's bound, dominated by R_adjusted's error.
+
+
+def test_scalars_are_measured_from_the_spec_not_from_the_rule(monkeypatch):
+  """The measurement sizes the tolerance by the device's error on the spec's formula, so it must not
+  see the rule: with ``pytorch_adam``'s first bias correction one step late in the rule, the
+  measured scalars stay what they were and the report fails the rule through the measured path.
+  (Measured from the rule, the wrong step size would be charged as the device's error, and the
+  rule would pass.)"""
+  case = next(c for c in grid.cases("pytorch_adam", "float32") if c.name == "T=1")
+  before = scalars.measure_case(case, "cpu")
+  assert check.run_case(case).passed
+  correct = rules.pytorch_adam_scalars
+
+  def late(lr, count, **hyper):
+    """``step_size`` from ``bias_correction1`` at the next step."""
+    return correct(lr, count, **hyper)._replace(
+      neg_step_size=correct(lr, jnp.asarray(count) + 1, **hyper).neg_step_size
+    )
+
+  monkeypatch.setattr(rules, "pytorch_adam_scalars", late)
+  _forget()
+  after = scalars.measure_case(case, "cpu")
+  assert {n: (float(m.v), float(m.e), m.got) for n, m in after.items()} == {
+    n: (float(m.v), float(m.e), m.got) for n, m in before.items()
+  }
+  result = check.run_case(case)
+  assert not result.passed and result.worst > 1e3, (result.worst, result.where)
+  assert result.scalar_error < 10  # The measured path: the spec's scalars, a few u off at most.
+
+
+def test_a_subnormal_operand_is_flushed_only_when_its_result_says_so():
+  """``2**-24 + 0`` in float16 (its smallest subnormal) is exact where the operand is read; a 0
+  result is the flushed operand's. On this CPU XLA computes float16 in float32, where float16's
+  subnormals are normal: no flush, while float32 subnormal operands are read as 0."""
+  a, b = np.array([2.0**-24], np.float16), np.zeros(1, np.float16)
+  read = arithmetic._op_error("add", "float16", (a, b), np.array([2.0**-24], np.float16))
+  flushed = arithmetic._op_error("add", "float16", (a, b), np.zeros(1, np.float16))
+  assert not read.flushes_operands and flushed.flushes_operands
+  measured = arithmetic.measure("cpu")
+  assert not measured.flushes_operands("float16")
+  assert measured.flushes_operands("float32")
+
+
+def test_degraded_device_checks_the_twins_by_their_bound(degraded_arithmetic):
+  """Where float32 division and square root are not correctly rounded, PyTorch's float32 order
+  cannot be compared to the bit: the twins pass by their rounding-error bound (with the measured
+  k), and the report says why they were not compared."""
+  result = report.run(["cpu"], include_onnx=False, large=False, rules=["pytorch_adam"], dtypes=["float32"])
+  (row,) = result["rows"]
+  assert row["passed"] and row["order"] == 0, row["failures"]
+  (why,) = row["order_skipped"]
+  assert why.startswith("the float32 arithmetic is not correctly rounded (div ") and "sqrt" in why, why
+  assert "order not compared: " + why in report.format_table(result)

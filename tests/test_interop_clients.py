@@ -1,0 +1,411 @@
+"""Hugging Face's Trainer and Lightning: their own checkpoints to JAX, and back into their own resume.
+
+Each journey is the client's, on a tiny model built from a config (no download) on the CPU:
+
+1. the client's uninterrupted run, the expectation, saves its checkpoints as it does by default;
+2. JAX resumes from the checkpoint at step N, from its files alone: the optimizer state with
+   ``from_torch_state_dict``, the parameters keyed by the names ``torch_param_names`` gives for the
+   optimizer the client builds, the learning-rate schedule as a JAX schedule of the updates shifted
+   by the saved step (the recipe of docs/interop.md);
+3. M steps in JAX, with the gradients the client itself computes at JAX's weights (its loss, its
+   gradient clipping, its batches): what is under test is the optimizer's and the scheduler's state;
+4. the step N + M written back, ``to_trainer_checkpoint`` / ``to_lightning_checkpoint``, with the
+   weights saved as the client reads them;
+5. the client's own resume (``trainer.train(resume_from_checkpoint=...)``,
+   ``Trainer.fit(ckpt_path=...)``) runs to the end, no scheduler stepped by hand.
+
+The final weights equal the uninterrupted run's: in float64 to 1e-12 of each tensor's largest
+magnitude; in float32 within ``max(4 ulp, 2 x PyTorch's own spread)`` (as
+tests/test_float32_carry.py), the spread being the uninterrupted run with PyTorch's fused kernel
+against the same run with its default one, measured here. Before the bridge wrote the scheduler's
+side, the Trainer's AdamW with warmup resumed at the template's rate (0.00375 for 0.001875: 1.9e-3 off
+after 3 steps) and Lightning's Adam with ExponentialLR 1.67e-2 off.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pathlib
+import shutil
+import warnings
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import torch
+
+from onnx_optax.interop import (
+  from_torch_state_dict,
+  to_lightning_checkpoint,
+  to_trainer_checkpoint,
+  torch_param_names,
+)
+
+# --- shared: the comparisons --------------------------------------------------
+
+
+def _relative(a: Any, b: Any) -> float:
+  """The largest difference over the tensors, each relative to its largest magnitude in ``b``."""
+  return max(
+    float((p.detach().double() - q.detach().double()).abs().max() / q.detach().double().abs().max())
+    for p, q in zip(a, b)
+  )
+
+
+def _ulps(a: Any, b: Any) -> float:
+  """The largest difference over the tensors in ulps of each tensor's largest magnitude in ``b``."""
+  worst = 0.0
+  for p, q in zip(a, b):
+    p, q = p.detach().numpy(), q.detach().numpy()
+    spacing = float(np.spacing(np.max(np.abs(q)).astype(q.dtype)))
+    worst = max(worst, float(np.max(np.abs(p.astype(np.float64) - q.astype(np.float64)))) / spacing)
+  return worst
+
+
+def _load(model: Any, values: dict) -> None:
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      p.copy_(torch.from_numpy(np.array(values[name])))
+
+
+def _jax_steps(tx: Any, state: Any, params: dict, grads_at: Any, batches: list) -> tuple[dict, Any]:
+  update = jax.jit(tx.update)
+  for batch in batches:
+    updates, state = update(grads_at(params, batch), state, params)
+    params = optax.apply_updates(params, updates)
+  return params, state
+
+
+# --- Hugging Face Trainer -------------------------------------------------------
+
+WARMUP, TOTAL, N, M = 3, 6, 2, 2  # two batches an epoch: N and N + M end epochs 1 and 2
+LR = 1e-2
+
+
+def _trainer_schedule(step: int) -> Any:
+  """The Trainer's default schedule (linear, with warmup) shifted by the saved step, in JAX."""
+
+  def schedule(n):
+    t = n + step
+    return LR * jnp.where(t < WARMUP, t / WARMUP, jnp.maximum(0.0, (TOTAL - t) / (TOTAL - WARMUP)))
+
+  return schedule
+
+
+class _Trainer:
+  """The tiny model, its data and the Trainer's arguments, one optimizer and dtype."""
+
+  def __init__(self, optim: str, dtype: Any, root: pathlib.Path) -> None:
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    self.transformers, self.optim, self.dtype, self.root = transformers, optim, dtype, root
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 32, (8, 8), generator=generator)
+    self.data = [{"input_ids": x, "labels": x} for x in ids]
+
+  def model(self) -> Any:
+    config = self.transformers.LlamaConfig(
+      vocab_size=32,
+      hidden_size=8,
+      intermediate_size=16,
+      num_hidden_layers=1,
+      num_attention_heads=2,
+      num_key_value_heads=2,
+      max_position_embeddings=16,
+      tie_word_embeddings=True,  # tied weights: one parameter under two names
+    )
+    torch.manual_seed(0)
+    return self.transformers.LlamaForCausalLM(config).to(self.dtype)
+
+  def trainer(self, name: str, optim: str | None = None) -> Any:
+    args = self.transformers.TrainingArguments(
+      str(self.root / name),
+      per_device_train_batch_size=4,
+      max_steps=TOTAL,
+      save_steps=N,
+      learning_rate=LR,
+      warmup_steps=WARMUP,
+      weight_decay=0.01,
+      optim=optim or self.optim,
+      optim_args="momentum=0.9" if self.optim == "sgd" else None,
+      train_sampling_strategy="sequential",  # the batches of the JAX steps are known
+      report_to="none",
+      use_cpu=True,
+      logging_steps=1000,
+      disable_tqdm=True,
+    )
+    return self.transformers.Trainer(model=self.model(), args=args, train_dataset=self.data)
+
+  def batch(self, step: int) -> dict:
+    """The batch of the Trainer's step ``step + 1`` (sequential sampler, two batches an epoch)."""
+    k = step % 2
+    return {key: torch.stack([d[key] for d in self.data[4 * k : 4 * k + 4]]) for key in self.data[0]}
+
+
+@pytest.fixture(scope="module")
+def trainer_root(tmp_path_factory):
+  return tmp_path_factory.mktemp("trainer")
+
+
+_REFERENCES: dict[pathlib.Path, Any] = {}
+
+
+def _reference(setup: _Trainer) -> Any:
+  """The uninterrupted run (its checkpoints under ``setup.root / "reference"``), trained once per setup."""
+  if setup.root not in _REFERENCES:
+    trainer = setup.trainer("reference")
+    trainer.train()
+    _REFERENCES[setup.root] = trainer.model
+  return _REFERENCES[setup.root]
+
+
+def _trainer_journey(setup: _Trainer) -> tuple[Any, Any, tuple[dict, dict]]:
+  """The uninterrupted run and the resumed one (steps 1-N Trainer, N+1-N+M JAX, the rest Trainer)."""
+  reference = _reference(setup)
+  checkpoint = setup.root / "reference" / f"checkpoint-{N}"
+
+  # JAX, from the directory alone.
+  import safetensors.torch
+
+  saved = torch.load(checkpoint / "optimizer.pt", weights_only=True)
+  weights = safetensors.torch.load_file(checkpoint / "model.safetensors")
+  step = json.loads((checkpoint / "trainer_state.json").read_text())["global_step"]
+  client = setup.trainer("jax")  # builds the optimizer as the run did: its names, its gradients
+  model = client.model
+  names = torch_param_names(client.create_optimizer(), model)
+  decay = client.get_decay_parameter_names(model)
+  assert names[: len(saved["param_groups"][0]["params"])] == [
+    n for n, _ in model.named_parameters() if n in decay
+  ]
+  params = {name: jnp.asarray(weights[name].numpy()) for name in names}
+  tx, state = from_torch_state_dict(saved, params, learning_rate=_trainer_schedule(step), param_names=names)
+
+  def grads_at(params, batch):
+    _load(model, params)
+    model.zero_grad()
+    samples, count = client.get_batch_samples(iter([batch]), 1, torch.device("cpu"))
+    client.training_step(model, samples[0], count)
+    client.accelerator.clip_grad_norm_(model.parameters(), client.args.max_grad_norm)
+    return {name: jnp.asarray(p.grad.numpy()) for name, p in model.named_parameters()}
+
+  params, state = _jax_steps(tx, state, params, grads_at, [setup.batch(k) for k in range(N, N + M)])
+
+  # Back: the weights as the Trainer saves them, then the optimizer's and the scheduler's side.
+  target = setup.root / "jax" / f"checkpoint-{N + M}"
+  _load(model, params)
+  model.save_pretrained(target)
+  to_trainer_checkpoint(
+    state, checkpoint, target, steps=M, learning_rate=_trainer_schedule(step), param_names=names
+  )
+  written = torch.load(target / "scheduler.pt"), json.loads((target / "trainer_state.json").read_text())
+  resumed = setup.trainer("jax")
+  resumed.train(resume_from_checkpoint=str(target))
+  return reference, resumed.model, written
+
+
+@pytest.mark.parametrize("optim", ["adamw_torch_fused", "sgd", "adagrad"])
+def test_trainer_float64_resumes_exactly(optim, trainer_root):
+  """AdamW (the Trainer's default, fused), SGD with momentum and Adagrad, with the default linear
+  schedule with warmup: the resumed run is the uninterrupted one to 1e-12."""
+  with jax.enable_x64(True):
+    reference, resumed, (scheduler, trainer_state) = _trainer_journey(
+      _Trainer(optim, torch.float64, trainer_root / optim)
+    )
+  assert _relative(resumed.parameters(), reference.parameters()) <= 1e-12
+  # The files written are those the Trainer saved itself at that step (but the counts of work done).
+  own = trainer_root / optim / "reference" / f"checkpoint-{N + M}"
+  assert scheduler == torch.load(own / "scheduler.pt")
+  states = [trainer_state, json.loads((own / "trainer_state.json").read_text())]
+  for state in states:
+    for key in ("log_history", "total_flos", "num_input_tokens_seen"):
+      state.pop(key)
+  assert states[0] == states[1]
+
+
+def test_trainer_float32_within_pytorchs_spread(trainer_root):
+  """The Trainer's default AdamW in float32: within max(4 ulp, 2 x the fused kernel against the default)."""
+  setup = _Trainer("adamw_torch_fused", torch.float32, trainer_root / "float32")
+  reference, resumed, _ = _trainer_journey(setup)
+  other = setup.trainer("default-kernel", optim="adamw_torch")
+  other.train()
+  spread = _ulps(other.model.parameters(), reference.parameters())
+  carried = _ulps(resumed.parameters(), reference.parameters())
+  assert carried <= max(4.0, 2 * spread), (carried, spread)
+
+
+def test_trainer_refusals(trainer_root, tmp_path):
+  """A directory without scheduler.pt (the Trainer would not load the optimizer), the source as target,
+  and steps that the state's count contradicts: refused before anything is written."""
+  setup = _Trainer("adamw_torch_fused", torch.float32, trainer_root / "float32")
+  _reference(setup)
+  checkpoint = tmp_path / f"checkpoint-{N}"
+  shutil.copytree(setup.root / "reference" / f"checkpoint-{N}", checkpoint)
+  saved = torch.load(checkpoint / "optimizer.pt", weights_only=True)
+  params = {f"p{i}": jnp.zeros(tuple(saved["state"][i]["exp_avg"].shape)) for i in saved["state"]}
+  tx, state = from_torch_state_dict(saved, list(params.values()), learning_rate=_trainer_schedule(N))
+  updates, state = tx.update(list(params.values()), state, list(params.values()))
+  with pytest.raises(ValueError, match=r"directory is checkpoint"):
+    to_trainer_checkpoint(state, checkpoint, checkpoint, steps=1, learning_rate=_trainer_schedule(N))
+  target = tmp_path / "out"
+  with pytest.raises(
+    ValueError, match=r"steps=2, but the state's count for parameter 0 is 3 .* pass steps=1"
+  ):
+    to_trainer_checkpoint(state, checkpoint, target, steps=2, learning_rate=_trainer_schedule(N))
+  assert not target.exists()
+  (checkpoint / "scheduler.pt").unlink()
+  with pytest.raises(FileNotFoundError, match=r"has no scheduler.pt"):
+    to_trainer_checkpoint(state, checkpoint, target, steps=1, learning_rate=_trainer_schedule(N))
+
+
+# --- Lightning ------------------------------------------------------------------
+
+GAMMA, BATCHES = 0.9, 4  # ExponentialLR stepped every optimizer step; four batches an epoch
+
+
+def _lightning(
+  dtype: Any, root: pathlib.Path, fused: bool | None = None, interval: str = "step"
+) -> tuple[Any, Any, Any]:
+  """A module (an MLP with a LayerNorm; Adam and an ExponentialLR), its data and a Trainer factory."""
+  import lightning
+
+  logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+
+  class Module(lightning.LightningModule):
+    def __init__(self) -> None:
+      super().__init__()
+      torch.manual_seed(0)
+      self.net = torch.nn.Sequential(
+        torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.LayerNorm(8), torch.nn.Linear(8, 2)
+      ).to(dtype)
+
+    def training_step(self, batch, batch_idx):
+      x, y = batch
+      return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self):
+      opt = torch.optim.Adam(self.parameters(), lr=1e-2, weight_decay=0.01, fused=fused)
+      scheduler = torch.optim.lr_scheduler.ExponentialLR(opt, GAMMA)
+      return {"optimizer": opt, "lr_scheduler": {"scheduler": scheduler, "interval": interval}}
+
+  generator = torch.Generator().manual_seed(1)
+  x = torch.randn(4 * BATCHES, 3, generator=generator, dtype=dtype)
+  y = torch.randn(4 * BATCHES, 2, generator=generator, dtype=dtype)
+  data = torch.utils.data.TensorDataset(x, y)
+
+  def fit(module, epochs, ckpt_path=None, **kw):
+    trainer = lightning.Trainer(
+      max_epochs=epochs,
+      accelerator="cpu",
+      logger=False,
+      enable_progress_bar=False,
+      enable_model_summary=False,
+      default_root_dir=root,
+      **kw,
+    )
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore")  # the dataloader's workers, the deprecation of LeafSpec
+      trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=4), ckpt_path=ckpt_path)
+
+  return Module, data, fit
+
+
+@pytest.fixture(scope="module")
+def lightning_root(tmp_path_factory):
+  return tmp_path_factory.mktemp("lightning")
+
+
+def _lightning_journey(dtype: Any, root: pathlib.Path, interval: str = "step") -> tuple[Any, Any, dict, Any]:
+  """The uninterrupted run and the resumed one (epoch 1 Lightning, epoch 2 JAX, epoch 3 Lightning)."""
+  import lightning
+
+  Module, data, fit = _lightning(dtype, root, interval=interval)
+  reference = Module()
+  fit(
+    reference,
+    3,
+    callbacks=[lightning.pytorch.callbacks.ModelCheckpoint(root / "ckpt", save_top_k=-1, filename="{epoch}")],
+  )
+  checkpoint = torch.load(root / "ckpt" / "epoch=0.ckpt", weights_only=False)
+
+  module = Module()
+  names = torch_param_names(module.configure_optimizers()["optimizer"], module)
+  params = {name: jnp.asarray(checkpoint["state_dict"][name].numpy()) for name in names}
+  step = checkpoint["global_step"]
+  # ExponentialLR stepped after each update, or after each epoch of BATCHES updates.
+  schedule = lambda n: 1e-2 * GAMMA ** (n + step if interval == "step" else (n + step) // BATCHES)  # noqa: E731
+  tx, state = from_torch_state_dict(
+    checkpoint["optimizer_states"][0], params, learning_rate=schedule, param_names=names
+  )
+
+  def grads_at(params, k):
+    _load(module, params)
+    module.zero_grad()
+    module.training_step(data[4 * k : 4 * k + 4], k).backward()
+    return {name: jnp.asarray(p.grad.numpy()) for name, p in module.named_parameters()}
+
+  params, state = _jax_steps(tx, state, params, grads_at, list(range(BATCHES)))
+  _load(module, params)
+  written = to_lightning_checkpoint(
+    state, checkpoint, module.state_dict(), steps=BATCHES, learning_rate=schedule, param_names=names
+  )
+  torch.save(written, root / "jax.ckpt")
+  resumed = Module()
+  fit(resumed, 3, ckpt_path=root / "jax.ckpt")
+  return reference, resumed, checkpoint, (state, names, module.state_dict(), schedule)
+
+
+@pytest.mark.parametrize("interval", ["step", "epoch"])
+def test_lightning_float64_resumes_exactly(interval, lightning_root):
+  """Adam with an ExponentialLR stepped per step, or per epoch (Lightning's default interval), replayed in
+  PyTorch on the saved state: the resumed run is the uninterrupted one to 1e-12; the written loops'
+  counters and scheduler are those Lightning saved itself at that epoch."""
+  root = lightning_root / f"float64-{interval}"
+  with jax.enable_x64(True):
+    reference, resumed, checkpoint, _ = _lightning_journey(torch.float64, root, interval)
+  assert _relative(resumed.parameters(), reference.parameters()) <= 1e-12
+  own = torch.load(root / "ckpt" / "epoch=1.ckpt", weights_only=False)
+  written = torch.load(root / "jax.ckpt", weights_only=False)
+  assert written["loops"] == own["loops"]
+  assert (written["epoch"], written["global_step"]) == (own["epoch"], own["global_step"]) == (1, 2 * BATCHES)
+  assert written["lr_schedulers"] == own["lr_schedulers"]
+
+
+def test_lightning_float32_within_pytorchs_spread_and_refusals(lightning_root):
+  """float32: within max(4 ulp, 2 x fused Adam against the default). Then the refusals: a checkpoint saved
+  inside an epoch, steps that end inside one, weights of other keys, steps the state's count contradicts."""
+  root = lightning_root / "float32"
+  reference, resumed, checkpoint, (state, names, weights, schedule) = _lightning_journey(torch.float32, root)
+  Module, _, fit = _lightning(torch.float32, root / "fused", fused=True)
+  other = Module()
+  fit(other, 3)
+  spread = _ulps(other.parameters(), reference.parameters())
+  carried = _ulps(resumed.parameters(), reference.parameters())
+  assert carried <= max(4.0, 2 * spread), (carried, spread)
+
+  def write(checkpoint=checkpoint, weights=weights, steps=BATCHES):
+    return to_lightning_checkpoint(
+      state, checkpoint, weights, steps=steps, learning_rate=schedule, param_names=names
+    )
+
+  inside = json.loads(json.dumps(checkpoint["loops"]))
+  inside["fit_loop"]["epoch_loop.batch_progress"]["is_last_batch"] = False
+  with pytest.raises(ValueError, match=r"saved inside an epoch \(after its batch 4\)"):
+    write({**checkpoint, "loops": inside})
+  with pytest.raises(
+    ValueError, match=r"steps=3 is not a whole number of epochs of 4 optimizer steps.*steps=4"
+  ):
+    write(steps=3)
+  with pytest.raises(
+    ValueError, match=r"steps=8, but the state's count for parameter 0 is 8 .* pass steps=4"
+  ):
+    write(steps=8)
+  with pytest.raises(ValueError, match=r"missing \['net.3.bias'\], unknown \[\]"):
+    write(weights={k: v for k, v in weights.items() if k != "net.3.bias"})
+  with pytest.raises(ValueError, match=r"weights\['net.0.bias'\] has shape \(8,\) and dtype torch.float64"):
+    write(weights={**weights, "net.0.bias": weights["net.0.bias"].double()})
+  assert write(weights={k: v.numpy() for k, v in weights.items()})["global_step"] == 2 * BATCHES
