@@ -11,18 +11,29 @@ instructions, shapes, fusions and constants, so the same step time and the same
 bits. The rules run with their test configurations (every term of the formula
 non-zero), the same hyperparameters for both revisions.
 
+With ``--compile-tree`` (default ``mix1000``, a model-like tree of 1,000
+leaves) it also times the step's trace, lower and compile from scratch
+(``jax.clear_caches()`` first) for both revisions, interleaved and repeated
+(``--repeats``, alternating which revision goes first), and prints the medians
+and their ratio (this checkout over the baseline): compile time is the cost a
+change to the engine can add without changing the program.
+
 Usage (from the repository root)::
 
   python benchmarks/same_program.py HEAD~1                        # every rule, one leaf and mix100
   python benchmarks/same_program.py main --trees mix1000 --rules adam --dtypes float32
+  python benchmarks/same_program.py HEAD~1 --trees leaf --compile-tree mix1000 --repeats 5
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import re
+import statistics
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import importlib
@@ -78,6 +89,8 @@ def main(argv=None) -> int:
   ap.add_argument("--trees", default=f"{ONE_LEAF},mix100")
   ap.add_argument("--dtypes", default="float32,bfloat16")
   ap.add_argument("--rules", default="", help="comma-separated names of configurations(); default all")
+  ap.add_argument("--compile-tree", default="mix1000", help="the tree timed to compile ('': none)")
+  ap.add_argument("--repeats", type=int, default=3, help="interleaved compiles per revision (median)")
   args = ap.parse_args(argv)
   print(f"baseline: {scale.add_baseline(args.baseline)}")
   libraries = {"onnx_optax": importlib.import_module("onnx_optax"), "baseline": scale.baseline_module()}
@@ -100,7 +113,38 @@ def main(argv=None) -> int:
         verdict = "same program" if same else "DIFFERENT"
         print(f"{tree:7} {dtype:9} {name:22} {verdict} ({len(texts['baseline'])} lines)", flush=True)
   print(f"{different} different" if different else "every program the same")
+  if args.compile_tree:
+    _compile_times(libraries, chosen, args.compile_tree, args.repeats)
   return 1 if different else 0
+
+
+def _compile_time(module, transform: str, hyper: dict, params: dict) -> float:
+  """Seconds to trace, lower and compile the step from scratch."""
+  jax.clear_caches()
+  gc.collect()
+  opt = getattr(module, transform)(0.01, **hyper)
+  state = jax.eval_shape(opt.init, params)
+  start = time.perf_counter()
+  jax.jit(scale.make_step(opt), donate_argnums=(0, 1)).lower(params, state, params).compile()
+  return time.perf_counter() - start
+
+
+def _compile_times(libraries: dict, chosen: dict, tree: str, repeats: int) -> None:
+  """Median compile seconds of both revisions, interleaved, and their ratio (this checkout / baseline)."""
+  params = _tree(tree, "float32")
+  print(f"\ncompile time, {tree} float32, median of {repeats} interleaved (load {os.getloadavg()[0]:.1f}):")
+  print(f"{'rule':22} {'onnx_optax s':>12} {'baseline s':>11} {'ratio':>6}")
+  ratios = []
+  for name, (transform, hyper) in chosen.items():
+    times: dict[str, list[float]] = {lib: [] for lib in libraries}
+    for r in range(repeats):
+      order = list(libraries) if r % 2 == 0 else list(reversed(libraries))
+      for lib in order:
+        times[lib].append(_compile_time(libraries[lib], transform, hyper, params))
+    ours, base = statistics.median(times["onnx_optax"]), statistics.median(times["baseline"])
+    ratios.append(ours / base)
+    print(f"{name:22} {ours:12.2f} {base:11.2f} {ours / base:6.2f}", flush=True)
+  print(f"median ratio {statistics.median(ratios):.2f} (load {os.getloadavg()[0]:.1f})")
 
 
 if __name__ == "__main__":

@@ -101,7 +101,7 @@ def transform(
     del extra_args  # The GradientTransformationExtraArgs protocol.
     with _named(rule):
       if reads and params is None:
-        raise ValueError(f"this transform needs the parameters: {reads}")
+        raise ValueError(f"this transform needs the parameters: call update(grads, state, params). {reads}")
       _checks.state(rule.state, state)
       trees = {f"state.{name}": tree for name, tree in zip(rule.state._fields[1:], state[1:])}
       if params is not None:
@@ -165,7 +165,7 @@ def _reads_params(rule: Rule, hyper: Mapping[str, Any]) -> str:
   it in (an array, traced under jit, multiplies the parameters even at 0).
   """
   if rule.always_reads_params:
-    return f"{rule.always_reads_params}. Call update(grads, state, params)"
+    return rule.always_reads_params
   named = [h for h in rule.params_for if not _numerics.is_static_zero(hyper[h])]
   if not named:
     return ""
@@ -173,12 +173,12 @@ def _reads_params(rule: Rule, hyper: Mapping[str, Any]) -> str:
   if injected:
     static = ", ".join(repr(h) for h in injected)
     return (
-      f"its {' and '.join(injected)} multiplies them and is an array, as optax.inject_hyperparams "
-      f"injects it (traced under jit), so even an injected 0.0 needs them. Call update(grads, state, "
-      f"params), or keep it a Python number: optax.inject_hyperparams(..., static_args=({static},))"
+      f"Its {' and '.join(injected)} multiplies them and is an array, as optax.inject_hyperparams "
+      f"injects it (traced under jit), so even an injected 0.0 needs them. Pass params, or keep it a "
+      f"Python number: optax.inject_hyperparams(..., static_args=({static},))"
     )
   values = " and ".join(f"{h}={hyper[h]!r}" for h in named)
-  return f"its {values} multiplies them. Call update(grads, state, params)"
+  return f"Its {values} multiplies them"
 
 
 def updates_applied(count: Array, initial_count: int | Array) -> Array:

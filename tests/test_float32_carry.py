@@ -146,8 +146,8 @@ def test_twin_is_its_numpy_expectation_float64(kind, name, hyper):
 
 def _rule_run(kind, hyper, x, grads):
   """The rule's own new parameters (``onnx_optax.rules``), step by step, jitted: no additive update."""
-  from onnx_optax import rules
-  from onnx_optax.transforms import _scalars_in
+  from onnx_optax import _pytorch, rules
+  from onnx_optax._pytorch import scalars_in as _scalars_in
 
   hyper = dict(hyper)
   lr, maximize = hyper.pop("lr"), hyper.pop("maximize", False)
@@ -176,8 +176,8 @@ def _rule_run(kind, hyper, x, grads):
 
   # The rules' arithmetic: X_new itself where the transform returns an update.
   with (
-    mock.patch.object(rules, "_in_place", lambda x_new, X: x_new.astype(X.dtype)),
-    mock.patch.object(rules, "_added", lambda x, q, X, dt, G: (x + q).astype(X.dtype)),
+    mock.patch.object(_pytorch, "in_place", lambda x_new, X: x_new.astype(X.dtype)),
+    mock.patch.object(_pytorch, "added", lambda x, q, X, dt, G: (x + q).astype(X.dtype)),
   ):
     X = jnp.asarray(x)
     for count, g in enumerate(grads):
@@ -325,7 +325,7 @@ def test_each_step_is_pytorchs_where_its_root_is_correctly_rounded(config):
   * where PyTorch's square root of the step was not correctly rounded (measured here, on
     this CPU: :func:`pytorch_root_is_off`), and
   * where the step shrinks a parameter below half its magnitude, out of reach of ``X + U``
-    (``rules._in_place``): there ``U`` is ``X_new - X`` rounded once.
+    (``_pytorch.in_place``): there ``U`` is ``X_new - X`` rounded once.
   """
   torch.set_num_threads(1)
   keys, root = _STATE_KEYS[config.kind]

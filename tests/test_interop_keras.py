@@ -281,6 +281,24 @@ def _params():
   return keras_variables(x0), [jnp.asarray(x) for x in x0]
 
 
+def test_an_option_is_checked_by_the_twins_declared_check(monkeypatch):
+  """The bridge has no range of its own: the check the registry declares for the twin's hyperparameter
+  decides. ``beta_1 = 1`` is refused by the declared check (the bias correction divides by
+  ``1 - beta_1^t``); with a check planted in the declaration that accepts it, the bridge accepts it too
+  (a bridge that checked with its own range would still refuse it)."""
+  from onnx_optax import registry
+
+  (rule,) = [r for r in registry.rules() if r.binding("keras") and r.binding("keras").name == "Adam"]
+  variables, params = keras_variables(initial(np.float32)), [jnp.asarray(x) for x in initial(np.float32)]
+  opt = keras.optimizers.Adam(learning_rate=0.1, beta_1=1.0)
+  opt.build(variables)
+  with pytest.raises(ValueError, match=r"^beta_1 must be < 1.0, got 1.0: .*division by zero"):
+    from_keras(opt, params)
+  monkeypatch.setitem(rule.hyperparameters, "beta_1", registry.Hyperparameter(lambda name, value: value))
+  tx, state = from_keras(opt, params)
+  assert int(state.count) == 0
+
+
 @pytest.mark.parametrize(
   "make, error, match",
   [

@@ -1012,6 +1012,91 @@ def test_carried_state_is_placed_like_the_parameters():
   assert out.stdout.split() == ["True", "2"], out
 
 
+def test_a_jitted_step_of_a_carried_run_compiles_once():
+  """The count too is placed on the parameters' devices (their mesh, replicated): the first jitted step
+  gets the count as every later one does, and compiles once. ``init`` leaves it on the default device
+  and the step returns it on the mesh, a new input sharding and a second compilation. PyTorch's and
+  Keras's bridges, in a fresh interpreter with two CPU devices."""
+  code = textwrap.dedent("""
+      import os
+      os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+      os.environ["KERAS_BACKEND"] = "jax"
+      import jax, jax.numpy as jnp, keras, numpy as np, optax, torch
+      from jax.sharding import Mesh, NamedSharding, PartitionSpec
+      from onnx_optax.interop import from_keras, from_torch
+      mesh = Mesh(np.array(jax.devices()), ("d",))
+      sharding = NamedSharding(mesh, PartitionSpec("d"))
+      p = torch.nn.Parameter(torch.arange(4.0))
+      opt = torch.optim.SGD([p], lr=0.1, momentum=0.9)
+      p.grad = torch.ones(4)
+      opt.step()
+      w = keras.Variable(np.arange(4.0, dtype=np.float32))
+      kopt = keras.optimizers.Adam(learning_rate=0.1)
+      kopt.apply([np.ones(4, np.float32)], [w])
+      for carried in (from_torch(opt, [jax.device_put(jnp.arange(4.0), sharding)]),
+                      from_keras(kopt, [jax.device_put(jnp.arange(4.0), sharding)])):
+        tx, state = carried
+        params = [jax.device_put(jnp.arange(4.0), sharding)]
+        @jax.jit
+        def step(params, state):
+          updates, state = tx.update([jnp.ones(4)], state, params)
+          return optax.apply_updates(params, updates), state
+        placed = state.count.sharding == NamedSharding(mesh, PartitionSpec())
+        for _ in range(3):
+          params, state = step(params, state)
+        print(placed, step._cache_size())
+  """)
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+  assert out.stdout.split("\n")[:2] == ["True 1", "True 1"], out
+
+
+def test_a_group_option_is_checked_by_the_twins_declared_check(monkeypatch):
+  """The bridge has no range of its own: the check the registry declares for the twin's hyperparameter
+  decides, naming the option as the PyTorch user wrote it. A stricter check planted in the declaration
+  refuses ``momentum=0.9`` under ``param_groups[0]['momentum']`` (a bridge that checked with its own
+  range would let it through, and the transform would refuse it as ``momentum``)."""
+  from onnx_optax import registry
+
+  (rule,) = [r for r in registry.rules() if r.binding("torch") and r.binding("torch").name == "SGD"]
+
+  def at_most_half(name, value):
+    if value > 0.5:
+      raise ValueError(f"{name} must be <= 0.5 (planted)")
+    return value
+
+  monkeypatch.setitem(rule.hyperparameters, "momentum", registry.Hyperparameter(at_most_half))
+  ps, structure = _params32()
+  with pytest.raises(ValueError, match=r"^param_groups\[0\]\['momentum'\] must be <= 0.5 \(planted\)$"):
+    from_torch(torch.optim.SGD(ps, lr=0.1, momentum=0.9), torch_params(torch.optim.SGD(ps), structure))
+  from_torch(torch.optim.SGD(ps, lr=0.1, momentum=0.5), torch_params(torch.optim.SGD(ps), structure))
+
+
+def test_a_rule_registered_later_is_found_in_a_state():
+  """The rule states the bridges look for are the registry's, read when they look: a rule registered
+  from outside the package is found inside an ``optax.chain``, and not once it is unregistered."""
+  from typing import NamedTuple
+
+  from onnx_optax import registry
+  from onnx_optax.interop import _common
+  from onnx_optax.rules import torch_sgd
+
+  class OutsideState(NamedTuple):
+    count: jax.Array  # type: ignore[assignment]  # shadows tuple.count, as in the rules' states
+    momentum_buffer: list
+
+  state = (optax.EmptyState(), OutsideState(jnp.zeros([], jnp.int32), [jnp.ones(3)]))
+  with pytest.raises(TypeError, match="state holds no OutsideState"):
+    _common.positions(state, 1, (OutsideState,))
+  registry.register(registry.replace(torch_sgd.RULE, name="outside_sgd", state=OutsideState, bindings=()))
+  try:
+    ((rule_state, values),) = _common.positions(state, 1, (OutsideState,))
+    assert rule_state is state[1] and values[0] is state[1].momentum_buffer[0]
+  finally:
+    registry.unregister("outside_sgd")
+  with pytest.raises(TypeError, match="state holds no OutsideState"):
+    _common.positions(state, 1, (OutsideState,))
+
+
 def test_a_state_tensor_in_another_dtype_is_refused_not_cast():
   """A float32 momentum buffer put by hand on a bfloat16 parameter: refused (casting it would round it);
   the advice, run as printed, stores it as PyTorch's own steps would, and the state then carries."""

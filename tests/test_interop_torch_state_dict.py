@@ -330,6 +330,57 @@ def test_refuses_names_missing_on_either_side():
       to_torch_state_dict(state, keyed_other)
 
 
+def test_a_dict_for_a_state_dict_without_names_gets_advice_it_can_follow():
+  """``params`` (and a state) keyed by name for a state dict keyed by index, without ``param_names``:
+  refused with advice for a caller who has the state dict (not ``torch_params(optimizer)``, for an
+  optimizer such a caller does not have), and each fix it names, followed as printed, resumes the run
+  (to 1e-12 of the run that never left PyTorch, written back and loaded by PyTorch)."""
+  from onnx_optax.interop import torch_param_names
+
+  with jax.enable_x64(True):
+    ref = _model()
+    opt_ref = _optimizer("SGD", ref, named=False)
+    _torch_steps(ref, opt_ref, N + M + K)
+    model = _model()
+    opt = _optimizer("SGD", model, named=False)
+    _torch_steps(model, opt, N)
+    saved = opt.state_dict()  # keyed by index; the optimizer was built without names
+    named = {n: jnp.asarray(p.detach().numpy()) for n, p in model.named_parameters()}
+    with pytest.raises(
+      ValueError, match=r"params is a dict .*the state dict keys its parameters by index"
+    ) as e:
+      from_torch_state_dict(saved, named)
+    advice = str(e.value)
+    assert "torch_params" not in advice and "optimizer.param_groups" not in advice, advice
+    assert "param_names=" in advice and "torch_param_names(optimizer, model)" in advice, advice
+
+    # Fix 1, a list in the state dict's order (its param_groups' 'params', group by group).
+    order = [ORDER[i] for group in saved["param_groups"] for i in group["params"]]
+    tx, state = from_torch_state_dict(saved, [named[n] for n in order])
+    # Fix 2, param_names= (torch_param_names for the optimizer that saved it), params keyed by those names.
+    names = torch_param_names(opt, model)
+    tx2, state2 = from_torch_state_dict(saved, named, param_names=names)
+    params, state = _jax_steps(tx, state, [named[n] for n in order], model, M)
+    params2, state2 = _jax_steps(tx2, state2, named, model, M)
+    # The named state written into the index-keyed template: the same advice, and its fix.
+    with pytest.raises(ValueError, match=r"state is a dict .*pass param_names=") as e:
+      to_torch_state_dict(state2, saved)
+    assert "torch_params" not in str(e.value), e.value
+    for values, back in (
+      (dict(zip(order, params)), to_torch_state_dict(state, saved)),
+      (params2, to_torch_state_dict(state2, saved, param_names=names)),
+    ):
+      fresh = _model(seed=1)
+      with torch.no_grad():
+        for name, p in fresh.named_parameters():
+          p.copy_(torch.from_numpy(np.array(values[name])))
+      opt2 = _optimizer("SGD", fresh, named=False)
+      opt2.load_state_dict(back)
+      _torch_steps(fresh, opt2, K)
+      for (name, p), q in zip(fresh.named_parameters(), ref.parameters()):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-12, err_msg=name)
+
+
 def test_refuses_other_optimizers_and_tells_adam_from_adamw():
   model = _model()
   rms = torch.optim.RMSprop(model.parameters(), lr=0.1, momentum=0.9)

@@ -1,10 +1,11 @@
 """What the PyTorch and Keras bridges share: lazy imports, leaf checks, state surgery.
 
-Nothing here knows a rule's formula. A bridge decides which transform of
-:mod:`onnx_optax.transforms` and which hyperparameters reproduce another
-framework's optimizer, builds it, calls its ``init`` and then writes the other
-framework's state tensors into the state ``init`` returned. The reverse
-direction reads them back out of the same places.
+Nothing here knows a rule's formula. A bridge finds in the registry
+(:mod:`onnx_optax.registry`) the rule bound to another framework's optimizer,
+builds its transform with that optimizer's hyperparameters, calls its ``init``
+and then writes the other framework's state tensors into the state ``init``
+returned. The reverse direction reads them back out of the same places: the
+state of any registered rule with state tensors (:func:`rule_states`).
 """
 
 from __future__ import annotations
@@ -21,21 +22,23 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from onnx_optax import _checks, transforms
+from onnx_optax import _checks, registry
 
-#: The transforms' state NamedTuples: what the bridges look for inside a state
-#: (alone, in an ``optax.chain`` or under ``optax.multi_transform``).
-RULE_STATES = (
-  transforms.MomentumState,
-  transforms.AdagradState,
-  transforms.AdamState,
-  transforms.DirectMLAdamState,
-  transforms.OrtAdamWState,
-  transforms.PyTorchSGDState,
-  transforms.PyTorchAdagradState,
-  transforms.PyTorchAdamState,
-  transforms.KerasAdamState,
-)
+
+def rule_states() -> tuple[type, ...]:
+  """The state NamedTuples of the registered rules that keep state tensors, in registration order.
+
+  What the bridges look for inside a state (alone, in an ``optax.chain`` or
+  under ``optax.multi_transform``). Read from the registry at each call, so
+  that a rule registered from outside the package counts as well.
+  """
+  return tuple(dict.fromkeys(rule.state for rule in registry.rules() if rule.fields))
+
+
+def _rule_state_test() -> Callable[[Any], bool]:
+  """``is_leaf`` for a walk over a state: a rule state of :func:`rule_states` (read once per walk)."""
+  kinds = rule_states()
+  return lambda node: isinstance(node, kinds)
 
 
 #: How to install each framework the bridges import (docs/interop.md, "Installing").
@@ -103,8 +106,9 @@ def first_field(state: Any) -> Any:
   another label's transform owns: flatten it with ``is_leaf=is_masked`` to
   see every parameter's place.
   """
-  for node in jax.tree.leaves(state, is_leaf=_is_rule_state):
-    if _is_rule_state(node):
+  is_rule_state = _rule_state_test()
+  for node in jax.tree.leaves(state, is_leaf=is_rule_state):
+    if is_rule_state(node):
       return node[1]
   return None
 
@@ -313,7 +317,8 @@ def positions(state: Any, n_leaves: int, kinds: tuple[type, ...]) -> list[Positi
     ValueError: a parameter owned by no rule state or by several, or a rule
       state with another number of leaves.
   """
-  found = [node for node in jax.tree.leaves(state, is_leaf=_is_rule_state) if _is_rule_state(node)]
+  is_rule_state = _rule_state_test()
+  found = [node for node in jax.tree.leaves(state, is_leaf=is_rule_state) if is_rule_state(node)]
   names = " or ".join(kind.__name__ for kind in kinds)
   if not found:
     raise TypeError(f"state holds no {names}: pass the state of the transform the bridge returned")
@@ -340,10 +345,6 @@ def positions(state: Any, n_leaves: int, kinds: tuple[type, ...]) -> list[Positi
   return owners  # type: ignore[return-value]
 
 
-def _is_rule_state(node: Any) -> bool:
-  return isinstance(node, RULE_STATES)
-
-
 def is_masked(node: Any) -> bool:
   """``optax.MaskedNode``: a leaf of a rule state's field that another label's transform owns."""
   return isinstance(node, optax.MaskedNode)
@@ -364,8 +365,10 @@ def fill(state: Any, treedef: jax.tree_util.PyTreeDef, values: Sequence[Sequence
       ``MaskedNode``.
   """
 
+  is_rule_state = _rule_state_test()
+
   def fill_one(node):
-    if not _is_rule_state(node):
+    if not is_rule_state(node):
       return node
     fields = []
     for tree, field_values in zip(node[1:], values):
@@ -380,7 +383,37 @@ def fill(state: Any, treedef: jax.tree_util.PyTreeDef, values: Sequence[Sequence
       )
     return type(node)(node.count, *fields)
 
-  return jax.tree.map(fill_one, state, is_leaf=_is_rule_state)
+  return jax.tree.map(fill_one, state, is_leaf=is_rule_state)
+
+
+def counts_placed(state: Any, leaves: Sequence[Any]) -> Any:
+  """``state`` with each rule state's ``count`` replicated on the devices of the parameters' sharding.
+
+  ``init`` leaves the count uncommitted on the default device, and a jitted
+  step returns it on the parameters' mesh: the second step would see another
+  input sharding and compile again. Placed here, the first step's count is
+  placed as every later one. The sharding is the first leaf's that has one
+  (a ``NamedSharding``: its mesh, replicated; one device: that device);
+  leaves without one, or on devices that no replicated sharding names here,
+  leave the state as it is.
+  """
+  sharding = next((s for s in (getattr(leaf, "sharding", None) for leaf in leaves) if s is not None), None)
+  if isinstance(sharding, jax.sharding.NamedSharding):
+    target: Any = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+  elif sharding is not None and len(sharding.device_set) == 1:
+    target = sharding
+  else:
+    return state
+  is_rule_state = _rule_state_test()
+
+  def place(node: Any) -> Any:
+    if not is_rule_state(node):
+      return node
+    count = np.asarray(node.count)
+    # From the host, each process its own devices: a mesh over several processes too.
+    return node._replace(count=jax.make_array_from_callback((), target, lambda _: count))
+
+  return jax.tree.map(place, state, is_leaf=is_rule_state)
 
 
 def partition(

@@ -37,8 +37,9 @@ from typing import Any
 import numpy as np
 import optax
 
-from onnx_optax import _checks, transforms
+from onnx_optax import _checks, registry
 from onnx_optax.interop import _common
+from onnx_optax.rules import onnx_adam
 from onnx_optax.rules.keras import KerasAdamState
 
 __all__ = ["from_keras", "to_keras"]
@@ -77,8 +78,22 @@ _OPTIONS = (
 )
 
 
+# ONNX Adam with norm_coefficient = norm_coefficient_post = 0 is DirectML's Adam (docs/spec.md), the rule
+# the Keras twin is the twin of, from T = 1 on: to_keras loads its state too, its T counted as
+# DirectML's. The registry binds ONNX Adam to no Keras optimizer; this bridge reads its state.
+_ALSO_LOADED = (onnx_adam.RULE,)
+
+
 def _keras() -> Any:
   return _common.require("keras", "onnx_optax.interop.keras")
+
+
+def _twin() -> registry.Rule:
+  """The rule the registry binds to ``keras.optimizers.Adam`` (``Binding("keras", "Adam")``)."""
+  bound = [rule for rule in registry.rules() if (b := rule.binding("keras")) is not None and b.name == "Adam"]
+  if len(bound) != 1:
+    raise LookupError(f"the registry binds {len(bound)} rules to keras.optimizers.Adam, not one")
+  return bound[0]
 
 
 def from_keras(
@@ -154,13 +169,17 @@ def from_keras(
   variables = _variables(optimizer)
   if variables is not None:
     _common.check_leaves(leaves, paths, _described(variables), "Keras")
-  tx = transforms.keras_adam(
-    learning_rate,
-    # Checked under Keras's names, with the ranges of their kinds (docs/spec.md).
-    beta_1=_checks.decay("beta_1", _common.real_number("beta_1", optimizer.beta_1), below_one=True),
-    beta_2=_checks.decay("beta_2", _common.real_number("beta_2", optimizer.beta_2)),
-    epsilon=_checks.epsilon("epsilon", _common.real_number("epsilon", optimizer.epsilon)),
-    initial_count=_iterations(keras, optimizer),
+  rule = _twin()
+  binding = rule.binding("keras")
+  names = binding.names if binding is not None else {}
+
+  def name(h: str) -> str:
+    return names.get(h, h)
+
+  # Each checked by the rule's declared check, under Keras's name (docs/spec.md, "Hyperparameter ranges").
+  options = {h: _common.real_number(name(h), getattr(optimizer, name(h))) for h in rule.hyperparameters}
+  tx = rule.transform(
+    learning_rate, **rule.checked(options, name=name), initial_count=_iterations(keras, optimizer)
   )
   state = tx.init(params)
   if variables is not None:
@@ -173,7 +192,7 @@ def from_keras(
         for field in moments
       ],
     )
-  return tx, state
+  return tx, _common.counts_placed(state, leaves)
 
 
 def to_keras(state: Any, optimizer: Any, params: Any = None, *, variables: Any = None) -> None:
@@ -224,11 +243,14 @@ def to_keras(state: Any, optimizer: Any, params: Any = None, *, variables: Any =
       )
     built = list(variables)
   described = _described(built)
-  kinds = (transforms.KerasAdamState, transforms.DirectMLAdamState, transforms.AdamState)
-  owners = _common.positions(state, len(built), kinds)
-  # Keras's iterations: keras_adam's count, DirectML's and ONNX Adam's T minus one.
+  twin = _twin()
+  spec_rules = tuple(rule for rule in (twin.twin_of, *_ALSO_LOADED) if rule is not None)
+  owners = _common.positions(state, len(built), tuple(dict.fromkeys(r.state for r in (twin, *spec_rules))))
+  # Keras's iterations: the twin's count; the spec rules' T (counted as the rule the twin is the twin of:
+  # its first count where the twin's is 0) minus that offset. ``counts`` holds iterations + 1.
+  offset = twin.twin_of.first_count() - twin.first_count() if twin.twin_of is not None else 0
   counts = {
-    int(owner.rule_state.count) + (1 if isinstance(owner.rule_state, transforms.KerasAdamState) else 0)
+    int(owner.rule_state.count) + (1 if isinstance(owner.rule_state, twin.state) else 1 - offset)
     for owner in owners
   }
   if len(counts) != 1:

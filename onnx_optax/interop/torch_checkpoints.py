@@ -48,8 +48,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from onnx_optax.interop import _common
-from onnx_optax.interop import torch as bridge
+from onnx_optax.interop import _common, _dtensor, _torch_optim, _torch_placement
 from onnx_optax.interop.torch_state_dict import to_torch_state_dict
 
 __all__ = [
@@ -189,7 +188,7 @@ def to_torch_scheduler_state_dict(
     >>> later["last_epoch"], later["_last_lr"]
     (5, [0.025])
   """
-  torch = bridge._torch()
+  torch = _torch_optim.torch()
   kind = _scheduler_kind(scheduler_state_dict)
   groups = _param_groups(like, "like")
   steps = _steps(steps)
@@ -296,7 +295,7 @@ def to_trainer_checkpoint(
       with the state's count; ``directory`` that is ``checkpoint``.
       Everything is checked before anything is written.
   """
-  torch = bridge._torch()
+  torch = _torch_optim.torch()
   source, target = pathlib.Path(checkpoint), pathlib.Path(directory)
   for name in ("optimizer.pt", "scheduler.pt", "trainer_state.json"):
     if not (source / name).is_file():
@@ -387,7 +386,7 @@ def to_lightning_checkpoint(
       :func:`~onnx_optax.interop.to_torch_state_dict` and
       :func:`to_torch_scheduler_state_dict`.
   """
-  torch = bridge._torch()
+  torch = _torch_optim.torch()
   missing = [
     key for key in ("optimizer_states", "lr_schedulers", "loops", "state_dict") if key not in checkpoint
   ]
@@ -619,13 +618,13 @@ def _weights(torch: Any, old: Mapping[str, Any], new: Mapping[str, Any]) -> dict
   if missing or extra:
     raise ValueError(
       f"weights must have the keys of checkpoint['state_dict'] (module.state_dict() after loading the JAX "
-      f"parameters): missing {bridge._few(missing)}, unknown {bridge._few(extra)}"
+      f"parameters): missing {_torch_placement.few(missing)}, unknown {_torch_placement.few(extra)}"
     )
   out = {}
   for key, like in old.items():
     value = new[key]
     if not isinstance(value, torch.Tensor):
-      value = bridge._to_tensor(torch, np.asarray(value), like, f"weights[{key!r}]")
+      value = _dtensor.to_tensor(torch, np.asarray(value), like, f"weights[{key!r}]")
     if tuple(value.shape) != tuple(like.shape) or value.dtype != like.dtype:
       raise ValueError(
         f"weights[{key!r}] has shape {tuple(value.shape)} and dtype {value.dtype}, but "

@@ -40,7 +40,7 @@ import jax
 import numpy as np
 import optax
 
-from onnx_optax.interop import _common
+from onnx_optax.interop import _common, _dtensor, _torch_optim, _torch_placement
 from onnx_optax.interop import torch as bridge
 
 __all__ = ["from_torch_state_dict", "to_torch_state_dict"]
@@ -50,12 +50,6 @@ _SIGNATURE = {
   "SGD": frozenset({"momentum", "dampening", "nesterov"}),
   "Adagrad": frozenset({"lr_decay", "initial_accumulator_value"}),
   "Adam": frozenset({"betas", "amsgrad"}),
-}
-_ENTRY = {
-  "SGD": frozenset({"momentum_buffer"}),
-  "Adagrad": frozenset({"step", "sum"}),
-  "Adam": frozenset({"step", "exp_avg", "exp_avg_sq"}),
-  "AdamW": frozenset({"step", "exp_avg", "exp_avg_sq"}),
 }
 
 
@@ -154,7 +148,7 @@ def from_torch_state_dict(
     >>> type(state).__name__, int(state.count)
     ('PyTorchAdamState', 1)
   """
-  torch = bridge._torch()
+  torch = _torch_optim.torch()
   state_dict, _ = _unflattened(state_dict, "state_dict")
   kind, groups, entries, keys, names = _read(state_dict, optimizer, "state_dict")
   names = _given_names(param_names, keys, names, "state_dict")
@@ -171,11 +165,11 @@ def from_torch_state_dict(
   view_groups = _groups(kind, groups, stand_ins, names)
   # The groups first: an option no rule has (amsgrad=True) is the reason, not the state it keeps.
   for g, group in enumerate(view_groups):
-    bridge._check_group(g, group, kind, source="state_dict")
+    _torch_optim.check_group(g, group, kind, source="state_dict")
   for i, key in enumerate(keys):
     leaf, path = leaves[perm[i]], paths[perm[i]]
     _check_entry(kind, key, entries.get(key, {}), tuple(leaf.shape), _common.dtype_name(leaf.dtype), path)
-  view = bridge.View(
+  view = _torch_optim.View(
     kind,
     view_groups,
     {stand_ins[key]: dict(entries[key]) for key in keys if key in entries},
@@ -250,29 +244,31 @@ def to_torch_state_dict(
     >>> opt.state[w]["momentum_buffer"]
     tensor([ 1., -1.])
   """
-  torch = bridge._torch()
+  torch = _torch_optim.torch()
   like, flat = _unflattened(like, "like")
   kind, groups, entries, keys, names = _read(like, optimizer, "like")
   names = _given_names(param_names, keys, names, "like")
   rates = _written_rates(groups, learning_rate)
   # Each parameter's state value, placed as to_torch places it: its shape and
   # dtype stand in for a parameter that has no entry in like yet.
-  owners = _common.positions(state, len(keys), bridge._STATES[kind])
-  perm = bridge.mapping(_common.first_field(state), names, "state", is_leaf=_common.is_masked)
+  owners = _common.positions(state, len(keys), _torch_optim.states(kind))
+  perm = _torch_placement.mapping(
+    _common.first_field(state), names, "state", is_leaf=_common.is_masked, source="state_dict"
+  )
   stand_ins = {}
   for i, key in enumerate(keys):
     value = owners[perm[i]].values[0]
     held = [v for v in entries.get(key, {}).values() if isinstance(v, torch.Tensor) and v.dim() > 0]
     shape, dtype = (tuple(held[0].shape), held[0].dtype) if held else (tuple(value.shape), value.dtype)
     device = held[0].device if held else "cpu"
-    template = held[0] if held and bridge._is_dtensor(held[0]) else None
+    template = held[0] if held and _dtensor.is_dtensor(held[0]) else None
     stand_ins[key] = _Param(key, shape, dtype, device, template)
   view_groups = _groups(kind, groups, stand_ins, names)
-  writes = bridge.checked_writes(torch, kind, view_groups, state)
+  writes = bridge.checked_writes(torch, kind, view_groups, state, source="state_dict")
   out_state: dict[Any, dict] = {}
   for p, group, count, tensors in writes:
     slot = dict(entries.get(p.key, {}))  # a copy: like keeps its tensors
-    bridge.write(torch, kind, slot, group, p, count, tensors)
+    _torch_optim.write(torch, kind, slot, group, p, count, tensors)
     if slot:
       out_state[p.key] = slot
   out_groups = [
@@ -291,7 +287,7 @@ def _placed(params: Any, leaves: list, paths: list[str], keys: list, names: list
   """The mapping of the params' leaves on the state dict's parameters, or a refusal naming the leaves."""
   if names is not None:
     try:
-      perm = bridge.mapping(params, names, "params")
+      perm = _torch_placement.mapping(params, names, "params", source="state_dict")
     except ValueError as error:
       raise ValueError(f"{error}{_tied(leaves, paths) if len(leaves) > len(keys) else ''}") from None
   if len(leaves) != len(keys):
@@ -313,7 +309,7 @@ def _placed(params: Any, leaves: list, paths: list[str], keys: list, names: list
       f"params has {len(leaves)} leaves but the state dict's param groups list {len(keys)} parameters: "
       f"{which}{_tied(leaves, paths) if len(leaves) > len(keys) else ''}; pass one leaf per parameter"
     )
-  return bridge.mapping(params, names, "params") if names is None else perm
+  return _torch_placement.mapping(params, names, "params", source="state_dict") if names is None else perm
 
 
 def _tied(leaves: list, paths: list[str]) -> str:
@@ -419,7 +415,7 @@ def _given_names(
     )
   twice = sorted(name for name, n in collections.Counter(given).items() if n > 1)
   if twice:
-    raise ValueError(f"param_names names several parameters {bridge._few(twice)}: each name once")
+    raise ValueError(f"param_names names several parameters {_torch_placement.few(twice)}: each name once")
   if names is not None and names != given:
     i = next(i for i, (a, b) in enumerate(zip(names, given)) if a != b)
     raise ValueError(
@@ -506,7 +502,7 @@ def _kind(groups: list[dict], optimizer: Any, argument: str) -> str:
   """The optimizer's kind: given, or told by the param groups' keys."""
   fitting = []
   for kind, signature in _SIGNATURE.items():
-    allowed = bridge._KEYS[kind] | {"params", "param_names"}
+    allowed = _torch_optim.KEYS[kind] | {"params", "param_names"}
     if groups and all(signature <= set(group) <= allowed for group in groups):
       fitting.append(kind)
   inferred = None
@@ -519,8 +515,8 @@ def _kind(groups: list[dict], optimizer: Any, argument: str) -> str:
     if inferred is None:
       keys = sorted(set().union(*map(set, groups)) - {"params"}) if groups else []
       raise TypeError(
-        f"{argument}'s param groups (options {keys}) are not those of torch.optim.SGD, Adagrad, Adam or "
-        f"AdamW in PyTorch 2.13"
+        f"{argument}'s param groups (options {keys}) are not those of "
+        f"torch.optim.{_torch_optim.listed(list(_torch_optim.twins()), 'or')} in PyTorch 2.13"
         + (
           ": an Adam's or an AdamW's without 'decoupled_weight_decay'; pass optimizer='Adam' or 'AdamW'"
           if fitting == ["Adam"]
@@ -529,9 +525,11 @@ def _kind(groups: list[dict], optimizer: Any, argument: str) -> str:
       )
     return inferred
   given = getattr(optimizer, "__name__", optimizer)
-  if given not in ("SGD", "Adagrad", "Adam", "AdamW"):
+  kinds = list(_torch_optim.twins())
+  if given not in kinds:
     raise TypeError(
-      f"optimizer must be 'SGD', 'Adagrad', 'Adam' or 'AdamW' (or the class), got {optimizer!r}"
+      f"optimizer must be {_torch_optim.listed([repr(k) for k in kinds], 'or')} (or the class), "
+      f"got {optimizer!r}"
     )
   family = "Adam" if given in ("Adam", "AdamW") else given
   if fitting and family not in fitting:
@@ -539,16 +537,23 @@ def _kind(groups: list[dict], optimizer: Any, argument: str) -> str:
   return given
 
 
+def _entry(kind: str) -> frozenset[str]:
+  """The keys of a parameter's state entry: the twin's fields (PyTorch's names), and ``step`` where kept."""
+  fields = {field.name for field in _torch_optim.twins()[kind].fields}
+  return frozenset(fields | ({"step"} if kind in _torch_optim.STEPS else set()))
+
+
 def _check_entry(kind: str, key: Any, entry: Mapping[str, Any], shape: tuple, dtype: str, path: str) -> None:
   """A state entry's tensors have the parameter's shape and dtype; its ``step`` is a count."""
   where = f"state_dict['state'][{key!r}]"
-  missing = sorted(_ENTRY[kind] - {"momentum_buffer"} - set(entry)) if entry else []
+  keeps = _entry(kind)
+  missing = sorted(keeps - {"momentum_buffer"} - set(entry)) if entry else []
   if missing:
     raise ValueError(
-      f"{where} has no {missing}: torch.optim.{kind} keeps {sorted(_ENTRY[kind])} for every "
+      f"{where} has no {missing}: torch.optim.{kind} keeps {sorted(keeps)} for every "
       f"parameter it has stepped (a truncated or edited checkpoint)"
     )
-  unknown = sorted(set(entry) - _ENTRY[kind])
+  unknown = sorted(set(entry) - keeps)
   if unknown:
     raise ValueError(
       f"{where} has {unknown}, which torch.optim.{kind} does not keep (amsgrad's max_exp_avg_sq, or "
@@ -581,7 +586,7 @@ def _groups(kind: str, groups: list[dict], stand_ins: dict, names: list | None) 
     members = [stand_ins[key] for key in group["params"]]
     # Options an older PyTorch saved no key for: the behaviour it had (none of them but maximize
     # changes the arithmetic, and maximize did not exist).
-    older = {key: value for key, value in _OLDER_DEFAULTS.items() if key in bridge._KEYS[kind]}
+    older = {key: value for key, value in _OLDER_DEFAULTS.items() if key in _torch_optim.KEYS[kind]}
     view = {**older, **group, "params": members}
     if kind in ("Adam", "AdamW"):
       view.setdefault("decoupled_weight_decay", kind == "AdamW")

@@ -1,0 +1,146 @@
+"""PyTorch tensors on the host and back, DTensors (FSDP2's parameters and state) included.
+
+What the PyTorch bridges read of a tensor is its values on the host; of a
+``DTensor`` (``fully_shard``), this rank's shard with its place in the global
+tensor (:class:`~onnx_optax.interop._common.HostPiece`). What they write is a
+tensor like the one it replaces: on its device, and a ``DTensor`` with its
+placements and mesh where that one is. Nothing here knows an optimizer.
+Importing this module does not import PyTorch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from onnx_optax.interop import _common
+
+__all__ = ["check_held", "dtensor_region", "is_dtensor", "to_host", "to_numpy", "to_tensor"]
+
+
+def to_numpy(torch: Any, tensor: Any) -> np.ndarray:
+  tensor = tensor.detach().cpu()
+  if tensor.dtype == torch.bfloat16:
+    import ml_dtypes  # a dependency of jax and of onnx_optax
+
+    # float32 holds every bfloat16 exactly.
+    return tensor.float().numpy().astype(ml_dtypes.bfloat16)
+  return tensor.numpy().copy()
+
+
+def to_host(torch: Any, tensor: Any, where: str = "") -> np.ndarray | _common.HostPiece:
+  """A tensor's values on the host; of a ``DTensor``, this rank's shard (a piece, unless it is all)."""
+  if not is_dtensor(tensor):
+    return to_numpy(torch, tensor)
+  region, shape = dtensor_region(tensor, where), tuple(tensor.shape)
+  host = to_numpy(torch, tensor.to_local())
+  if all(a == 0 and b == n for (a, b), n in zip(region, shape)):
+    return host
+  return _common.HostPiece(host, tuple(a for a, _ in region), shape)
+
+
+def to_tensor(torch: Any, value: Any, like: Any, where: str) -> Any:
+  """A JAX (or NumPy) value as a tensor like ``like``: on its device, and a ``DTensor`` with its
+  placements when ``like`` is one (a FSDP2 parameter) or a stand-in for one (``like.template``)."""
+  template = like if is_dtensor(like) else getattr(like, "template", None)
+  region = dtensor_region(template, where) if template is not None else None
+  host = _common.host_region(value, region)
+  if host is None:
+    held = [_common.bounds(s.index, value.shape) for s in value.addressable_shards]
+    raise ValueError(
+      f"{where} is a JAX array over several processes, and this process's shards {held} do not hold "
+      + (
+        f"{region}, what this rank's DTensor holds: place the JAX arrays so that each process holds its "
+        f"rank's shards (FSDP2's Shard(0): the first dimension split over the processes in rank order)"
+        if region is not None
+        else "all of it, which a template of whole tensors (a gathered state dict) needs: write into each "
+        "rank's sharded state dict (get_optimizer_state_dict without full_state_dict), or gather the state "
+        "first: state = jax.experimental.multihost_utils.process_allgather(state, tiled=True)"
+      )
+    )
+  if _common.dtype_name(host.dtype) == "bfloat16":
+    tensor = torch.from_numpy(host.astype(np.float32)).to(torch.bfloat16)
+  else:
+    tensor = torch.from_numpy(np.array(host))
+  if template is None:
+    return tensor.to(device=like.device)
+  from torch.distributed.tensor import DTensor
+
+  return DTensor.from_local(
+    tensor.to(device=template.to_local().device),
+    template.device_mesh,
+    template.placements,
+    run_check=False,
+    shape=template.shape,
+    stride=template.stride(),
+  )
+
+
+def is_dtensor(tensor: Any) -> bool:
+  """A ``torch.distributed.tensor.DTensor`` (FSDP2's parameters and state), without importing it."""
+  return all(hasattr(tensor, name) for name in ("device_mesh", "placements", "to_local"))
+
+
+def dtensor_region(tensor: Any, where: str = "") -> tuple[tuple[int, int], ...]:
+  """``(start, stop)`` per dimension of the global tensor that this rank's local tensor holds.
+
+  ``Shard(d)`` splits dimension ``d`` as ``torch.chunk`` does (pieces of
+  ``ceil(n / k)``, the last ones shorter or empty), mesh dimension by mesh
+  dimension; ``Replicate()`` keeps it whole. Other placements (``Partial``,
+  the strided shards of tensor parallelism) hold no such block: refused.
+  """
+  from torch.distributed.tensor import Replicate, Shard
+
+  mesh, placements = tensor.device_mesh, tensor.placements
+  coordinate = mesh.get_coordinate()
+  bounds = [[0, int(n)] for n in tensor.shape]
+  gathered = (
+    "read the gathered state instead: get_optimizer_state_dict(model, optimizer, "
+    "options=StateDictOptions(full_state_dict=True))"
+  )
+  for axis, placement in enumerate(placements):
+    if type(placement) is Replicate:
+      continue
+    if type(placement) is not Shard or coordinate is None:
+      raise ValueError(
+        f"{where or 'a DTensor'} has placements {tuple(placements)} on {mesh}"
+        + (": this rank is not in its mesh" if coordinate is None else "")
+        + f"; the bridge reads this rank's shard of Shard(d) and Replicate() placements only: {gathered}"
+      )
+    d = placement.dim % len(bounds)
+    start, stop = bounds[d]
+    n, k, c = stop - start, mesh.size(axis), coordinate[axis]
+    chunk = -(-n // k)
+    bounds[d] = [start + min(c * chunk, n), start + min((c + 1) * chunk, n)]
+  local = tuple(tensor.to_local().shape)
+  if tuple(b - a for a, b in bounds) != local:
+    raise ValueError(
+      f"{where or 'a DTensor'} of shape {tuple(tensor.shape)} with placements {tuple(placements)} holds a "
+      f"local tensor of shape {local} on this rank, not the torch.chunk piece {bounds}: {gathered}"
+    )
+  return tuple((a, b) for a, b in bounds)
+
+
+def check_held(value: Any, leaf: Any, where: str, *, weights: bool = False) -> None:
+  """Refuses a rank's shard (a ``HostPiece``) that lacks a region ``leaf``'s devices on this process need."""
+  missing = _common.missing_region(value, leaf)
+  if missing is None:
+    return
+  sharding = getattr(leaf, "sharding", None)
+  split = (
+    "each process's devices hold parts of its rank's shard (FSDP2's Shard(0): the first dimension split "
+    "over the processes in rank order)"
+  )
+  raise ValueError(
+    f"{where} is a DTensor, and this rank holds its part {value.region()} (of shape {tuple(value.shape)}), "
+    f"but the JAX target{f' (a {sharding})' if sharding is not None else ''} needs {missing} on this "
+    f"process's devices. "
+    + (
+      f"Pass like with a sharding over the processes (jax.ShapeDtypeStruct(shape, dtype, sharding=...)) "
+      f"in which {split}"
+      if weights
+      else f"Shard the JAX parameters so that {split}, or read the gathered state on every rank: "
+      f"get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))"
+    )
+  )

@@ -1,0 +1,417 @@
+"""The PyTorch optimizers the bridges carry: their classes, options, refusals and state entries.
+
+Which rule carries a ``torch.optim`` class is the registry's: the twin that
+declares ``Binding("torch", <class name>)`` (:func:`twins`), whose
+``twin_of`` is the spec rule whose state :func:`~onnx_optax.interop.to_torch`
+loads too. Each group option that is a hyperparameter of that twin is checked
+by the twin's declared check, under the name the PyTorch user wrote
+(``param_groups[0]['momentum']``). What this module adds is PyTorch's own:
+the options each class has in PyTorch 2.13, what the bridge refuses because
+no rule reproduces it (``amsgrad``, tensor hyperparameters, ...), and where
+PyTorch keeps a parameter's state (the twin's fields are PyTorch's keys;
+``step`` beside them). Importing this module does not import PyTorch.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+import optax
+
+from onnx_optax import _checks, registry
+from onnx_optax.interop import _common, _dtensor
+
+__all__ = [
+  "FLOAT32_EXACT_COUNT",
+  "KEYS",
+  "STEPS",
+  "View",
+  "as_pytorch_computes",
+  "check_group",
+  "check_scheduler",
+  "kind",
+  "listed",
+  "read_state",
+  "states",
+  "step_offset",
+  "torch",
+  "transform",
+  "twins",
+  "write",
+]
+
+_SGD_KEYS = frozenset(
+  {
+    "params",
+    "lr",
+    "momentum",
+    "dampening",
+    "weight_decay",
+    "nesterov",
+    "maximize",
+    "foreach",
+    "differentiable",
+    "fused",
+    "param_names",
+    "initial_lr",
+  }
+)
+_ADAGRAD_KEYS = frozenset(
+  {
+    "params",
+    "lr",
+    "lr_decay",
+    "eps",
+    "weight_decay",
+    "initial_accumulator_value",
+    "foreach",
+    "maximize",
+    "differentiable",
+    "fused",
+    "param_names",
+    "initial_lr",
+  }
+)
+# torch.optim.Adagrad keeps ``step`` as a float32 tensor: it counts exactly up
+# to 2**24, and PyTorch's own ``step += 1`` stops there.
+FLOAT32_EXACT_COUNT = 2**24
+
+_ADAM_KEYS = frozenset(
+  {
+    "params",
+    "lr",
+    "betas",
+    "eps",
+    "weight_decay",
+    "amsgrad",
+    "maximize",
+    "foreach",
+    "capturable",
+    "differentiable",
+    "fused",
+    "decoupled_weight_decay",
+    "param_names",
+    "initial_lr",
+  }
+)
+#: The options of each class the bridge reads, in PyTorch 2.13 (a group with another is refused).
+KEYS = {"SGD": _SGD_KEYS, "Adagrad": _ADAGRAD_KEYS, "Adam": _ADAM_KEYS, "AdamW": _ADAM_KEYS}
+#: The classes that keep a ``step`` beside the twin's fields; SGD keeps none (a buffer means a step).
+STEPS = frozenset({"Adagrad", "Adam", "AdamW"})
+# The group option that the bridge applies before the twin, as optax.scale(-1) (docs/interop.md):
+# the twin runs with its own default, maximize=False.
+_NEGATED_FIRST = "maximize"
+
+
+def torch() -> Any:
+  """PyTorch, or an ImportError that says how to install it."""
+  return _common.require("torch", "onnx_optax.interop.torch")
+
+
+def twins() -> dict[str, registry.Rule]:
+  """Per ``torch.optim`` class the bridge reads (:data:`KEYS`), by name: the twin the registry binds to it.
+
+  Read from the registry at each call (``Binding("torch", "SGD")`` ...), in :data:`KEYS`' order.
+  """
+  bound = {b.name: rule for rule in registry.rules() if (b := rule.binding("torch")) is not None}
+  return {kind: bound[kind] for kind in KEYS if kind in bound}
+
+
+def listed(kinds: Sequence[str], word: str = "and") -> str:
+  """``"SGD, Adagrad, Adam and AdamW"``."""
+  return ", ".join(kinds[:-1]) + f" {word} {kinds[-1]}" if len(kinds) > 1 else "".join(kinds)
+
+
+def states(kind: str) -> tuple[type, ...]:
+  """The states :func:`~onnx_optax.interop.to_torch` loads into a ``kind``: its twin's, then its twin_of's."""
+  twin = twins()[kind]
+  return tuple(dict.fromkeys(rule.state for rule in (twin, twin.twin_of) if rule is not None))
+
+
+def step_offset(kind: str, state: Any) -> int:
+  """A rule state's ``count`` minus PyTorch's ``step`` (the updates done) at the same point of a run.
+
+  0 for the twin (its count is PyTorch's step); for the rule it is the twin of, the difference
+  of the two transforms' first counts (``ort_adamw``'s ``T`` starts at 1, where PyTorch's
+  Adam has taken no step).
+  """
+  twin = twins()[kind]
+  if isinstance(state, twin.state) or twin.twin_of is None:
+    return 0
+  return twin.twin_of.first_count() - twin.first_count()
+
+
+def kind(torch: Any, optimizer: Any) -> str:
+  """The optimizer's class name, one of :func:`twins`; a subclass or another optimizer is refused."""
+  cls, bound = type(optimizer), twins()
+  classes = {name: getattr(torch.optim, name) for name in bound}
+  for name, known in classes.items():
+    if cls is known:
+      return name
+  if isinstance(optimizer, tuple(classes.values())):
+    raise TypeError(
+      f"{cls.__module__}.{cls.__qualname__} subclasses a PyTorch optimizer and may change its "
+      f"step; the bridges map torch.optim.{listed(list(bound))} themselves"
+    )
+  mapped = [f"torch.optim.{name} (onnx_optax.{rule.name})" for name, rule in bound.items()]
+  raise TypeError(
+    f"no onnx_optax rule is {cls.__module__}.{cls.__qualname__}: the PyTorch bridges map {listed(mapped)}"
+  )
+
+
+class View(NamedTuple):
+  """What the bridge reads of an optimizer: a live ``torch.optim`` one, or one rebuilt from a state dict.
+
+  ``groups`` are param groups whose ``params`` are the parameters (tensors,
+  or stand-ins with ``shape``, ``dtype``, ``device`` and ``is_complex()``),
+  ``state`` maps a parameter to its state entry, ``defaults`` are the
+  constructor's options (None when unknown).
+  """
+
+  kind: str
+  groups: Sequence[dict]
+  state: Mapping[Any, dict]
+  defaults: Mapping[str, Any] | None
+  source: str = "optimizer"  # "state_dict": a refusal's advice edits the state dict instead
+
+
+def check_group(g: int, group: dict, kind: str, *, source: str = "optimizer") -> None:
+  """Refuses a group of ``kind`` with an option the bridge cannot carry exactly, naming it and the fix."""
+  known = KEYS[kind]
+  unknown = sorted(set(group) - known)
+  if unknown:
+    raise ValueError(
+      f"param_groups[{g}] has options {unknown} that torch.optim.{kind} does not have in "
+      f"PyTorch 2.13 (a scheduler's, or a newer PyTorch's): onnx_optax cannot tell whether "
+      f"they change the update"
+    )
+  lr = group["lr"]
+  if kind == "Adagrad" and _is_tensor(lr) and str(lr.dtype) != "torch.float64" and group["lr_decay"] != 0:
+    # PyTorch's Adagrad computes lr / (1 + (step - 1) * lr_decay) in the
+    # tensor's dtype; a Python float (or a float64 tensor) computes in float64.
+    raise ValueError(
+      f"param_groups[{g}]['lr'] is a {str(lr.dtype).removeprefix('torch.')} tensor ({lr!r}) and "
+      f"lr_decay is {group['lr_decay']}: torch.optim.Adagrad then computes "
+      f"lr / (1 + (step - 1) * lr_decay) in {str(lr.dtype).removeprefix('torch.')}, not in float64 as "
+      f"for a Python float, so no transform follows its rounding. {_float_advice('lr', source)}"
+    )
+  if group.get("differentiable"):
+    raise ValueError(
+      f"param_groups[{g}] has differentiable=True: it differentiates through PyTorch's step, "
+      f"which a copy of the state cannot carry; build the optimizer with differentiable=False "
+      f"(JAX differentiates through the transform itself)"
+    )
+  if kind in ("Adam", "AdamW"):
+    _check_adam_group(g, group, kind, source=source)
+  if kind == "SGD":
+    if group["nesterov"] and (group["momentum"] == 0 or group["dampening"] != 0):
+      # PyTorch's constructor refuses this too; a group edited after it is not.
+      raise ValueError(
+        f"param_groups[{g}] has nesterov=True with momentum={group['momentum']} and "
+        f"dampening={group['dampening']}: PyTorch refuses Nesterov momentum without momentum "
+        f"or with dampening, and ONNX Momentum's Nesterov mode is PyTorch's only for "
+        f"dampening=0. Use dampening=0 (beta=1), or nesterov=False"
+      )
+
+
+def _float_advice(key: str, source: str = "optimizer") -> str:
+  """The advice of a refusal of a tensor hyperparameter: a Python float computes in float64, as the rules."""
+  value = "tuple(float(b) for b in group['betas'])" if key == "betas" else f"float(group[{key!r}])"
+  if source == "state_dict":
+    return (
+      f"Make it a Python float in the state dict, then call from_torch_state_dict: "
+      f"for group in state_dict['param_groups']: group[{key!r}] = {value} "
+      f"(and in the optimizer that loads it back, whose next steps then compute in float64 too)"
+    )
+  return (
+    f"Make it a Python float in the optimizer, then call from_torch: "
+    f"for group in optimizer.param_groups: group[{key!r}] = {value} "
+    f"(PyTorch's own next steps then compute in float64 too)"
+  )
+
+
+def _is_tensor(value: Any) -> bool:
+  return hasattr(value, "dtype") and hasattr(value, "detach")
+
+
+def as_pytorch_computes(schedule: Any, name: str, group: dict) -> Any:
+  """``schedule``, refusing a rate narrower than the group's parameters: PyTorch's ``lr`` is a Python float.
+
+  Checked when the transform evaluates it (the dtype is static, so under
+  ``jax.jit`` too): a float32 rate for float64 parameters is PyTorch's rate
+  rounded, 1e-8 relative off.
+  """
+  floats = [_common.dtype_name(p.dtype) for p in group["params"]]
+  floats = [d for d in floats if jax.numpy.issubdtype(d, jax.numpy.floating)]
+  widest = max(floats, key=lambda d: jax.numpy.finfo(d).bits, default=None)
+
+  def rate(n: Any) -> Any:
+    return _checks.wide_enough(
+      f"{name}'s value", schedule(n), at_least=widest, why=", where PyTorch's lr is a Python float (float64)"
+    )
+
+  return rate
+
+
+def check_scheduler(groups: Sequence[dict], rates: Sequence[Any]) -> None:
+  """Refuses a scheduler's groups without ``learning_rate``, giving the value that keeps them constant."""
+  if not any("initial_lr" in group and rate is None for group, rate in zip(groups, rates)):
+    return
+  current = [_common.real_number(f"param_groups[{g}]['lr']", group["lr"]) for g, group in enumerate(groups)]
+  value = repr(current[0]) if len(set(current)) == 1 else "[" + ", ".join(map(repr, current)) + "]"
+  each = "the current lr" if len(set(current)) == 1 else "the groups' current lrs, one per group"
+  raise ValueError(
+    f"param_groups have 'initial_lr': a learning-rate scheduler is attached, and its schedule is "
+    f"not part of the optimizer. Pass learning_rate={value} ({each}) to keep it constant, or a "
+    f"schedule n -> lr of the number n of JAX updates (the PyTorch schedule shifted by the steps "
+    f"already taken, e.g. optax.cosine_decay_schedule(...) evaluated at n + steps), or a list with "
+    f"one float or schedule per group"
+  )
+
+
+def _twin_of_group(kind: str, group: dict) -> registry.Rule:
+  """The twin that takes this group's step: its class's, unless the group holds an option that twin
+  fixes and another twin of the same state takes (AdamW's ``decoupled_weight_decay``: PyTorch's
+  Adam step reads the flag from the group, whatever the class), then that one."""
+  bound = twins()
+  rule = bound[kind]
+  for other in bound.values():
+    extra = set(other.hyperparameters) - set(rule.hyperparameters)
+    if other.state is rule.state and extra and extra <= set(group):
+      return other
+  return rule
+
+
+def transform(kind: str, g: int, group: dict, R: Any, T: int) -> optax.GradientTransformationExtraArgs:
+  """The twin with group ``g``'s options and ``initial_count = T``.
+
+  Each option is checked by the twin's declared check (docs/spec.md, "Hyperparameter ranges")
+  under the name the PyTorch user wrote (``param_groups[0]['momentum']``), before any transform
+  is built. A tensor option is read with its value (:func:`~onnx_optax.interop._common.real_number`).
+  """
+  rule = _twin_of_group(kind, group)
+  binding = rule.binding("torch")
+  names = binding.names if binding is not None else {}
+
+  def name(h: str) -> str:
+    return f"param_groups[{g}][{names.get(h, h)!r}]"
+
+  options = {
+    h: group[names.get(h, h)] if declared.static else _common.real_number(name(h), group[names.get(h, h)])
+    for h, declared in rule.hyperparameters.items()
+    if h != _NEGATED_FIRST
+  }
+  if kind == "SGD" and options["momentum"] == 0:
+    options["dampening"] = 0.0  # momentum = 0 is plain SGD: PyTorch ignores dampening.
+  return rule.transform(R, **rule.checked(options, name=name), initial_count=T)
+
+
+def read_state(torch: Any, view: View, group: dict, p: Any, where: str) -> tuple[int, tuple[Any, ...]]:
+  """``(T, state tensors, each a NumPy array or None for zeros)`` of one parameter."""
+  kind, slot = view.kind, view.state.get(p, {})
+  if kind in ("Adam", "AdamW"):
+    return _read_adam_state(torch, kind, slot, where)
+  if kind == "SGD":
+    if group["momentum"] == 0:
+      return 0, (None,)  # plain SGD keeps no buffer, and its T does not matter (beta = 1)
+    buffer = slot.get("momentum_buffer")
+    return (0, (None,)) if buffer is None else (1, (_dtensor.to_host(torch, buffer, where),))
+  if "sum" not in slot:
+    # Adagrad fills the state of a parameter added after its constructor at
+    # that parameter's first step, from the optimizer's defaults.
+    if view.defaults is None:
+      raise ValueError(
+        f"Adagrad's state has no 'sum' for {p!r}: PyTorch fills it at the parameter's first step from "
+        f"the constructor's initial_accumulator_value, which a state dict does not hold. Take one step "
+        f"in PyTorch before saving, or use from_torch on the live optimizer"
+      )
+    value = view.defaults["initial_accumulator_value"]
+    return 0, (np.full(tuple(p.shape), value, _common.dtype_name(p.dtype)),)
+  step = float(slot["step"])
+  if step != int(step) or not 0 <= step <= 2**31 - 1:
+    raise ValueError(f"Adagrad's step of a parameter is {step}, not a count of updates")
+  return int(step), (_dtensor.to_host(torch, slot["sum"], where),)
+
+
+def write(torch: Any, kind: str, slot: dict, group: dict, p: Any, count: int, tensors: tuple) -> None:
+  """Rewrites one parameter's state entry ``slot`` (``optimizer.state[p]``) in place, from a checked
+  write (``count``: PyTorch's ``step``, the updates done)."""
+  if kind in ("Adam", "AdamW"):
+    _write_adam_state(torch, slot, group, p, count, tensors)
+    return
+  (tensor,) = tensors
+  if kind == "SGD":
+    if group["momentum"] == 0 or count == 0:
+      # No buffer: PyTorch's next step is a first step (count = 0), or keeps none.
+      slot.pop("momentum_buffer", None)
+    else:
+      slot["momentum_buffer"] = tensor
+  else:
+    old = slot.get("step")
+    step_dtype = old.dtype if isinstance(old, torch.Tensor) else torch.float32
+    step_device = old.device if isinstance(old, torch.Tensor) else "cpu"
+    slot["step"] = torch.tensor(float(count), dtype=step_dtype, device=step_device)
+    slot["sum"] = tensor
+
+
+# --- torch.optim.Adam and AdamW: the twins of ONNX Runtime AdamW, adam_mode = 0 ---------
+
+
+def _check_adam_group(g: int, group: dict, kind: str, *, source: str = "optimizer") -> None:
+  """Refuses what no transform reproduces exactly (before anything is read or written)."""
+  if group["amsgrad"]:
+    raise ValueError(
+      f"param_groups[{g}] has amsgrad=True: torch.optim.{kind} then divides by the running maximum "
+      f"of exp_avg_sq (max_exp_avg_sq), which no onnx_optax rule keeps. Build the optimizer with "
+      f"amsgrad=False; optax.amsgrad is the nearest Optax rule (it takes the maximum of the "
+      f"bias-corrected second moment, and eps outside the root: a different rule)"
+    )
+  for key in ("lr", "betas", "eps", "weight_decay"):
+    values = group[key] if key == "betas" else (group[key],)
+    if any(not isinstance(v, numbers.Real) for v in values):
+      raise ValueError(
+        f"param_groups[{g}][{key!r}] is a tensor ({group[key]!r}): PyTorch then computes the step "
+        f"size in the tensor's dtype (float32 unless made otherwise), not in float64 as for a Python "
+        f"number, so no transform follows its rounding. {_float_advice(key, source)}"
+      )
+  complex_params = [j for j, p in enumerate(group["params"]) if p.is_complex()]
+  if complex_params:
+    raise ValueError(
+      f"param_groups[{g}]['params'][{complex_params[0]}] is complex: torch.optim.{kind} updates its "
+      f"real and imaginary parts as two real tensors (torch.view_as_real). Carry real parameters: "
+      f"optimize torch.view_as_real views in PyTorch and float pairs in JAX"
+    )
+
+
+def _read_adam_state(torch: Any, kind: str, slot: dict, where: str) -> tuple[int, tuple[Any, ...]]:
+  """``(count, (exp_avg, exp_avg_sq))``: ``count`` is PyTorch's ``step`` (updates done)."""
+  if "exp_avg" not in slot:
+    # PyTorch creates the state at a parameter's first step: zeros, step 0.
+    return 0, (None, None)
+  step = float(slot["step"])
+  if step != int(step) or not 0 <= step <= 2**31 - 1:
+    raise ValueError(f"{kind}'s step of a parameter is {step}, not a count of updates")
+  return int(step), (
+    _dtensor.to_host(torch, slot["exp_avg"], where),
+    _dtensor.to_host(torch, slot["exp_avg_sq"], where),
+  )
+
+
+def _write_adam_state(torch: Any, slot: dict, group: dict, p: Any, steps: int, tensors: tuple) -> None:
+  """``step`` (updates done), ``exp_avg`` and ``exp_avg_sq`` of one parameter."""
+  old = slot.get("step")
+  if isinstance(old, torch.Tensor):
+    dtype, device = old.dtype, old.device
+  else:
+    # Where PyTorch's own first step puts it: float32 on the parameter's
+    # device for fused or capturable, else a default-dtype scalar on the CPU.
+    on_device = bool(group["fused"]) or bool(group["capturable"])
+    default = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+    dtype = torch.float32 if group["fused"] else default
+    device = p.device if on_device else "cpu"
+  slot["step"] = torch.tensor(float(steps), dtype=dtype, device=device)
+  slot["exp_avg"], slot["exp_avg_sq"] = tensors
