@@ -9,28 +9,119 @@ conformance suite can catch mistakes in the JAX code. They compute in
 Single-step functions take and return NumPy arrays and return the spec's
 outputs in the spec's order (``X_new`` first). :func:`trajectory` runs one
 rule over many steps on a list of tensors.
+
+**Registered by rule.** Each rule's expectation is registered under the
+rule's name (:func:`expectation`, :func:`register`), as one *step*
+``step(R, T, X, G, *state, dtype=np.float64, **hyperparameters) -> (X_new,
+*new_state)``, ``T`` the rule's count at this update (its state's
+``count``): the conformance suite and the tests look it up by the rule's
+name (:func:`get`). A rule registered from outside the package registers
+its own expectation, written from its spec::
+
+    from onnx_optax import reference
+
+    def sign_sgd(R, T, X, G, *, dtype=np.float64):
+      X, G, R = (np.asarray(v, dtype) for v in (X, G, R))
+      return (X - R * np.sign(G),)
+
+    reference.register("sign_sgd", sign_sgd, state=0)
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 __all__ = [
   "RULES",
+  "Expectation",
   "adagrad",
   "adam",
   "directml_adam",
+  "expectation",
+  "get",
   "momentum",
   "ort_adamw",
   "ort_sgd",
   "pytorch_adagrad",
   "pytorch_adam",
   "pytorch_sgd",
+  "register",
   "trajectory",
+  "unregister",
 ]
+
+
+class Expectation(NamedTuple):
+  """A rule's registered expectation.
+
+  Attributes:
+    step: ``step(R, T, X, G, *state, dtype=np.float64, **hyperparameters)``: the rule's outputs
+      on one tensor, ``(X_new, *new_state)``, computed in ``dtype`` (``None``: ``X``'s).
+    state: the number of state tensors.
+    framework_order: the expectation follows its framework's float32 operation order, each
+      fused multiply-add rounded once, and takes ``scalars={name: value}`` for the
+      step-dependent scalars a framework computes otherwise: in float32 it is that framework's
+      arithmetic to the bit where the operations are correctly rounded (the conformance check
+      then compares to the bit).
+  """
+
+  step: Callable[..., tuple[np.ndarray, ...]]
+  state: int
+  framework_order: bool = False
+
+
+_EXPECTATIONS: dict[str, Expectation] = {}
+
+#: name -> ``(step, number of state tensors)`` of every registered expectation.
+RULES: dict[str, tuple[Callable[..., tuple[np.ndarray, ...]], int]] = {}
+
+
+def register(
+  name: str, step: Callable[..., tuple[np.ndarray, ...]], *, state: int, framework_order: bool = False
+) -> Expectation:
+  """Registers ``step`` as the expectation of the rule ``name`` (see :class:`Expectation`).
+
+  Raises:
+    ValueError: an expectation of that name is registered already.
+  """
+  if name in _EXPECTATIONS:
+    raise ValueError(f"an expectation named {name!r} is registered already")
+  _EXPECTATIONS[name] = Expectation(step, state, framework_order)
+  RULES[name] = (step, state)
+  return _EXPECTATIONS[name]
+
+
+def expectation(name: str, *, state: int, framework_order: bool = False) -> Callable[[Any], Any]:
+  """A decorator: :func:`register` the decorated step under ``name``, and return it unchanged."""
+
+  def decorate(step: Any) -> Any:
+    register(name, step, state=state, framework_order=framework_order)
+    return step
+
+  return decorate
+
+
+def unregister(name: str) -> None:
+  """Removes an expectation registered from outside the package (for tests)."""
+  del _EXPECTATIONS[name], RULES[name]
+
+
+def get(name: str) -> Expectation:
+  """The expectation registered under a rule's name.
+
+  Raises:
+    KeyError: none is; the message lists the registered ones.
+  """
+  try:
+    return _EXPECTATIONS[name]
+  except KeyError:
+    raise KeyError(
+      f"no NumPy expectation registered for {name!r}: register one with onnx_optax.reference.register "
+      f"(registered: {', '.join(_EXPECTATIONS)})"
+    ) from None
 
 
 def _arrays(dtype: Any, *values: Any) -> list[np.ndarray]:
@@ -39,6 +130,7 @@ def _arrays(dtype: Any, *values: Any) -> list[np.ndarray]:
   return [np.asarray(v, dtype=dtype) for v in values]
 
 
+@expectation("momentum", state=1)
 def momentum(R, T, X, G, V, *, alpha, beta, mode, norm_coefficient, dtype=np.float64):
   """ONNX Momentum. ``T``: updates already conducted. Returns ``(X_new, V_new)``."""
   if mode not in ("standard", "nesterov"):
@@ -54,6 +146,7 @@ def momentum(R, T, X, G, V, *, alpha, beta, mode, norm_coefficient, dtype=np.flo
   return X_new, V_new
 
 
+@expectation("adagrad", state=1)
 def adagrad(R, T, X, G, H, *, decay_factor, epsilon, norm_coefficient, dtype=np.float64):
   """ONNX Adagrad. Returns ``(X_new, H_new)``."""
   X, G, H, R, decay_factor, epsilon, norm_coefficient = _arrays(
@@ -67,6 +160,7 @@ def adagrad(R, T, X, G, H, *, decay_factor, epsilon, norm_coefficient, dtype=np.
   return X_new, H_new
 
 
+@expectation("adam", state=2)
 def adam(
   R, T, X, G, V, H, *, alpha, beta, epsilon, norm_coefficient, norm_coefficient_post, dtype=np.float64
 ):
@@ -101,6 +195,7 @@ def directml_adam(X, M, V, G, T, *, learning_rate, beta1, beta2, epsilon, dtype=
   return X_new, M_new, V_new
 
 
+@expectation("ort_adamw", state=2)
 def ort_adamw(
   R, T, X, G, M1, M2, *, alpha, beta, epsilon, weight_decay, adam_mode, correct_bias, dtype=np.float64
 ):
@@ -137,6 +232,7 @@ def ort_adamw(
   return W, M1, M2
 
 
+@expectation("ort_sgd", state=0)
 def ort_sgd(R, T, X, G, *, dtype=np.float64):
   """ONNX Runtime SGDOptimizerV2 (``T`` is not read). Returns ``(W_new,)``."""
   del T
@@ -144,19 +240,10 @@ def ort_sgd(R, T, X, G, *, dtype=np.float64):
   return (W + (-lr) * G,)
 
 
+@expectation("directml_adam", state=2)
 def _directml_adam_spec_order(R, T, X, G, M, V, **hyper):
+  """:func:`directml_adam` with the spec's argument order ``(R, T, X, G, M, V)``."""
   return directml_adam(X, M, V, G, T, learning_rate=R, **hyper)
-
-
-#: name -> (step function taking ``(R, T, X, G, *S)``, number of state tensors)
-RULES: dict[str, tuple[Callable[..., tuple[np.ndarray, ...]], int]] = {
-  "momentum": (momentum, 1),
-  "adagrad": (adagrad, 1),
-  "adam": (adam, 2),
-  "directml_adam": (_directml_adam_spec_order, 2),
-  "ort_adamw": (ort_adamw, 2),
-  "ort_sgd": (ort_sgd, 0),
-}
 
 
 def trajectory(
@@ -172,7 +259,7 @@ def trajectory(
   """Runs ``rule`` for ``len(learning_rates)`` steps on a list of tensors.
 
   Args:
-    rule: a key of :data:`RULES`.
+    rule: a registered rule's name (:data:`RULES`).
     X: the tensors (the leaves of a pytree, in any fixed order).
     grads: per step, one gradient per tensor; or a function
       ``grads(step, X) -> gradients`` of the current tensors.
@@ -336,3 +423,57 @@ def pytorch_adam(
     exp_avg,
     exp_avg_sq,
   )  # addcdiv_(exp_avg, denom, value=-step_size)
+
+
+# -- the twins' steps, registered by rule: ``(R, T, X, G, *state)``, ``T`` their count ------------
+
+
+@expectation("pytorch_sgd", state=1, framework_order=True)
+def _pytorch_sgd_step(R, T, X, G, buf, *, maximize=False, dtype=np.float64, scalars=None, **hyper):
+  """:func:`pytorch_sgd`, the buffer as it was without momentum (PyTorch keeps none). Its scalars
+  (``-lr``, ``1 - dampening``) are Python floats: ``scalars`` changes nothing."""
+  del scalars
+  X_new, buf_new = pytorch_sgd(R, T, X, G, buf, maximize=maximize, dtype=dtype, **hyper)
+  return X_new, (np.asarray(buf, dtype) if buf_new is None else buf_new)
+
+
+@expectation("pytorch_adagrad", state=1, framework_order=True)
+def _pytorch_adagrad_step(R, T, X, G, state_sum, *, maximize=False, **kwargs):
+  """:func:`pytorch_adagrad` (``maximize`` off unless given)."""
+  return pytorch_adagrad(R, T, X, G, state_sum, maximize=maximize, **kwargs)
+
+
+@expectation("pytorch_adam", state=2, framework_order=True)
+def _pytorch_adam_step(
+  R, T, X, G, exp_avg, exp_avg_sq, *, maximize=False, decoupled_weight_decay=False, **kwargs
+):
+  """:func:`pytorch_adam` (``torch.optim.Adam``: the weight decay added to the gradient unless given)."""
+  return pytorch_adam(
+    R,
+    T,
+    X,
+    G,
+    exp_avg,
+    exp_avg_sq,
+    maximize=maximize,
+    decoupled_weight_decay=decoupled_weight_decay,
+    **kwargs,
+  )
+
+
+@expectation("pytorch_adamw", state=2, framework_order=True)
+def _pytorch_adamw_step(R, T, X, G, exp_avg, exp_avg_sq, *, maximize=False, **kwargs):
+  """:func:`pytorch_adam` with ``decoupled_weight_decay`` (``torch.optim.AdamW``)."""
+  return pytorch_adam(
+    R, T, X, G, exp_avg, exp_avg_sq, maximize=maximize, decoupled_weight_decay=True, **kwargs
+  )
+
+
+@expectation("keras_adam", state=2)
+def _keras_adam_step(R, T, X, G, m, v, *, beta_1, beta_2, epsilon, dtype=np.float64):
+  """Keras's Adam is DirectML Adam in exact arithmetic (Keras's ``m += (g - m) * (1 - beta_1)`` is
+  ``beta_1 m + (1 - beta_1) g``, its ``alpha`` DirectML's ``LearningRate * Alpha`` at ``T = count +
+  1``): :func:`directml_adam` at ``T + 1``. Not Keras's order: nothing to compare to the bit."""
+  return directml_adam(
+    X, m, v, G, T + 1, learning_rate=R, beta1=beta_1, beta2=beta_2, epsilon=epsilon, dtype=dtype
+  )

@@ -177,6 +177,12 @@ class Conformance:
     dtypes: the parameter dtypes the grid runs it in.
     more_tests: configurations the tests run besides :attr:`tests`, by the suffix of their
       name (``{"nesterov": ...}`` is ``pytorch_sgd_nesterov``).
+    tiny_gradient: the hyperparameters the grid's tiny-gradient cases change besides epsilon:
+      a coefficient whose term (``coefficient * X``) would dwarf a gradient of epsilon's size,
+      set to 0 there.
+    outputs: the names of the rule's outputs in its spec, ``X``'s first, then one per
+      :attr:`Rule.fields` entry, which the conformance report names an element by; empty:
+      ``X_new``, then each field's ``spec`` followed by ``_new``.
   """
 
   hyper: Mapping[str, Any]
@@ -184,6 +190,8 @@ class Conformance:
   edges: tuple[Edge, ...] = ()
   dtypes: tuple[str, ...] = ("float32", "float64", "float16", "bfloat16")
   more_tests: Mapping[str, TestConfig] = field(default_factory=dict)
+  tiny_gradient: Mapping[str, Any] = field(default_factory=dict)
+  outputs: tuple[str, ...] = ()
 
 
 class Variant(NamedTuple):

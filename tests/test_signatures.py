@@ -18,7 +18,9 @@ import onnx_optax._engine
 import onnx_optax.interop
 import onnx_optax.onnx
 from onnx_optax import reference, rules
-from onnx_optax.conformance import tolerance
+from onnx_optax.conformance.models import directml as directml_model
+from onnx_optax.conformance.models import onnx_adagrad, onnx_adam, onnx_momentum
+from onnx_optax.conformance.models import ort as ort_model
 from onnx_optax.interop import torch as torch_bridge
 
 KEYWORD_ONLY = {
@@ -82,12 +84,12 @@ KEYWORD_ONLY = {
   onnx_optax.interop._common.check_leaves: ["argument", "order"],
   torch_bridge._check_group: ["source"],
   torch_bridge.mapping: ["tensors", "is_leaf"],
-  tolerance._momentum: ["alpha", "beta", "mode", "norm_coefficient"],
-  tolerance._adagrad: ["decay_factor", "epsilon", "norm_coefficient"],
-  tolerance._adam: ["alpha", "beta", "epsilon", "norm_coefficient", "norm_coefficient_post"],
-  tolerance._directml_adam: ["beta1", "beta2", "epsilon"],
-  tolerance._ort_adamw: ["alpha", "beta", "epsilon", "weight_decay", "adam_mode", "correct_bias"],
-  tolerance._ort_sgd: [],
+  onnx_momentum.momentum_bounds: ["alpha", "beta", "mode", "norm_coefficient"],
+  onnx_adagrad.adagrad_bounds: ["decay_factor", "epsilon", "norm_coefficient"],
+  onnx_adam.adam_bounds: ["alpha", "beta", "epsilon", "norm_coefficient", "norm_coefficient_post"],
+  directml_model.directml_adam_bounds: ["beta1", "beta2", "epsilon"],
+  ort_model.ort_adamw_bounds: ["alpha", "beta", "epsilon", "weight_decay", "adam_mode", "correct_bias"],
+  ort_model.ort_sgd_bounds: [],
   reference.momentum: ["alpha", "beta", "mode", "norm_coefficient", "dtype"],
   reference.adagrad: ["decay_factor", "epsilon", "norm_coefficient", "dtype"],
   reference.adam: ["alpha", "beta", "epsilon", "norm_coefficient", "norm_coefficient_post", "dtype"],

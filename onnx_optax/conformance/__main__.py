@@ -29,8 +29,8 @@ import sys
 import traceback
 from collections.abc import Callable
 
-from onnx_optax.conformance import check, report
-from onnx_optax.conformance.cases import DTYPES, RULES, TWINS
+from onnx_optax.conformance import cases, devices, report
+from onnx_optax.conformance.cases import DTYPES
 
 __all__ = ["EXIT_CODES", "main"]
 
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--markdown", metavar="FILE", help="write the report as Markdown")
   parser.add_argument(
     "--rule",
-    choices=RULES + TWINS,
+    choices=cases.names(),
     action="append",
     help="rule to check (repeatable); default: all. Filters ONNX's references too",
   )
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     if why:
       print(f"{flag} {path}: {why}; nothing was run", file=sys.stderr)
       return USAGE
-  found = check.platforms()
+  found = devices.platforms()
   platforms = args.platform or found
   missing = [p for p in platforms if p not in found]
   if missing:
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
       platforms,
       include_onnx=not args.no_onnx,
       large=not args.no_large,
-      rules=args.rule or RULES + TWINS,
+      rules=args.rule or cases.names(),
       dtypes=args.dtype or DTYPES,
       log=log,
       pinned=args.pinned,

@@ -21,7 +21,8 @@ The sweep (:func:`sweep`) covers, per dtype:
   overflow, underflow, or land anywhere between);
 * the operands of the grid: every operand that reaches a division, a square
   root, a product or a sum when the tolerance model evaluates the grid's
-  cases (recorded by :func:`grid_operands`).
+  cases (recorded by the runner, ``check.grid_operands``, and handed to
+  :func:`measure`).
 
 ``log`` and ``expm1`` are measured as well, in the dtypes of the rules'
 scalars (float32, and float64 where the device has it), over every binade,
@@ -43,7 +44,7 @@ from __future__ import annotations
 
 import decimal
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -52,7 +53,19 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-__all__ = ["OPS", "DeviceArithmetic", "OpError", "clear", "grid_operands", "measure", "summary", "sweep"]
+from onnx_optax.conformance import devices
+
+__all__ = [
+  "OPS",
+  "DeviceArithmetic",
+  "OpError",
+  "Operands",
+  "clear",
+  "dtype_name",
+  "measure",
+  "summary",
+  "sweep",
+]
 
 #: The element-wise operations of the rules, and the scalar ones (``log``, ``expm1``).
 ELEMENTWISE = ("div", "sqrt", "mul", "add")
@@ -77,7 +90,6 @@ _JAX: dict[str, Callable[..., Any]] = {
 _SAMPLE = {"float64": 6, "float32": 24}  # Random significands per binade (16-bit dtypes: all).
 #: Points of [0.5, 2] for log, of (-1, 0) for expm1 (three times as many in (-0.1, -0.001)).
 _DENSE = {"float64": 4097, "float32": 65537}
-_GRID_MAX = 4096  # Grid operands kept per operation and dtype (a random subset beyond).
 
 
 @dataclass(frozen=True)
@@ -113,7 +125,7 @@ class DeviceArithmetic:
   errors: tuple[OpError, ...]
 
   def get(self, op: str, dtype: Any) -> OpError | None:
-    name = _name(dtype)
+    name = dtype_name(dtype)
     return next((e for e in self.errors if e.op == op and e.dtype == name), None)
 
   def k(self, op: str, dtype: Any, floor: float) -> float:
@@ -130,12 +142,13 @@ class DeviceArithmetic:
   def tiny(self, dtype: Any, floor: float) -> float:
     """``max(measured underflow error, floor)`` over the element-wise operations of ``dtype``."""
     return max(
-      [floor] + [e.underflow for e in self.errors if e.dtype == _name(dtype) and e.op in ELEMENTWISE]
+      [floor] + [e.underflow for e in self.errors if e.dtype == dtype_name(dtype) and e.op in ELEMENTWISE]
     )
 
   def flushes_operands(self, dtype: Any) -> bool:
     """Whether an element-wise operation of ``dtype`` reads a subnormal operand as zero."""
-    return any(e.flushes_operands for e in self.errors if e.dtype == _name(dtype) and e.op in ELEMENTWISE)
+    name = dtype_name(dtype)
+    return any(e.flushes_operands for e in self.errors if e.dtype == name and e.op in ELEMENTWISE)
 
   def as_json(self) -> list[dict[str, Any]]:
     return [asdict(e) for e in self.errors]
@@ -157,7 +170,8 @@ def summary(errors: list[dict[str, Any]]) -> str:
   return f"{'; '.join(parts)}; subnormal operands read as 0: {', '.join(flushed) or 'none'}"
 
 
-def _name(dtype: Any) -> str:
+def dtype_name(dtype: Any) -> str:
+  """The name of a dtype (``"bfloat16"`` for ml_dtypes' bfloat16)."""
   return "bfloat16" if np.dtype(dtype) == np.dtype(ml_dtypes.bfloat16) else np.dtype(dtype).name
 
 
@@ -257,24 +271,105 @@ _FLOAT64 = {
 }
 
 
-def _errors(op: str, dtype: str, operands: tuple[np.ndarray, ...], got: np.ndarray) -> tuple[np.ndarray, ...]:
-  """``(exact, |got - exact|)`` as float64 (float64 operations: through 45-digit decimals)."""
-  if dtype != "float64":
-    with np.errstate(all="ignore"):
-      exact = _FLOAT64[op](*(np.asarray(x, np.float64) for x in operands))
-      return exact, np.abs(np.asarray(got, np.float64) - exact)
+def _decimal_errors(op: str, operands: tuple[np.ndarray, ...], got: np.ndarray) -> tuple[np.ndarray, ...]:
+  """``(exact, |got - exact|)`` of float64 operations through 45-digit decimals, each rounded once."""
   f = _DECIMAL[op]
   exact_d = [f(*(decimal.Decimal(float(x[i])) for x in operands)) for i in range(got.size)]
-  exact = np.array([float(x) for x in exact_d])
+  exact = np.array([float(x) for x in exact_d], np.float64)
   err = np.array(
     [
       float(abs(_CONTEXT.subtract(decimal.Decimal(float(g)), x)))
       if x.is_finite() and math.isfinite(g)
       else np.nan
       for g, x in zip(got.tolist(), exact_d)
-    ]
+    ],
+    np.float64,
   )
   return exact, err
+
+
+_SPLIT = 2.0**27 + 1  # Veltkamp's splitter for float64.
+
+
+def _two_product(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """``(p, e)`` with ``p = fl(a b)`` and ``a b = p + e`` exactly (Dekker), for ``|a|, |b|`` in [0.5, 2)."""
+
+  def split(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    c = _SPLIT * x
+    hi = c - (c - x)
+    return hi, x - hi
+
+  p = a * b
+  (ah, al), (bh, bl) = split(a), split(b)
+  return p, ((ah * bh - p) + ah * bl + al * bh) + al * bl
+
+
+def _exact_errors(op: str, operands: tuple[np.ndarray, ...], got: np.ndarray) -> tuple[np.ndarray, ...]:
+  """``(exact, |got - exact|)`` of the float64 ``div``, ``mul``, ``add``, ``sqrt``, without decimals.
+
+  ``exact`` is NumPy's result (IEEE: the exact result correctly rounded); the error comes from
+  error-free transformations: the operands scaled by powers of two (exact) to [0.5, 2), the
+  exact product or remainder as a sum of two floats (Dekker's product, Knuth's sum), so that
+  ``|got - exact|`` is computed with one rounding of the error itself, as the decimals give it.
+  Elements outside these transformations' preconditions (a zero, a non-finite value, a sum
+  that overflows) are computed through the decimals (:func:`_decimal_errors`).
+  """
+  a = np.asarray(operands[0], np.float64)
+  b = np.asarray(operands[1], np.float64) if len(operands) > 1 else None
+  g = np.asarray(got, np.float64)
+  with np.errstate(all="ignore"):
+    exact = _FLOAT64[op](*(x for x in (a, b) if x is not None))
+    ok = np.isfinite(a) & (a != 0) & np.isfinite(g) & (g != 0) & np.isfinite(exact)
+    if b is not None:
+      ok &= np.isfinite(b) & (b != 0)
+    err = np.full(g.shape, np.nan)
+    if op == "add":
+      s = a + b  # Knuth's TwoSum: a + b = s + t exactly (s finite).
+      v = s - a
+      t = (a - (s - v)) + (b - v)
+      ok = np.isfinite(a) & np.isfinite(b) & np.isfinite(g) & np.isfinite(s)
+      err = np.abs((g - s) - t)
+    else:
+      ma, ea = np.frexp(a)
+      if op == "sqrt":
+        k = ea // 2  # a = m 4^k, m in [0.25, 1)
+        m = np.ldexp(a, -2 * k)
+        q = np.ldexp(g, -k)  # about sqrt(m), in [0.5, 1)
+        p, e = _two_product(q, q)
+        r = (m - p) - e  # m - q^2, Sterbenz: m and p within a factor 2
+        err = np.ldexp(np.abs(r) / (q + np.sqrt(m)), k)
+        ok &= a > 0
+      else:
+        mb, eb = np.frexp(b)
+        scale = ea + eb if op == "mul" else ea - eb
+        q = np.ldexp(g, -scale)  # got, scaled as the mantissas' product or quotient
+        if op == "mul":
+          p, e = _two_product(ma, mb)
+          err = np.ldexp(np.abs((q - p) - e), scale)
+        else:  # div: ma - q mb, exact (Sterbenz), over mb
+          p, e = _two_product(q, mb)
+          err = np.ldexp(np.abs(((ma - p) - e) / mb), scale)
+        ok &= (np.abs(q) >= 0.125) & (np.abs(q) <= 8)  # got within a few binades of the result
+  rest = np.flatnonzero(~ok)
+  if rest.size:
+    slow_exact, slow_err = _decimal_errors(
+      op, tuple(np.asarray(x)[rest] for x in operands), np.asarray(got)[rest]
+    )
+    exact, err = exact.copy(), err.copy()
+    exact[rest], err[rest] = slow_exact, slow_err
+  return exact, err
+
+
+def _errors(op: str, dtype: str, operands: tuple[np.ndarray, ...], got: np.ndarray) -> tuple[np.ndarray, ...]:
+  """``(exact, |got - exact|)`` as float64: in float64 for the narrower dtypes; float64 operations
+  exactly (:func:`_exact_errors`; ``log`` and ``expm1`` through 45-digit decimals)."""
+  if dtype != "float64":
+    with np.errstate(all="ignore"):
+      exact = _FLOAT64[op](*(np.asarray(x, np.float64) for x in operands))
+      return exact, np.abs(np.asarray(got, np.float64) - exact)
+  if op in ("div", "mul", "add", "sqrt"):
+    return _exact_errors(op, operands, got)
+  return _decimal_errors(op, operands, got)
 
 
 def _op_error(op: str, dtype: str, operands: tuple[np.ndarray, ...], got: np.ndarray) -> OpError:
@@ -316,69 +411,12 @@ def _device_values(op: str, dtype: str, operands: tuple[np.ndarray, ...], device
       return np.asarray(jax.jit(_JAX[op])(*placed))
 
 
-# -- the grid's operands ------------------------------------------------------------------
-
-_GRID: dict[tuple[str, str], list[np.ndarray]] = {}
-
-
-def grid_operands(op: str, dtype: str) -> list[np.ndarray]:
-  """The operands of ``op`` the tolerance model meets in ``dtype`` over the grid (no 10^6 case).
-
-  Recorded from the model's implementation contexts (every operation the
-  rule performs, in its element-wise dtype and its scalar dtype, ``a - b``
-  as ``a + (-b)``), for every case of every rule and dtype, plus the
-  scalars' ``log(beta)`` and ``expm1(T log beta)``; exact values (rounded
-  to ``dtype`` by :func:`sweep`), at most 4096 points per operation.
-  """
-  if not _GRID:
-    _record_grid()
-  return _GRID.get((op, dtype), [])
-
-
-def _record_grid() -> None:
-  from onnx_optax.conformance import cases as grid
-  from onnx_optax.conformance import check, tolerance
-
-  seen: dict[tuple[str, str], list[list[np.ndarray]]] = {}
-
-  def record(op: str, ctx_dtype: Any, *values: Any) -> None:
-    flat = [np.ravel(v) for v in np.broadcast_arrays(*(np.asarray(v, np.float64) for v in values))]
-    seen.setdefault((op, _name(ctx_dtype)), []).append(flat)
-
-  for rule in grid.RULES:
-    for dtype in grid.DTYPES:
-      for case in grid.cases(rule, dtype, large=False):
-        X, G, state = case.inputs()
-        with tolerance.recording(record):
-          check.tolerances(
-            case.rule,
-            case.dtype,
-            "cpu",
-            case.learning_rate,
-            case.T,
-            X,
-            G,
-            state,
-            case.hyper,
-            case.state_dtype,
-          )
-        for name, beta in case.hyper.items():  # The scalars' log(beta) and expm1(T log beta).
-          if name in ("alpha", "beta", "beta1", "beta2") and 0 < beta < 1 and case.T > 0:
-            for scalar_dtype in ("float32", "float64"):
-              record("log", scalar_dtype, beta)
-              record("expm1", scalar_dtype, case.T * math.log(beta))
-  rng = np.random.default_rng(1)
-  for key, parts in seen.items():
-    columns = [np.concatenate([p[i] for p in parts]) for i in range(len(parts[0]))]
-    if columns[0].size > _GRID_MAX:
-      keep = rng.choice(columns[0].size, _GRID_MAX, replace=False)
-      columns = [c[keep] for c in columns]
-    _GRID[key] = columns
-
-
 # -- the measurement ------------------------------------------------------------------------
 
-_MEASURED: dict[str, DeviceArithmetic] = {}
+#: The operands a caller adds to the sweep, by ``(op, dtype)``: one array per operand.
+Operands = Mapping[tuple[str, str], Sequence[np.ndarray]]
+
+_MEASURED: dict[tuple[str, bool], DeviceArithmetic] = {}
 
 
 def clear() -> None:
@@ -386,28 +424,41 @@ def clear() -> None:
   _MEASURED.clear()
 
 
-def measure(platform: str, dtypes: tuple[str, ...] | None = None) -> DeviceArithmetic:
+def measure(
+  platform: str,
+  dtypes: tuple[str, ...] | None = None,
+  operands: Callable[[], Operands] | None = None,
+) -> DeviceArithmetic:
   """Measures every operation of ``OPS`` in its dtypes on the first ``platform`` device.
 
-  Once per platform and process (:func:`clear` forgets). float64 is skipped
-  where the platform has none (``check.has_float64``).
-  """
-  if platform in _MEASURED and dtypes is None:
-    return _MEASURED[platform]
-  from onnx_optax.conformance import check
+  Args:
+    platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``; float64 is skipped where it has none
+      (:func:`~onnx_optax.conformance.devices.has_float64`).
+    dtypes: only these dtypes (not remembered); None: every dtype of :data:`DTYPES`.
+    operands: returns the operands to add to the sweep, by ``(op, dtype)`` (the runner's: every
+      operand the tolerance model meets over the grid, ``check.grid_operands``); called only
+      when the measurement is made. The measurement takes them from its caller: it knows
+      nothing of the grid.
 
-  device = check.device(platform)
+  Every dtype's measurement is made once per platform and process, with and without
+  ``operands`` apart (:func:`clear` forgets).
+  """
+  key = (platform, operands is not None)
+  if dtypes is None and key in _MEASURED:
+    return _MEASURED[key]
+  device = devices.device(platform)
+  extra = operands() if operands is not None else {}
   errors = []
   for op in OPS:
     for dtype in DTYPES[op]:
       if (dtypes is not None and dtype not in dtypes) or (
-        dtype == "float64" and not check.has_float64(platform)
+        dtype == "float64" and not devices.has_float64(platform)
       ):
         continue
-      operands = sweep(op, dtype, grid_operands(op, dtype) or None)
-      got = _device_values(op, dtype, operands, device)
-      errors.append(_op_error(op, dtype, operands, got))
+      points = sweep(op, dtype, list(extra.get((op, dtype), ())) or None)
+      got = _device_values(op, dtype, points, device)
+      errors.append(_op_error(op, dtype, points, got))
   result = DeviceArithmetic(platform, tuple(errors))
   if dtypes is None:
-    _MEASURED[platform] = result
+    _MEASURED[key] = result
   return result

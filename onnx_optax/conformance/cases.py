@@ -18,47 +18,35 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import ml_dtypes
 import numpy as np
+
+from onnx_optax import _checks, _engine, registry
+from onnx_optax.conformance.devices import numpy_dtype, received_dtype
 
 __all__ = [
   "DTYPES",
-  "RULES",
+  "RULES",  # noqa: F822 (read from the registry by __getattr__)
   "SMALL_X",
-  "TWINS",
-  "TWIN_DTYPES",
+  "TWINS",  # noqa: F822
   "Case",
+  "SuiteRule",
   "base_rule",
   "cases",
   "dtypes_of",
+  "names",
   "numpy_dtype",
+  "received_dtype_of",
+  "suite_rule",
+  "suite_rule_of",
+  "suite_rules",
 ]
 
-#: The rules the suite checks; the two Momentum modes count as two rules, and so do the two
-#: ``adam_mode`` of ONNX Runtime's AdamW.
-RULES = (
-  "momentum_standard",
-  "momentum_nesterov",
-  "adagrad",
-  "adam",
-  "directml_adam",
-  "ort_adamw_mode0",
-  "ort_adamw_mode1",
-  "ort_sgd",
-)
 #: The parameter dtypes, float32 first.
 DTYPES = ("float32", "float64", "float16", "bfloat16")
-#: The PyTorch-order and Keras-order twins, the same rules as ONNX Momentum, Adagrad, ONNX
-#: Runtime's AdamW and DirectML Adam in exact arithmetic, evaluated in the frameworks' order
-#: (docs/spec.md, "PyTorch-order twins"). They run a smaller grid (:func:`cases`), in the
-#: dtypes their frameworks train in with their own state, :data:`TWIN_DTYPES`.
-TWINS = ("pytorch_sgd", "pytorch_adagrad", "pytorch_adam", "pytorch_adamw", "keras_adam")
-#: The twins' dtypes. In bfloat16 the parameters only, with a float32 state (PyTorch's mixed
-#: precision), and PyTorch's twins only (Keras computes in the variable's dtype, bfloat16 there).
-TWIN_DTYPES = ("float32", "float64", "bfloat16")
 
 INT32_MAX = int(np.iinfo(np.int32).max)
 LARGE = 10**6
@@ -70,66 +58,168 @@ _LARGE_T = 7  # The T of the 10^6-element case.
 _TINY = {"float64": 1e-8, "float32": 1e-6, "bfloat16": 1e-6, "float16": 1e-2}
 _HUGE = {"float64": 1e100, "float32": 1e15, "bfloat16": 1e15, "float16": 100.0}
 
-_DEFAULTS: dict[str, dict[str, Any]] = {
-  "momentum_standard": dict(alpha=0.9, beta=0.8, mode="standard", norm_coefficient=0.01),
-  "momentum_nesterov": dict(alpha=0.9, beta=0.8, mode="nesterov", norm_coefficient=0.01),
-  "adagrad": dict(decay_factor=0.1, epsilon=1e-6, norm_coefficient=0.01),
-  "adam": dict(alpha=0.9, beta=0.999, epsilon=1e-6, norm_coefficient=0.01, norm_coefficient_post=0.0),
-  "directml_adam": dict(beta1=0.9, beta2=0.999, epsilon=1e-8),
-  # The schema's defaults but epsilon = 1e-6 (what generate_artifacts writes; 1e-8 is 0 in float16).
-  "ort_adamw_mode0": dict(
-    alpha=0.9, beta=0.999, epsilon=1e-6, weight_decay=0.01, adam_mode=0, correct_bias=True
-  ),
-  "ort_adamw_mode1": dict(
-    alpha=0.9, beta=0.999, epsilon=1e-6, weight_decay=0.01, adam_mode=1, correct_bias=True
-  ),
-  "ort_sgd": {},
-  # The twins' hyperparameters by their frameworks' names; every term non-zero.
-  "pytorch_sgd": dict(momentum=0.9, dampening=0.1, weight_decay=0.01, nesterov=False),
-  "pytorch_adagrad": dict(lr_decay=0.1, eps=1e-6, weight_decay=0.01),
-  "pytorch_adam": dict(betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01),
-  "pytorch_adamw": dict(betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01),
-  "keras_adam": dict(beta_1=0.9, beta_2=0.999, epsilon=1e-7),
-}
-#: The state tensors of each rule, in the spec's order, and whether each is a
-#: second moment (non-negative).
-STATE: dict[str, tuple[tuple[str, bool], ...]] = {
-  "momentum_standard": (("v", False),),
-  "momentum_nesterov": (("v", False),),
-  "adagrad": (("h", True),),
-  "adam": (("v", False), ("h", True)),
-  "directml_adam": (("m", False), ("v", True)),
-  "ort_adamw_mode0": (("m1", False), ("m2", True)),
-  "ort_adamw_mode1": (("m1", False), ("m2", True)),
-  "ort_sgd": (),
-  "pytorch_sgd": (("momentum_buffer", False),),
-  "pytorch_adagrad": (("sum", True),),
-  "pytorch_adam": (("exp_avg", False), ("exp_avg_sq", True)),
-  "pytorch_adamw": (("exp_avg", False), ("exp_avg_sq", True)),
-  "keras_adam": (("m", False), ("v", True)),
-}
-_EPSILON = {
-  "adagrad": "epsilon",
-  "adam": "epsilon",
-  "directml_adam": "epsilon",
-  "ort_adamw_mode0": "epsilon",
-  "ort_adamw_mode1": "epsilon",
-}
-#: The rules whose first update has ``T = 1`` (at ``T = 0`` the bias correction is 0/0).
-ONE_BASED = ("directml_adam", "ort_adamw_mode0", "ort_adamw_mode1")
+
+@dataclass(frozen=True)
+class SuiteRule:
+  """A rule of the suite: a registered rule, or one of its variants, as the grid checks it.
+
+  Everything here is read from the registry (:mod:`onnx_optax.registry`): nothing is
+  decided by the rule's name.
+
+  Attributes:
+    name: the suite's name: the rule's, or ``f"{rule}_{suffix}"`` for a variant
+      (:class:`~onnx_optax.registry.Variant`).
+    rule: the registered rule.
+    hyper: the grid's hyperparameters: the rule's conformance hyperparameters, with the
+      variant's.
+    edges: the rule's edges that apply to these hyperparameters (an edge's ``"only"`` names the
+      hyperparameters a variant must have for it to apply).
+    variant: the variant's own hyperparameters (empty for a rule without variants).
+  """
+
+  name: str
+  rule: registry.Rule
+  hyper: Mapping[str, Any]
+  edges: tuple[registry.Edge, ...]
+  variant: Mapping[str, Any] = field(default_factory=dict)
+
+  @property
+  def conformance(self) -> registry.Conformance:
+    if self.rule.conformance is None:  # suite_rules() lists only rules that declare one.
+      raise ValueError(f"{self.rule.name} declares no conformance")
+    return self.rule.conformance
+
+  @property
+  def dtypes(self) -> tuple[str, ...]:
+    """The parameter dtypes the grid checks the rule in."""
+    return self.conformance.dtypes
+
+  @property
+  def framework(self) -> bool:
+    """A framework twin (its policy is the framework one): the twins' grid, the framework's
+    Python-float hyperparameters (:func:`received_dtype_of`)."""
+    return self.rule.policy is _engine.FRAMEWORK
+
+  @property
+  def first(self) -> int:
+    """The count at the rule's first update (the transform's ``initial_count`` default)."""
+    return self.rule.first_count()
+
+  @property
+  def state(self) -> tuple[tuple[str, bool], ...]:
+    """The state tensors, in the spec's order: their names, and whether each is a second moment."""
+    return tuple((f.name, f.second_moment) for f in self.rule.fields)
+
+  @property
+  def epsilon(self) -> str | None:
+    """The hyperparameter added to a root (the one checked as an epsilon), if the rule has one."""
+    found = [
+      h for h, p in self.rule.hyperparameters.items() if p.check is _checks.epsilon and h in self.hyper
+    ]
+    return found[0] if found else None
+
+  @property
+  def outputs(self) -> tuple[str, ...]:
+    """The names of the outputs in the spec: ``X``'s first, then one per state tensor."""
+    return self.conformance.outputs or ("X_new", *(f"{f.spec}_new" for f in self.rule.fields))
+
+
+def _applies(edge: registry.Edge, hyper: Mapping[str, Any]) -> bool:
+  return all(hyper.get(k) == v for k, v in edge.changes.get("only", {}).items())
+
+
+_SUITE: tuple[tuple[int, ...], dict[str, SuiteRule]] = ((), {})
+
+
+def suite_rules() -> dict[str, SuiteRule]:
+  """The suite's rules by name, in the registry's order, each rule expanded by its variants.
+
+  Read from the registry at every call (a rule registered from outside the package is in it
+  at once), remembered while the registry is unchanged.
+  """
+  global _SUITE
+  registered = list(registry.rules())
+  key = tuple(id(r) for r in registered)
+  if key != _SUITE[0]:
+    found: dict[str, SuiteRule] = {}
+    for rule in registered:
+      if rule.conformance is None:
+        continue
+      for variant in rule.variants or (None,):
+        name = rule.name if variant is None else f"{rule.name}_{variant.suffix}"
+        hyper = {**rule.conformance.hyper, **(variant.hyper if variant is not None else {})}
+        edges = tuple(e for e in rule.conformance.edges if _applies(e, hyper))
+        found[name] = SuiteRule(name, rule, hyper, edges, dict(variant.hyper) if variant else {})
+    _SUITE = (key, found)
+  return _SUITE[1]
+
+
+def suite_rule(name: str) -> SuiteRule:
+  """The suite rule of that name.
+
+  Raises:
+    KeyError: no such rule; the message lists the suite's rules.
+  """
+  found = suite_rules()
+  if name not in found:
+    raise KeyError(f"no rule named {name!r} in the suite; its rules: {', '.join(found)}")
+  return found[name]
+
+
+def names() -> tuple[str, ...]:
+  """Every rule of the suite: the spec rules (with their variants), then the framework twins."""
+  found = suite_rules().values()
+  return tuple(s.name for s in found if not s.framework) + tuple(s.name for s in found if s.framework)
+
+
+def __getattr__(attribute: str) -> tuple[str, ...]:
+  """``RULES`` and ``TWINS``, read from the registry when asked for (a rule registered later is in them).
+
+  ``RULES``: the spec rules the suite checks (the two Momentum modes count as two rules, and so
+  do the two ``adam_mode`` of ONNX Runtime's AdamW). ``TWINS``: the PyTorch-order and
+  Keras-order twins, the same rules in exact arithmetic, evaluated in the frameworks' order
+  (docs/spec.md, "PyTorch-order twins"); they run a smaller grid (:func:`cases`).
+  """
+  if attribute in ("RULES", "TWINS"):
+    twins = attribute == "TWINS"
+    return tuple(s.name for s in suite_rules().values() if s.framework == twins)
+  raise AttributeError(f"module {__name__!r} has no attribute {attribute!r}")
+
+
+def suite_rule_of(rule: registry.Rule, hyper: Mapping[str, Any]) -> SuiteRule:
+  """The suite rule that checks ``rule`` with these hyperparameters: its variant whose own
+  hyperparameters they have (the rule itself when it has no variants).
+
+  Raises:
+    LookupError: no variant of ``rule`` has them.
+  """
+  for suite in suite_rules().values():
+    if suite.rule is rule and all(hyper.get(k) == v for k, v in suite.variant.items()):
+      return suite
+  raise LookupError(f"no variant of {rule.name} in the suite has the hyperparameters {dict(hyper)}")
 
 
 def base_rule(rule: str) -> str:
-  """A suite rule's name in :mod:`onnx_optax.reference` and the tolerance model (modes dropped)."""
-  for base in ("momentum", "ort_adamw"):
-    if rule.startswith(base):
-      return base
-  return rule
+  """The registered rule of a suite rule (its variants' too): the name its expectation and its bound
+  model are registered under. A registered rule's own name is its own base."""
+  found = suite_rules()
+  return found[rule].rule.name if rule in found else registry.get(rule).name
 
 
-def numpy_dtype(name: str) -> np.dtype:
-  """The NumPy dtype of a dtype name (bfloat16 from ml_dtypes)."""
-  return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+def dtypes_of(rule: str) -> tuple[str, ...]:
+  """The dtypes the grid checks ``rule`` in (its registered conformance's)."""
+  return suite_rule(rule).dtypes
+
+
+def received_dtype_of(rule: str, dtype: str, state_dtype: str | None = None) -> np.dtype:
+  """The dtype ``rule``'s Python-float hyperparameters reach it in.
+
+  A spec rule: :func:`~onnx_optax.conformance.devices.received_dtype` (float64 under x64, else
+  float32). A framework twin: float64, for PyTorch's and Keras's hyperparameters are Python
+  floats, and the twins compute their scalars from them on the host (``1 - beta2`` in float64,
+  rounded once), or round each one once where it meets a tensor.
+  """
+  return np.dtype(np.float64) if suite_rule(rule).framework else received_dtype(dtype, state_dtype)
 
 
 @dataclass(frozen=True)
@@ -137,7 +227,7 @@ class Case:
   """One ``update`` call of one rule, from a given state.
 
   Attributes:
-    rule: a name of :data:`RULES`.
+    rule: a suite rule's name (:func:`names`).
     dtype: a name of :data:`DTYPES`, the dtype of parameters and state.
     name: what the case tests.
     T: the state's ``count``, the spec's ``T`` of this update.
@@ -184,7 +274,12 @@ class Case:
     """The ``T`` of the transform's first update: its ``initial_count``."""
     if self.initial_count is not None:
       return self.initial_count
-    return 1 if self.rule in ONE_BASED else 0  # DirectML's and ORT AdamW's T start at 1.
+    return self.suite.first
+
+  @property
+  def suite(self) -> SuiteRule:
+    """The case's rule, as the suite checks it."""
+    return suite_rule(self.rule)
 
   @property
   def learning_rate(self) -> float:
@@ -201,8 +296,8 @@ class Case:
 
   @property
   def base_rule(self) -> str:
-    """The rule's name in :mod:`onnx_optax.reference` and the tolerance model."""
-    return base_rule(self.rule)
+    """The registered rule's name: its expectation's and its bound model's."""
+    return self.suite.rule.name
 
   def inputs(self) -> tuple[list[np.ndarray], list[np.ndarray], list[list[np.ndarray]]]:
     """``(X, G, state)``: leaves, gradients and state tensors, rounded to the dtype."""
@@ -221,7 +316,7 @@ class Case:
     G = [draw(s, 0.5, 1.0, scale=scale) for s in self.shapes]
     state_scale = _TINY[self.dtype] if self.gradient == "tiny" else 1.0
     state = []
-    for _, second_moment in STATE[self.rule]:
+    for _, second_moment in self.suite.state:
       if self.state == "zero":
         state.append([np.zeros(s, state_dtype) for s in self.shapes])
       elif second_moment:
@@ -242,66 +337,15 @@ _TPU_FLOAT16_TINY = (
 
 
 def _case(rule: str, dtype: str, name: str, T: int = 5, R: float = 0.05, **kwargs: Any) -> Case:
-  hyper = dict(_DEFAULTS[rule])
+  hyper = dict(suite_rule(rule).hyper)
   hyper.update(kwargs.pop("hyper", {}))
   return Case(rule, dtype, name, T, R, hyper, **kwargs)
 
 
 def _edges(rule: str, dtype: str) -> list[Case]:
-  """Hyperparameter edges specific to one rule."""
-  c = lambda name, **kw: _case(rule, dtype, name, **kw)  # noqa: E731
-  if rule.startswith("momentum"):
-    return [
-      c("alpha=0", hyper=dict(alpha=0.0)),
-      c("beta=1", hyper=dict(beta=1.0)),
-      c("beta=0", hyper=dict(beta=0.0)),
-      c("beta=0,T=0", T=0, hyper=dict(beta=0.0)),
-      c("norm_coefficient=0", hyper=dict(norm_coefficient=0.0)),
-    ]
-  if rule == "adagrad":
-    return [
-      c("epsilon=0", hyper=dict(epsilon=0.0)),
-      c("decay_factor=0", hyper=dict(decay_factor=0.0)),
-      c("norm_coefficient=0", hyper=dict(norm_coefficient=0.0)),
-    ]
-  if rule == "adam":
-    return [
-      c("alpha=0", hyper=dict(alpha=0.0)),
-      c("beta=1", hyper=dict(beta=1.0)),
-      c("beta=1,T=0", T=0, hyper=dict(beta=1.0)),
-      c("beta=0", hyper=dict(beta=0.0)),
-      c("epsilon=0", hyper=dict(epsilon=0.0)),
-      c("norm_coefficient_post", hyper=dict(norm_coefficient_post=0.02)),
-      c("norm_coefficient_post,T=0", T=0, hyper=dict(norm_coefficient_post=0.02)),
-      # Large enough to stand out of bfloat16's rounding of X (0.02 is 5 u there).
-      c("norm_coefficient_post=0.25", hyper=dict(norm_coefficient_post=0.25)),
-      c("norm_coefficient=0", hyper=dict(norm_coefficient=0.0)),
-      c("alpha=0.999,state=0", state="zero", hyper=dict(alpha=0.999)),
-    ]
-  if rule.startswith("ort_adamw"):
-    grid = [
-      c("alpha=0", hyper=dict(alpha=0.0)),
-      c("beta=0", hyper=dict(beta=0.0)),
-      c("epsilon=0", hyper=dict(epsilon=0.0)),
-      c("weight_decay=0", hyper=dict(weight_decay=0.0)),
-      # Large enough to stand out of bfloat16's rounding of X (lr * 0.01 is far below it).
-      c("weight_decay=5", hyper=dict(weight_decay=5.0)),
-      c("alpha=0.999,state=0", state="zero", hyper=dict(alpha=0.999)),
-    ]
-    if rule.endswith("mode1"):  # ONNX Runtime refuses correct_bias=0 in mode 0.
-      grid += [
-        c("correct_bias=0", hyper=dict(correct_bias=False)),
-        c("correct_bias=0,T=0", T=0, hyper=dict(correct_bias=False)),
-      ]
-    return grid
-  if rule == "ort_sgd":
-    return [c("R=1", R=1.0)]
-  return [
-    c("beta1=0", hyper=dict(beta1=0.0)),
-    c("beta2=1", hyper=dict(beta2=1.0)),
-    c("epsilon=0", hyper=dict(epsilon=0.0)),
-    c("beta1=0.999,state=0", state="zero", hyper=dict(beta1=0.999)),
-  ]
+  """The hyperparameter edges the rule declares (:attr:`onnx_optax.registry.Conformance.edges`)."""
+  changes = lambda edge: {k: v for k, v in edge.changes.items() if k != "only"}  # noqa: E731
+  return [_case(rule, dtype, edge.name, **changes(edge)) for edge in suite_rule(rule).edges]
 
 
 #: A state dtype narrower than each parameter dtype (or, for float16 and
@@ -331,46 +375,9 @@ def _transform_layer(rule: str, dtype: str, first: int) -> list[Case]:
   return grid
 
 
-_TWIN_EPSILON = {
-  "pytorch_adagrad": "eps",
-  "pytorch_adam": "eps",
-  "pytorch_adamw": "eps",
-  "keras_adam": "epsilon",
-}
-
-
-def _twin_edges(rule: str, dtype: str) -> list[Case]:
-  """Hyperparameter edges of a twin, each one switching a term of its framework's code off or on."""
-  c = lambda name, **kw: _case(rule, dtype, name, **kw)  # noqa: E731
-  if rule == "pytorch_sgd":
-    return [
-      c("nesterov", hyper=dict(nesterov=True, dampening=0.0)),
-      c("nesterov,T=0", T=0, hyper=dict(nesterov=True, dampening=0.0)),
-      c("momentum=0", hyper=dict(momentum=0.0, dampening=0.0)),
-      c("dampening=0", hyper=dict(dampening=0.0)),
-      c("weight_decay=0", hyper=dict(weight_decay=0.0)),
-    ]
-  if rule == "pytorch_adagrad":
-    return [
-      c("lr_decay=0", hyper=dict(lr_decay=0.0)),
-      c("eps=0", hyper=dict(eps=0.0)),
-      c("weight_decay=0", hyper=dict(weight_decay=0.0)),
-    ]
-  if rule in ("pytorch_adam", "pytorch_adamw"):
-    return [
-      c("weight_decay=0", hyper=dict(weight_decay=0.0)),
-      # Large enough to stand out of X's rounding (lr * 0.01 is a few ulps of X in float32).
-      c("weight_decay=5", hyper=dict(weight_decay=5.0)),
-      c("betas[0]=0", hyper=dict(betas=(0.0, 0.999))),  # lerp's other branch (weight 1 >= 0.5)
-      c("betas[0]=0.3", hyper=dict(betas=(0.3, 0.999))),  # the other branch, weight 0.7
-      c("eps=0", hyper=dict(eps=0.0)),
-      c("betas[0]=0.999,state=0", state="zero", hyper=dict(betas=(0.999, 0.999))),
-    ]
-  return [  # keras_adam
-    c("beta_1=0", hyper=dict(beta_1=0.0)),
-    c("epsilon=0", hyper=dict(epsilon=0.0)),
-    c("beta_1=0.999,state=0", state="zero", hyper=dict(beta_1=0.999)),
-  ]
+def _without(changes: Mapping[str, Any]) -> str:
+  """A case name's part for hyperparameters set to a value (``weight_decay=0``)."""
+  return ",".join(f"{k}={v:g}" for k, v in changes.items())
 
 
 def _twin_cases(rule: str, dtype: str) -> list[Case]:
@@ -382,23 +389,25 @@ def _twin_cases(rule: str, dtype: str) -> list[Case]:
   layer with each other, not with the ONNX rules) and the 10^6-element case (the runtime:
   the same arithmetic as ``odd``).
   """
-  if dtype not in dtypes_of(rule):
-    raise ValueError(f"the twins run in {dtypes_of(rule)} ({rule}), got dtype={dtype!r}")
+  suite = suite_rule(rule)
   c = lambda name, **kw: _case(rule, dtype, name, **kw)  # noqa: E731
-  no_l2 = {"weight_decay": 0.0} if "weight_decay" in _DEFAULTS[rule] else {}
+  quiet = dict(suite.conformance.tiny_gradient)  # The terms a tiny gradient would be lost beside.
   if dtype == "bfloat16":  # PyTorch's mixed precision: bfloat16 parameters, a float32 state.
     f32 = dict(state_dtype="float32")
     grid = [
       c("state_dtype=float32", shapes=((), (3, 5), (1, 7, 2)), **f32),
       c("state_dtype=float32,T=0", T=0, **f32),
       c("state_dtype=float32,T=10^6", T=10**6, **f32),
-      c("state_dtype=float32,weight_decay=0", hyper=no_l2, **f32),
+    ]
+    if quiet:
+      grid.append(c(f"state_dtype=float32,{_without(quiet)}", hyper=quiet, **f32))
+    grid += [
       # The first state's increments alone, the gradient not rounded by a weight decay.
-      c("state_dtype=float32,state=0,T=0", T=0, state="zero", hyper=no_l2, **f32),
+      c("state_dtype=float32,state=0,T=0", T=0, state="zero", hyper=quiet, **f32),
       c("state_dtype=float32,|X|~step", x_scale=SMALL_X, **f32),
     ]
-    if rule in _TWIN_EPSILON:
-      tiny = {_TWIN_EPSILON[rule]: _TINY[dtype], **no_l2}
+    if suite.epsilon is not None:
+      tiny = {suite.epsilon: _TINY[dtype], **quiet}
       grid.append(c("state_dtype=float32,gradient~epsilon", R=1.0, gradient="tiny", hyper=tiny, **f32))
     return grid
   grid = [
@@ -413,40 +422,38 @@ def _twin_cases(rule: str, dtype: str) -> list[Case]:
     c("gradient=huge", gradient="huge"),
     c("state=0,T=0", T=0, state="zero"),
   ]
-  if rule in _TWIN_EPSILON:
-    grid.append(
-      c("gradient~epsilon", R=1.0, gradient="tiny", hyper={_TWIN_EPSILON[rule]: _TINY[dtype], **no_l2})
-    )
+  if suite.epsilon is not None:
+    grid.append(c("gradient~epsilon", R=1.0, gradient="tiny", hyper={suite.epsilon: _TINY[dtype], **quiet}))
   else:
-    grid.append(c("gradient=tiny", gradient="tiny", hyper=no_l2))
-  grid += _twin_edges(rule, dtype)
+    grid.append(c("gradient=tiny", gradient="tiny", hyper=quiet))
+  grid += _edges(rule, dtype)
   grid += [c(f"|X|~step,T={T}", T=T, x_scale=SMALL_X) for T in (0, 1, _LARGE_T)]
   return grid
-
-
-def dtypes_of(rule: str) -> tuple[str, ...]:
-  """The dtypes the grid checks ``rule`` in: :data:`DTYPES`, or :data:`TWIN_DTYPES` for a twin
-  (Keras's Adam: float32 and float64)."""
-  if rule == "keras_adam":
-    return ("float32", "float64")
-  return TWIN_DTYPES if rule in TWINS else DTYPES
 
 
 def cases(rule: str, dtype: str, *, large: bool = True) -> list[Case]:
   """Every case of one rule in one dtype.
 
+  A framework twin (:attr:`SuiteRule.framework`) runs the twins' grid (:func:`_twin_cases`).
+
   Args:
-    rule: a name of :data:`RULES` or :data:`TWINS`.
-    dtype: a name of :data:`DTYPES` (:data:`TWIN_DTYPES` for a twin).
+    rule: a suite rule's name (:func:`names`).
+    dtype: one of the rule's dtypes (:func:`dtypes_of`).
     large: include the case with one tensor of 10^6 elements.
+
+  Raises:
+    ValueError: the grid does not run the rule in ``dtype``.
 
   Example:
     >>> [c.name for c in cases("adam", "float32")][:4]
     ['pytree', 'scalar', 'odd', 'T=0']
   """
-  if rule in TWINS:
+  suite = suite_rule(rule)
+  if dtype not in suite.dtypes:
+    raise ValueError(f"the grid runs {rule} in {suite.dtypes}, got dtype={dtype!r}")
+  if suite.framework:
     return _twin_cases(rule, dtype)
-  first = 1 if rule in ONE_BASED else 0  # DirectML's and ORT AdamW's T start at 1.
+  first = suite.first
   c = lambda name, **kw: _case(rule, dtype, name, **kw)  # noqa: E731
   grid = [
     c("pytree", shapes=((), (3, 5), (1, 7, 2))),
@@ -461,21 +468,20 @@ def cases(rule: str, dtype: str, *, large: bool = True) -> list[Case]:
     c(f"state=0,T={first}", T=first, state="zero"),
   ]
   tiny = _TINY[dtype]
-  # Without L2 (norm_coefficient * X would dwarf a tiny gradient).
-  no_l2 = {"norm_coefficient": 0.0} if "norm_coefficient" in _DEFAULTS[rule] else {}
-  if rule in _EPSILON:
+  quiet = dict(suite.conformance.tiny_gradient)  # Without L2 (norm_coefficient * X would dwarf it).
+  if suite.epsilon is not None:
     # R = 1: the step stays visible next to X even in bfloat16.
     grid.append(
       c(
         "gradient~epsilon",
         R=1.0,
         gradient="tiny",
-        hyper={_EPSILON[rule]: tiny, **no_l2},
+        hyper={suite.epsilon: tiny, **quiet},
         unchecked_limit=_TPU_FLOAT16_TINY if dtype == "float16" else None,
       )
     )
   else:
-    grid.append(c("gradient=tiny", gradient="tiny", hyper=no_l2))
+    grid.append(c("gradient=tiny", gradient="tiny", hyper=quiet))
   grid += _edges(rule, dtype)
   grid += _transform_layer(rule, dtype, first)
   # Beside every T of the grid, |X| of the step's size: X + U then keeps the step's digits,
@@ -487,14 +493,14 @@ def cases(rule: str, dtype: str, *, large: bool = True) -> list[Case]:
   if dtype in ("float16", "bfloat16"):  # The documented way to train in low precision.
     grid.append(c("state_dtype=float32", shapes=((), (3, 5), (1, 7, 2)), state_dtype="float32"))
     grid.append(c(f"state_dtype=float32,T={first}", T=first, state_dtype="float32"))
-    if rule in _EPSILON:
+    if suite.epsilon is not None:
       grid.append(
         c(
           "state_dtype=float32,gradient~epsilon",
           R=1.0,
           gradient="tiny",
           state_dtype="float32",
-          hyper={_EPSILON[rule]: tiny, **no_l2},
+          hyper={suite.epsilon: tiny, **quiet},
         )
       )
   if large:

@@ -3,15 +3,23 @@
 :func:`run_case` builds the transform and its state (``count = T`` and the
 case's state tensors), places everything on the chosen device, applies one
 jitted ``update`` + ``optax.apply_updates`` and returns the outputs.
-:func:`check_outputs` compares them with :mod:`onnx_optax.reference` in float64
-in units of the tolerance of :mod:`onnx_optax.conformance.tolerance`.
+:func:`check_outputs` compares them with the rule's NumPy expectation
+(:mod:`onnx_optax.reference`, registered under the rule's name) in float64,
+in units of the tolerance its bound model gives
+(:mod:`onnx_optax.conformance.tolerance`).
+
+Nothing here is keyed by a rule's name: the transform, the state, the output
+names, the expectation and the bound model are the registered rule's
+(:class:`~onnx_optax.conformance.cases.SuiteRule`), its expectation's and its
+bound model's.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
-import itertools
-from collections.abc import Callable, Mapping
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -20,63 +28,34 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-import onnx_optax
 from onnx_optax import reference
 from onnx_optax.conformance import arithmetic as arithmetic_lib
+from onnx_optax.conformance import cases as grid
+from onnx_optax.conformance import devices, models, order, tolerance  # noqa: F401 (models: they register)
 from onnx_optax.conformance import scalars as scalars_lib
-from onnx_optax.conformance import tolerance
 from onnx_optax.conformance.arithmetic import DeviceArithmetic
-from onnx_optax.conformance.cases import INT32_MAX, STATE, TWINS, Case, base_rule, numpy_dtype
+from onnx_optax.conformance.cases import INT32_MAX, LARGE, Case, numpy_dtype, received_dtype_of, suite_rule
+from onnx_optax.conformance.devices import received, received_dtype
+from onnx_optax.conformance.programs import Batch
 
 __all__ = [
   "EXTENDED",
-  "ORDERED",
-  "OUTPUT_NAMES",
   "CaseResult",
   "Comparison",
   "Outputs",
   "check_outputs",
   "compare",
-  "device",
   "expected",
   "expected_update",
-  "has_float64",
+  "grid_operands",
   "make_transform",
-  "order_applies",
-  "order_mismatch",
-  "platforms",
-  "received",
-  "received_dtype",
-  "received_dtype_of",
+  "measured_arithmetic",
+  "results",
   "run_case",
   "run_transform",
   "tolerances",
   "update_dtype",
 ]
-
-_PLATFORM_ORDER = ("cpu", "gpu", "tpu")
-
-
-def platforms() -> list[str]:
-  """The platforms JAX finds: ``cpu`` always, then ``gpu`` and ``tpu`` if present."""
-  found = []
-  for platform in _PLATFORM_ORDER:
-    try:
-      if jax.devices(platform):
-        found.append(platform)
-    except RuntimeError:  # No backend for this platform.
-      pass
-  return found
-
-
-def device(platform: str) -> jax.Device:
-  """The first device of a platform, chosen explicitly (not JAX's default)."""
-  return jax.devices(platform)[0]
-
-
-def has_float64(platform: str) -> bool:
-  """TPUs have no float64 arithmetic."""
-  return platform != "tpu"
 
 
 def make_transform(
@@ -86,7 +65,7 @@ def make_transform(
   state_dtype: str | None = None,
   initial_count: int | None = None,
 ) -> optax.GradientTransformationExtraArgs:
-  """The Optax transform of a suite rule name with Python-float hyperparameters.
+  """The Optax transform of a suite rule with Python-float hyperparameters (its registered transform).
 
   ``R`` is a float or a schedule; ``state_dtype`` and ``initial_count``
   (None: the transform's default) are passed on.
@@ -94,35 +73,7 @@ def make_transform(
   extra: dict[str, Any] = {} if state_dtype is None else {"state_dtype": numpy_dtype(state_dtype)}
   if initial_count is not None:
     extra["initial_count"] = initial_count
-  makers: dict[str, Callable[..., optax.GradientTransformationExtraArgs]] = {
-    "momentum": onnx_optax.momentum,
-    "adagrad": onnx_optax.adagrad,
-    "adam": onnx_optax.adam,
-    "directml_adam": onnx_optax.directml_adam,
-    "ort_adamw": onnx_optax.ort_adamw,
-    "ort_sgd": onnx_optax.ort_sgd,
-    "pytorch_sgd": onnx_optax.pytorch_sgd,
-    "pytorch_adagrad": onnx_optax.pytorch_adagrad,
-    "pytorch_adam": onnx_optax.pytorch_adam,
-    "pytorch_adamw": onnx_optax.pytorch_adamw,
-    "keras_adam": onnx_optax.keras_adam,
-  }
-  return makers[base_rule(rule)](R, **hyper, **extra)
-
-
-_STATE_CLS = {
-  "momentum": onnx_optax.MomentumState,
-  "adagrad": onnx_optax.AdagradState,
-  "adam": onnx_optax.AdamState,
-  "directml_adam": onnx_optax.DirectMLAdamState,
-  "ort_adamw": onnx_optax.OrtAdamWState,
-  "ort_sgd": onnx_optax.OrtSGDState,
-  "pytorch_sgd": onnx_optax.PyTorchSGDState,
-  "pytorch_adagrad": onnx_optax.PyTorchAdagradState,
-  "pytorch_adam": onnx_optax.PyTorchAdamState,
-  "pytorch_adamw": onnx_optax.PyTorchAdamState,
-  "keras_adam": onnx_optax.KerasAdamState,
-}
+  return suite_rule(rule).rule.transform(R, **hyper, **extra)
 
 
 def _tree(leaves: list[Any]) -> Any:
@@ -165,12 +116,12 @@ def run_transform(
     (in the spec's order), the new count and the updates ``U`` the transform
     returned (``X_new = X + U``), as NumPy arrays.
   """
-  base = base_rule(rule)
+  state_cls = suite_rule(rule).rule.state
   with jax.enable_x64(np.float64 in (numpy_dtype(dtype), numpy_dtype(state_dtype or dtype))):
-    dev = device(platform)
+    dev = devices.device(platform)
     put = lambda leaves: _tree([jax.device_put(np.asarray(x), dev) for x in leaves])  # noqa: E731
     params, grads = put(X), put(G)
-    opt_state = _STATE_CLS[base](jax.device_put(jnp.asarray(T, jnp.int32), dev), *(put(s) for s in state))
+    opt_state = state_cls(jax.device_put(jnp.asarray(T, jnp.int32), dev), *(put(s) for s in state))
     opt = make_transform(rule, R, hyper, state_dtype, initial_count)
 
     def step(params, grads, opt_state):
@@ -188,84 +139,20 @@ def run_transform(
     )
 
 
-def received_dtype(dtype: str, state_dtype: str | None = None) -> np.dtype:
-  """The dtype a Python-float hyperparameter reaches the rule in: float64 under x64, else float32.
-
-  :func:`run_transform` enables x64 when the parameters or the state are
-  float64; a Python float then becomes a float64, otherwise a float32.
-  """
-  x64 = np.float64 in (numpy_dtype(dtype), numpy_dtype(state_dtype or dtype))
-  return np.dtype(np.float64 if x64 else np.float32)
-
-
-def received_dtype_of(rule: str, dtype: str, state_dtype: str | None = None) -> np.dtype:
-  """:func:`received_dtype`, but float64 for a twin: PyTorch's and Keras's hyperparameters are
-  Python floats, and the twins compute their scalars from them on the host (``1 - beta2`` in
-  float64, rounded once), or round each one once where it meets a tensor."""
-  return np.dtype(np.float64) if rule in TWINS else received_dtype(dtype, state_dtype)
-
-
-def received(R: float, hyper: dict[str, Any], dtype: Any) -> tuple[float, dict[str, Any]]:
-  """``R`` and the hyperparameters as the rule receives them: each float rounded to ``dtype``.
-
-  The expectation is computed from these values, so that the tolerance
-  charges the arithmetic under test, not the rounding of its inputs
-  (``tolerance.Context.received``).
-
-  Example:
-    >>> received(0.1, {"alpha": 0.9, "mode": "standard"}, np.float32)
-    (0.10000000149011612, {'alpha': 0.8999999761581421, 'mode': 'standard'})
-  """
-  rnd = lambda v: float(np.asarray(v, np.float64).astype(dtype))  # noqa: E731
-  return rnd(R), {k: rnd(v) if isinstance(v, float) else v for k, v in hyper.items()}
-
-
 #: The dtype of the expectation of ``U``: x87 extended precision where NumPy has it (64-bit
 #: significand), so that ``X_new - X`` does not lose ``U``'s digits to the cancellation.
 EXTENDED = np.dtype(np.longdouble) if np.finfo(np.longdouble).nmant > 52 else np.dtype(np.float64)
 
 
-def _twin_expected(
-  rule: str, R: float, T: int, x, g, s, hyper, dtype: Any, scalars: Mapping[str, float] | None = None
-) -> tuple[np.ndarray, ...]:
-  """A twin's outputs from its framework's NumPy expectation (:mod:`onnx_optax.reference`).
-
-  PyTorch's rules: ``reference.pytorch_*`` (``count = T``; AdamW is ``pytorch_adam`` with
-  ``decoupled_weight_decay``), their step-dependent scalars PyTorch's float64 numbers or, given
-  ``scalars``, those. Keras's Adam is DirectML Adam in exact arithmetic (Keras's
-  ``m += (g - m) * (1 - beta_1)`` is ``beta_1 m + (1 - beta_1) g``, its ``alpha`` DirectML's
-  ``LearningRate * Alpha`` at ``T = count + 1``): ``reference.directml_adam``.
-  """
-  if rule == "pytorch_sgd":
-    X_new, buf = reference.pytorch_sgd(R, T, x, g, s[0], maximize=False, dtype=dtype, **hyper)
-    return X_new, (np.asarray(s[0], dtype) if buf is None else buf)  # No momentum: the buffer stays.
-  if rule == "pytorch_adagrad":
-    return reference.pytorch_adagrad(R, T, x, g, s[0], maximize=False, dtype=dtype, scalars=scalars, **hyper)
-  if rule in ("pytorch_adam", "pytorch_adamw"):
-    decoupled = rule == "pytorch_adamw"
-    return reference.pytorch_adam(
-      R, T, x, g, *s, decoupled_weight_decay=decoupled, maximize=False, dtype=dtype, scalars=scalars, **hyper
-    )
-  b1, b2, eps = hyper["beta_1"], hyper["beta_2"], hyper["epsilon"]
-  return reference.directml_adam(
-    x, s[0], s[1], g, T + 1, learning_rate=R, beta1=b1, beta2=b2, epsilon=eps, dtype=dtype
-  )
-
-
 def expected(
   rule: str, R: float, T: int, X, G, state, hyper, dtype: Any = np.float64
 ) -> list[tuple[np.ndarray, ...]]:
-  """The spec's outputs per leaf, from :mod:`onnx_optax.reference` in ``dtype`` (float64)."""
+  """The spec's outputs per leaf, from the rule's registered expectation in ``dtype`` (float64)."""
+  step = reference.get(suite_rule(rule).rule.name).step
   outs = []
   for i, (x, g) in enumerate(zip(X, G)):
     s = [block[i] for block in state]
-    if rule in TWINS:
-      outs.append(_twin_expected(rule, R, T, x, g, s, hyper, dtype))
-    elif rule == "directml_adam":
-      outs.append(reference.directml_adam(x, s[0], s[1], g, T, learning_rate=R, dtype=dtype, **hyper))
-    else:
-      base = base_rule(rule)
-      outs.append(reference.RULES[base][0](R, T, x, g, *s, dtype=dtype, **hyper))
+    outs.append(tuple(step(R, T, x, g, *s, dtype=dtype, **hyper)))
   return outs
 
 
@@ -285,9 +172,33 @@ def expected_update(rule: str, R: float, T: int, X, G, state, hyper) -> list[np.
 
 
 def update_dtype(rule: str) -> np.dtype:
-  """The dtype of ``U``'s expectation: :data:`EXTENDED`, float64 for a twin (its ``X_new - X``
+  """The dtype of ``U``'s expectation: :data:`EXTENDED`, float64 for a framework twin (its ``X_new - X``
   then carries ``X_new``'s float64 rounding, which the expectation's bound charges)."""
-  return np.dtype(np.float64) if rule in TWINS else EXTENDED
+  return np.dtype(np.float64) if suite_rule(rule).framework else EXTENDED
+
+
+def _implementation(
+  rule: str,
+  dtype: str,
+  platform: str,
+  state_dtype: str | None,
+  scalar_dtype: str | None,
+  received_dtype: Any,
+  arithmetic: DeviceArithmetic | None,
+  scalars: Mapping[str, tolerance.Bounded] | None,
+) -> tolerance.Context:
+  """The implementation's context of :func:`tolerances`."""
+  if not suite_rule(rule).state:  # No state tensors (ONNX Runtime's SGD): computed in its own dtype.
+    state_dtype = None
+  return tolerance.implementation_context(
+    numpy_dtype(dtype),
+    platform,
+    state_dtype and numpy_dtype(state_dtype),
+    scalar_dtype and numpy_dtype(scalar_dtype),
+    received_dtype,
+    arithmetic=arithmetic,
+    scalars=scalars,
+  )
 
 
 def tolerances(
@@ -306,30 +217,24 @@ def tolerances(
   *,
   arithmetic: DeviceArithmetic | None = None,
   scalars: Mapping[str, tolerance.Bounded] | None = None,
+  expected_u: list[np.ndarray] | None = None,
 ) -> list[tuple[np.ndarray, ...]]:
   """Per leaf, the tolerance of each output then of ``U``: bound(implementation) + bound(expectation).
 
-  The outputs' expectation is :func:`expected` (float64), ``U``'s is
-  :func:`expected_update` (:data:`EXTENDED`, then rounded to float64).
-  ``scalar_dtype``: the dtype of the rule's ``T``-dependent scalars when it
-  is not the default (see :func:`tolerance.implementation_context`).
-  ``received_dtype``: the dtype the hyperparameters were rounded to before
-  the expectations got them (:func:`received`); None: the Python floats.
-  ``arithmetic``, ``scalars``: the device's measured arithmetic and the
-  case's measured per-update scalars (see
-  :func:`tolerance.implementation_context`); without them the pinned model.
+  The bounds are the rule's bound model's (:func:`tolerance.bounds`). The outputs' expectation
+  is :func:`expected` (float64), ``U``'s is :func:`expected_update` (:data:`EXTENDED`, then
+  rounded to float64). ``scalar_dtype``: the dtype of the rule's ``T``-dependent scalars when
+  it is not the default (see :func:`tolerance.implementation_context`). ``received_dtype``: the
+  dtype the hyperparameters were rounded to before the expectations got them
+  (:func:`~onnx_optax.conformance.devices.received`); None: the Python floats.
+  ``arithmetic``, ``scalars``: the device's measured arithmetic and the case's measured
+  per-update scalars (see :func:`tolerance.implementation_context`); without them the pinned
+  model. ``expected_u``: :func:`expected_update` of these inputs, from the hyperparameters as
+  received, when the caller has it (computed here otherwise).
   """
-  base = base_rule(rule)
-  if not STATE[rule]:  # No state tensors (ONNX Runtime's SGD): the leaf is computed in its own dtype.
-    state_dtype = None
-  impl = tolerance.implementation_context(
-    numpy_dtype(dtype),
-    platform,
-    state_dtype and numpy_dtype(state_dtype),
-    scalar_dtype and numpy_dtype(scalar_dtype),
-    received_dtype,
-    arithmetic=arithmetic,
-    scalars=scalars,
+  base = suite_rule(rule).rule.name
+  impl = _implementation(
+    rule, dtype, platform, state_dtype, scalar_dtype, received_dtype, arithmetic, scalars
   )
   ref = tolerance.reference_context(received_dtype=received_dtype)
   ref_u = tolerance.reference_context(update_dtype(rule), received_dtype=received_dtype)
@@ -342,139 +247,72 @@ def tolerances(
     b = tolerance.bounds(base, ref, R, T, x, g, s, **hyper)
     e_u = tolerance.bounds(base, ref_u, R, T, x, g, s, update=True, **hyper)[-1]
     # U's expectation is rounded from EXTENDED to float64: one more rounding of |U| <= |U64| + e.
-    (U64,) = expected_update(rule, R_in, T, [x], [g], [[t] for t in s], hyper_in)
+    if expected_u is not None:
+      U64 = expected_u[i]
+    else:
+      (U64,) = expected_update(rule, R_in, T, [x], [g], [[t] for t in s], hyper_in)
     e_u = e_u + u64 * (2 * (np.abs(U64) + e_u)) + tiny64
     outs.append((*(p + q for p, q in zip(a, b)), a[-1] + e_u))
   return outs
 
 
-# -- the twins' float32 order, to the bit -------------------------------------------------------
+# -- the device's arithmetic, measured on the grid's operands ------------------------------------
 
-#: The twins whose expectation (``reference.pytorch_*``) follows their framework's float32
-#: operation order, each fused multiply-add rounded once: where the device's arithmetic is
-#: correctly rounded their float32 outputs are compared with it to the bit (:func:`order_mismatch`).
-#: (Keras's Adam is checked against DirectML's formula, which is not Keras's order.)
-ORDERED = ("pytorch_sgd", "pytorch_adagrad", "pytorch_adam", "pytorch_adamw")
-_ORDER_OPS = ("add", "mul", "div", "sqrt")
+_GRID_MAX = 4096  # Grid operands kept per operation and dtype (a random subset beyond).
+_GRID: dict[tuple[str, str], list[np.ndarray]] = {}
 
 
-def order_applies(case: Case, arithmetic: DeviceArithmetic | None) -> tuple[bool, str]:
-  """``(applies, why not)``: whether :func:`order_mismatch` checks ``case`` on a device of ``arithmetic``.
+def grid_operands() -> dict[tuple[str, str], list[np.ndarray]]:
+  """The operands of each operation the tolerance model meets over the grid, by ``(op, dtype)``.
 
-  It applies to the float32 cases of :data:`ORDERED` (with a float32 state) where the device's
-  measured float32 sum, product, quotient and square root are correctly rounded (0.5 ulp): two
-  evaluations of the same operations in the same order on the same operands, each correctly
-  rounded, give the same bits, so the bound is zero. Elsewhere the rounding-error bound is the
-  check, and ``why not`` says why (empty for a case the comparison is not meant for).
-
-  Example:
-    >>> from onnx_optax.conformance.arithmetic import OpError
-    >>> from onnx_optax.conformance.cases import cases
-    >>> ops = [OpError(op, "float32", 0.5, 1.0, 0.0, False, 9) for op in ("add", "mul", "div")]
-    >>> gpu = DeviceArithmetic("gpu", (*ops, OpError("sqrt", "float32", 1.5, 3.0, 0.0, False, 9)))
-    >>> order_applies(cases("pytorch_sgd", "float32")[0], gpu)
-    (False, 'the float32 arithmetic is not correctly rounded (sqrt 1.50 ulp)')
-    >>> order_applies(cases("keras_adam", "float32")[0], gpu)
-    (False, '')
+  Recorded from the model's implementation contexts (every operation the rule performs, in its
+  element-wise dtype and its scalar dtype, ``a - b`` as ``a + (-b)``), for every case of every
+  spec rule and dtype (no 10^6 case), plus the scalars' ``log(beta)`` and ``expm1(T log beta)``
+  of each decay; exact values (rounded to the dtype by ``arithmetic.sweep``), at most 4096
+  points per operation. Computed once per process.
   """
-  if case.rule not in ORDERED or case.dtype != "float32" or case.state_dtype not in (None, "float32"):
-    return False, ""
-  if arithmetic is None:
-    return False, "the pinned model measures no arithmetic"
-  off = []
-  for op in _ORDER_OPS:
-    e = arithmetic.get(op, "float32")
-    if e is None or e.ulp > 0.5:
-      off.append(f"{op} {'not measured' if e is None else f'{e.ulp:.2f} ulp'}")
-  if off:
-    return False, f"the float32 arithmetic is not correctly rounded ({', '.join(off)})"
-  return True, ""
+  if _GRID:
+    return _GRID
+  seen: dict[tuple[str, str], list[list[np.ndarray]]] = {}
+
+  def record(op: str, ctx_dtype: Any, *values: Any) -> None:
+    flat = [np.ravel(v) for v in np.broadcast_arrays(*(np.asarray(v, np.float64) for v in values))]
+    seen.setdefault((op, arithmetic_lib.dtype_name(ctx_dtype)), []).append(flat)
+
+  for rule in grid.RULES:
+    suite = suite_rule(rule)
+    decays = [h for h, p in suite.rule.hyperparameters.items() if p.decay]
+    for dtype in suite.dtypes:
+      for case in grid.cases(rule, dtype, large=False):
+        X, G, state = case.inputs()
+        # The implementation's bounds of tolerances() (the expectations' record nothing).
+        impl = _implementation(case.rule, case.dtype, "cpu", case.state_dtype, None, None, None, None)
+        with tolerance.recording(record):
+          for i, (x, g) in enumerate(zip(X, G)):
+            s = [block[i] for block in state]
+            tolerance.bounds(
+              suite.rule.name, impl, case.learning_rate, case.T, x, g, s, update=True, **case.hyper
+            )
+        for name in decays:  # The scalars' log(beta) and expm1(T log beta).
+          beta = case.hyper.get(name)
+          if isinstance(beta, float) and 0 < beta < 1 and case.T > 0:
+            for scalar_dtype in ("float32", "float64"):
+              record("log", scalar_dtype, beta)
+              record("expm1", scalar_dtype, case.T * math.log(beta))
+  rng = np.random.default_rng(1)
+  for key, parts in seen.items():
+    columns = [np.concatenate([p[i] for p in parts]) for i in range(len(parts[0]))]
+    if columns[0].size > _GRID_MAX:
+      keep = rng.choice(columns[0].size, _GRID_MAX, replace=False)
+      columns = [c[keep] for c in columns]
+    _GRID[key] = columns
+  return _GRID
 
 
-def _same(got: Any, want: Any) -> np.ndarray:
-  """Element-wise: equal float32 values, NaN where NaN is expected."""
-  a, b = np.asarray(got, np.float32), np.asarray(want, np.float32)
-  return (a == b) | (np.isnan(a) & np.isnan(b))
-
-
-def order_mismatch(
-  case: Case,
-  X,
-  G,
-  state,
-  got_x,
-  got_state,
-  got_u,
-  scalars: Mapping[str, tolerance.Bounded],
-) -> str:
-  """Where a twin's float32 outputs are not its framework's float32 order, ``""`` where they all are.
-
-  The expectation is ``reference.pytorch_*`` in float32: each of PyTorch's operations rounded
-  once (a fused multiply-add too), from the case's inputs, with the step-dependent scalars as
-  the device computes them from the spec's formula (``scalars``, measured by
-  :mod:`~onnx_optax.conformance.scalars`, never by the rule; one expectation per distinct value
-  the device gave, and the outputs must be one of them). Each new state tensor must equal it,
-  and ``X + U`` its new parameters, or, where the step shrinks a parameter below half its
-  magnitude (``X_new`` out of reach of any ``X + U``, ``rules._in_place``), ``U`` its
-  ``X_new - X`` rounded once. A rounding moved, added or fused where PyTorch's order does not
-  shows here even when it is within the tolerance.
-  """
-  R, hyper = case.learning_rate, case.hyper
-  names = [name for name in scalars if name != "R"]  # R: a Python float (the twins' grid has no schedule)
-  got_values = [getattr(scalars[name], "got", ()) or (float(scalars[name].v),) for name in names]
-  first = ""
-  for values in itertools.product(*got_values):
-    given = dict(zip(names, values)) if names else None
-    found = _order_differs(case, R, hyper, X, G, state, got_x, got_state, got_u, given)
-    if not found:
-      return ""
-    first = first or found
-  return first
-
-
-def _order_differs(case: Case, R, hyper, X, G, state, got_x, got_state, got_u, given) -> str:
-  out_names = OUTPUT_NAMES[case.base_rule]
-  for leaf, (x, g) in enumerate(zip(X, G)):
-    s = [block[leaf] for block in state]
-    want = _twin_expected(case.rule, R, case.T, x, g, s, hyper, np.float32, given)
-    x32, E = np.asarray(x, np.float32), np.asarray(want[0], np.float32)
-    difference = E - x32  # rounded once, in float32
-    with np.errstate(invalid="ignore"):
-      reachable = difference.astype(np.float64) == E.astype(np.float64) - x32.astype(np.float64)
-    ok = _same(got_x[leaf], E)
-    if got_u is not None:
-      ok |= ~reachable & _same(got_u[leaf], difference)
-    for name, got, expected in [(out_names[0], got_x[leaf], E)] + [
-      (out_names[k + 1], got_state[k][leaf], want[k + 1]) for k in range(len(got_state))
-    ]:
-      bad = np.flatnonzero(~(ok if name == out_names[0] else _same(got, expected)).ravel())
-      if bad.size:
-        j = int(bad[0])
-        return (
-          f"{name}[leaf {leaf}, element {j}]: got {float(np.ravel(got)[j])!r}, PyTorch's float32 order "
-          f"gives {float(np.ravel(expected)[j])!r} ({bad.size} of {np.size(expected)} elements differ)"
-        )
-  return ""
-
-
-def _flushes(arithmetic: DeviceArithmetic) -> bool:
-  """Whether the device flushes float32 subnormal results or operands (measured)."""
-  return arithmetic.tiny("float32", 0.0) > 0 or arithmetic.flushes_operands("float32")
-
-
-def _touches_subnormals(record_into: list[bool]) -> Callable[..., None]:
-  """A recorder (:func:`tolerance.recording`) that notes a float32 operand below the smallest normal."""
-  normal = float(np.finfo(np.float32).smallest_normal)
-
-  def record(op: str, dtype: Any, *operands: Any) -> None:
-    if np.dtype(dtype) == np.float32 and not record_into:
-      for v in operands:
-        a = np.abs(np.asarray(v, np.float64))
-        if np.any((a > 0) & (a < 2 * normal)):
-          record_into.append(True)
-          return
-
-  return record
+def measured_arithmetic(platform: str) -> DeviceArithmetic:
+  """The device's arithmetic as the runner charges it: the sweep and the grid's operands
+  (:func:`grid_operands`), measured once per platform and process."""
+  return arithmetic_lib.measure(platform, operands=grid_operands)
 
 
 class Comparison(NamedTuple):
@@ -535,8 +373,8 @@ class CaseResult:
   error of the case's per-update scalars on the device, in units of the
   scalar dtype's unit roundoff (0 with the pinned model). ``order_checked``:
   the outputs were compared with the twin's framework's float32 order to the
-  bit (:func:`order_mismatch`); ``order``: where they differ (a failure);
-  ``order_skipped``: why a case of :data:`ORDERED` in float32 was not compared.
+  bit (:func:`~onnx_optax.conformance.order.order_mismatch`); ``order``: where they differ (a
+  failure); ``order_skipped``: why a float32 case of a rule compared so was not compared.
   """
 
   rule: str
@@ -566,21 +404,6 @@ class CaseResult:
       and not self.wrong_dtypes
       and (self.unchecked == 0 or bool(self.limit))
     )
-
-
-OUTPUT_NAMES = {
-  "momentum": ("X_new", "V_new"),
-  "adagrad": ("X_new", "H_new"),
-  "adam": ("X_final", "V_new", "H_new"),
-  "directml_adam": ("X_new", "M_new", "V_new"),
-  "ort_adamw": ("X_new", "M1_new", "M2_new"),
-  "ort_sgd": ("X_new",),
-  "pytorch_sgd": ("X_new", "momentum_buffer"),
-  "pytorch_adagrad": ("X_new", "sum"),
-  "pytorch_adam": ("X_new", "exp_avg", "exp_avg_sq"),
-  "pytorch_adamw": ("X_new", "exp_avg", "exp_avg_sq"),
-  "keras_adam": ("X_new", "m", "v"),
-}
 
 
 def check_outputs(
@@ -614,14 +437,14 @@ def check_outputs(
   received_in = received_dtype_of(case.rule, case.dtype, case.state_dtype)
   R, hyper = received(case.learning_rate, case.hyper, received_in)
   want = expected(case.rule, R, case.T, X, G, state, hyper)
-  want_u = expected_update(case.rule, R, case.T, X, G, state, hyper) if got_u is not None else None
+  want_u = expected_update(case.rule, R, case.T, X, G, state, hyper)
   # A schedule's rate has the dtype of a Python float's (float64 under x64: the
   # count it receives is int64 there), so the scalars' dtype is the others'.
-  ordered, order_skipped = order_applies(case, arithmetic)
+  ordered, order_skipped = order.order_applies(case, arithmetic)
   if ordered and scalars is None:
     ordered, order_skipped = False, "the scalars were not measured"
   subnormal: list[bool] = []
-  with tolerance.recording(_touches_subnormals(subnormal)) if ordered else contextlib.nullcontext():
+  with tolerance.recording(order.touches_subnormals(subnormal)) if ordered else contextlib.nullcontext():
     tol = tolerances(
       case.rule,
       case.dtype,
@@ -637,17 +460,18 @@ def check_outputs(
       received_in,
       arithmetic=arithmetic,
       scalars=scalars,
+      expected_u=want_u,
     )
-  if ordered and arithmetic is not None and subnormal and _flushes(arithmetic):
+  if ordered and arithmetic is not None and subnormal and order.flushes(arithmetic):
     ordered, order_skipped = False, "subnormal operands, which the device flushes (PyTorch does not)"
-  names = OUTPUT_NAMES[case.base_rule]
+  names = case.suite.outputs
   worst, where, loose, unchecked = 0.0, "", 0, 0
   for leaf in range(len(X)):
     got = [got_x[leaf]] + [s[leaf] for s in got_state]
     wants = list(want[leaf])
     tols = list(tol[leaf][: len(names)])
     leaf_names = list(names)
-    if got_u is not None and want_u is not None:
+    if got_u is not None:
       got, wants, tols, leaf_names = (
         got + [got_u[leaf]],
         wants + [want_u[leaf]],
@@ -673,9 +497,9 @@ def check_outputs(
   ]
   if got_u is not None:
     checked.append(("U", got_u, case.dtype))
-  order = ""
+  mismatch = ""
   if ordered and scalars is not None:
-    order = order_mismatch(case, X, G, state, got_x, got_state, got_u, scalars)
+    mismatch = order.order_mismatch(case, X, G, state, got_x, got_state, got_u, scalars)
   for label, arrays, dtype in checked:
     found = sorted(
       {str(np.asarray(a).dtype) for a in arrays if hasattr(a, "dtype")} - {str(numpy_dtype(dtype))}
@@ -695,7 +519,7 @@ def check_outputs(
     limit=case.unchecked_limit,
     wrong_dtypes="; ".join(wrong),
     order_checked=ordered,
-    order=order,
+    order=mismatch,
     order_skipped=order_skipped,
   )
 
@@ -705,48 +529,204 @@ def check_outputs(
 PINNED = False
 
 
-def run_case(case: Case, platform: str = "cpu", pinned: bool | None = None) -> CaseResult:
-  """Runs ``case`` through its Optax transform on ``platform`` and checks it.
+# -- running cases: one program per program shape, compiled ahead ---------------------------------
 
-  The tolerance charges the device's measured arithmetic
-  (:func:`~onnx_optax.conformance.arithmetic.measure`, once per platform) and the case's scalars as
-  the device computes them (:func:`~onnx_optax.conformance.scalars.measure_case`); with ``pinned``
-  (default ``check.PINNED``) the documented constants instead.
+
+def _traced(case: Case, value: Any) -> bool:
+  """Whether a hyperparameter (or the learning rate) reaches a case's program as an argument.
+
+  A spec rule's float hyperparameters do, as ``optax.inject_hyperparams`` hands them in (an array of
+  the dtype a Python float reaches the rule in: the expectation is computed from that very value),
+  so that cases that differ only in their values share one program. Not: 0 and 1, which the rules
+  test for as Python numbers to leave a term or a factor out (``_numerics.is_static``; the program
+  a user who writes 0 or 1 gets is the one checked), flags and modes, and every hyperparameter of
+  a framework twin, whose Python floats its framework's scalars are computed from on the host.
+  """
+  return (
+    not case.suite.framework
+    and isinstance(value, float)
+    and not isinstance(value, bool)
+    and value not in (0.0, 1.0)
+  )
+
+
+def _update_program(case: Case, static: dict[str, Any], R: float | None) -> Any:
+  """The jitted update of :func:`run_transform` with the traced values as arguments."""
+  rule, steps, state_dtype, initial_count = (
+    case.rule,
+    case.schedule_steps,
+    case.state_dtype,
+    case.initial_count,
+  )
+
+  def step(rate, traced, params, grads, opt_state):
+    rate = R if R is not None else rate
+    lr = rate if steps is None else optax.linear_schedule(rate, 0.0, steps)
+    opt = make_transform(rule, lr, {**static, **traced}, state_dtype, initial_count)
+    updates, new_state = opt.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), new_state, updates
+
+  return step
+
+
+def _x64(case: Case) -> bool:
+  """Whether ``case`` runs under ``jax.enable_x64`` (its parameters or its state are float64)."""
+  return np.float64 in (numpy_dtype(case.dtype), numpy_dtype(case.state_dtype or case.dtype))
+
+
+def _start_update(case: Case, inputs, platform: str, batch: Batch) -> Callable[[], Outputs]:
+  """The case's update, added to ``batch``; call the result, after the batch is closed, for the
+  :class:`Outputs`. The same outputs as :func:`run_transform` (``test_conformance_suite``
+  compares them to the bit), from a computation that every case of the row with the same
+  program shape shares (:func:`_traced`)."""
+  X, G, state = inputs
+  x64 = _x64(case)
+  dtype = received_dtype(case.dtype, case.state_dtype)  # A Python float's in this case's program.
+  traced = {k: v for k, v in case.hyper.items() if _traced(case, v)}
+  static = {k: v for k, v in case.hyper.items() if k not in traced}
+  R_traced = _traced(case, case.R)
+  key = (
+    "update",
+    case.rule,
+    case.dtype,
+    case.state_dtype,
+    tuple(sorted(static.items())),
+    tuple(sorted(traced)),
+    None if R_traced else case.R,
+    case.schedule_steps,
+    case.initial_count,
+    case.shapes,
+  )
+  state_cls = suite_rule(case.rule).rule.state
+  dev = devices.device(platform)
+  with jax.enable_x64(x64):
+    put = lambda leaves: _tree([jax.device_put(np.asarray(x), dev) for x in leaves])  # noqa: E731
+    args = (
+      jax.device_put(np.asarray(case.R, dtype), dev) if R_traced else None,
+      {k: jax.device_put(np.asarray(v, dtype), dev) for k, v in traced.items()},
+      put(X),
+      put(G),
+      state_cls(jax.device_put(jnp.asarray(case.T, jnp.int32), dev), *(put(s) for s in state)),
+    )
+  result = batch.add(key, _update_program(case, static, None if R_traced else case.R), *args)
+
+  def finish() -> Outputs:
+    with jax.enable_x64(x64):
+      new_params, new_state, updates = result()
+    placed = {d for leaf in jax.tree.leaves((new_params, new_state, updates)) for d in leaf.devices()}
+    if placed != {dev}:  # The platform under test must be the one that computed.
+      raise RuntimeError(f"outputs on {placed}, expected {dev}")
+    leaves = lambda tree: [np.asarray(x) for x in jax.tree.leaves(tree)]  # noqa: E731
+    return Outputs(
+      leaves(new_params), [leaves(s) for s in new_state[1:]], int(new_state.count), leaves(updates)
+    )
+
+  return finish
+
+
+def _failed(case: Case, platform: str, e: Exception) -> CaseResult:
+  return CaseResult(case.rule, case.dtype, case.name, platform, float("inf"), "", error=repr(e))
+
+
+def _start(case: Case, platform: str, pinned: bool, batch: Batch) -> Callable[[], CaseResult]:
+  """``case``'s computations added to ``batch``; call the result, after the batch is closed, to
+  run and check it."""
+  inputs = case.inputs()
+  update = _start_update(case, inputs, platform, batch)
+  measuring = None if pinned else scalars_lib.start_case(case, platform, batch)
+
+  def finish() -> CaseResult:
+    try:
+      got_x, got_state, count, got_u = update()
+    except Exception as e:  # noqa: BLE001 -- reported as a failure with its message.
+      return _failed(case, platform, e)
+    if measuring is None:
+      return check_outputs(case, platform, got_x, got_state, count, inputs, got_u)
+    measured = measuring()
+    result = check_outputs(
+      case,
+      platform,
+      got_x,
+      got_state,
+      count,
+      inputs,
+      got_u,
+      arithmetic=measured_arithmetic(platform),
+      scalars=measured,
+    )
+    # The scalars' dtype: the hyperparameters' (a schedule's R too).
+    u = tolerance.unit_roundoff(received_dtype(case.dtype, case.state_dtype))
+    with np.errstate(divide="ignore", invalid="ignore"):
+      relative = [float(b.e / (u * abs(b.v))) for b in measured.values() if b.v != 0]
+    result.scalar_error = max(relative, default=0.0)
+    return result
+
+  return finish
+
+
+def _rows(cases: Iterable[Case]) -> Iterator[list[Case]]:
+  """The cases in runs compiled together: consecutive cases of one rule and dtype (a row of the
+  report), a large case alone (its copy would run in every round of its row's program)."""
+  row: list[Case] = []
+  for case in cases:
+    large = max(int(np.prod(s)) for s in case.shapes) >= LARGE
+    if row and (large or (case.rule, case.dtype, _x64(case)) != (row[0].rule, row[0].dtype, _x64(row[0]))):
+      yield row
+      row = []
+    row.append(case)
+    if large:
+      yield row
+      row = []
+  if row:
+    yield row
+
+
+def _start_row(row: list[Case], platform: str, pinned: bool) -> list[Callable[[], CaseResult]]:
+  """A row's cases in one batch, closed: its program compiling."""
+  batch = Batch()
+  finishes = [_start(case, platform, pinned, batch) for case in row]
+  with jax.enable_x64(_x64(row[0])), jax.default_device(devices.device(platform)):
+    batch.close()
+  return finishes
+
+
+#: The rows :func:`results` starts ahead of the one it checks (their programs compile meanwhile).
+AHEAD = 2
+
+
+def results(cases: Iterable[Case], platform: str = "cpu", pinned: bool | None = None) -> Iterator[CaseResult]:
+  """Runs each case through its Optax transform on ``platform`` and checks it, in order.
+
+  The cases of a row (consecutive cases of one rule and dtype) are compiled as one program
+  (:class:`~onnx_optax.conformance.programs.Batch`); cases that differ only in ``T``, their
+  inputs, or a spec rule's hyperparameter values (:func:`_traced`) share one computation in
+  it; the programs of the next :data:`AHEAD` rows compile while a row is checked. The tolerance
+  charges the device's measured arithmetic (:func:`measured_arithmetic`, once per platform) and
+  each case's scalars as the device computes them
+  (:func:`~onnx_optax.conformance.scalars.start_case`); with ``pinned`` (default
+  ``check.PINNED``) the documented constants instead.
   """
   pinned = PINNED if pinned is None else pinned
-  inputs = case.inputs()
-  R = case.R if case.schedule_steps is None else optax.linear_schedule(case.R, 0.0, case.schedule_steps)
-  try:
-    got_x, got_state, count, got_u = run_transform(
-      case.rule,
-      case.dtype,
-      platform,
-      R,
-      case.T,
-      case.hyper,
-      *inputs,
-      state_dtype=case.state_dtype,
-      initial_count=case.initial_count,
-    )
-  except Exception as e:  # noqa: BLE001 -- reported as a failure with its message.
-    return CaseResult(case.rule, case.dtype, case.name, platform, float("inf"), "", error=repr(e))
-  if pinned:
-    return check_outputs(case, platform, got_x, got_state, count, inputs, got_u)
-  measured = scalars_lib.measure_case(case, platform)
-  result = check_outputs(
-    case,
-    platform,
-    got_x,
-    got_state,
-    count,
-    inputs,
-    got_u,
-    arithmetic=arithmetic_lib.measure(platform),
-    scalars=measured,
-  )
-  # The scalars' dtype: the hyperparameters' (a schedule's R too).
-  u = tolerance.unit_roundoff(received_dtype(case.dtype, case.state_dtype))
-  with np.errstate(divide="ignore", invalid="ignore"):
-    relative = [float(b.e / (u * abs(b.v))) for b in measured.values() if b.v != 0]
-  result.scalar_error = max(relative, default=0.0)
-  return result
+  rows = _rows(cases)
+  started: collections.deque[list[Callable[[], CaseResult]]] = collections.deque()
+
+  def start_more() -> None:
+    while len(started) <= AHEAD:
+      row = next(rows, None)
+      if row is None:
+        return
+      started.append(_start_row(row, platform, pinned))
+
+  start_more()
+  if not pinned:  # Measured while the first programs compile.
+    measured_arithmetic(platform)
+  while started:
+    finishes = started.popleft()
+    start_more()
+    for finish in finishes:
+      yield finish()
+
+
+def run_case(case: Case, platform: str = "cpu", pinned: bool | None = None) -> CaseResult:
+  """Runs ``case`` through its Optax transform on ``platform`` and checks it (:func:`results`)."""
+  return next(results([case], platform, pinned))

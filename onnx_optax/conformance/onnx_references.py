@@ -41,7 +41,9 @@ from typing import Any
 
 import numpy as np
 
-from onnx_optax.conformance import arithmetic, check, scalars, tolerance
+from onnx_optax import registry
+from onnx_optax.conformance import check, devices, scalars, tolerance
+from onnx_optax.conformance.cases import suite_rule, suite_rule_of
 from onnx_optax.conformance.check import CaseResult
 
 __all__ = [
@@ -65,7 +67,20 @@ BACKEND_CASES = (
   "test_adam",
   "test_adam_multiple",
 )
-_STATE_BLOCKS = {"Momentum": 1, "Adagrad": 1, "Adam": 2}
+
+
+def _operator(op_type: str) -> registry.Rule:
+  """The registered rule bound to ONNX's ``op_type`` in the training domain."""
+  for rule in registry.rules():
+    binding = rule.binding("onnx")
+    if binding is not None and binding.name == op_type and binding.domain == DOMAIN:
+      return rule
+  raise LookupError(f"no registered rule is bound to {DOMAIN} {op_type}")
+
+
+def _state_blocks(op_type: str) -> int:
+  """The number of state blocks of an operator: its rule's state tensors."""
+  return len(_operator(op_type).fields)
 
 
 def backend_cases() -> dict[str, Any]:
@@ -101,9 +116,8 @@ def attributes(node: Any) -> dict[str, Any]:
 
 
 def _rule(op_type: str, attrs: dict[str, Any]) -> str:
-  if op_type == "Momentum":
-    return f"momentum_{attrs['mode']}"
-  return op_type.lower()
+  """The suite rule of a node: its operator's rule, the variant its attributes select (Momentum's mode)."""
+  return suite_rule_of(_operator(op_type), attrs).name
 
 
 def node_rule(node: Any) -> str:
@@ -119,7 +133,7 @@ def backend_case_rule(case: Any) -> tuple[str, str]:
 
 def _split(op_type: str, tensors: list[np.ndarray]) -> tuple[list, list, list[list]]:
   """ONNX's variadic blocks ``X.., G.., S1.., S2..`` -> ``(X, G, state)``."""
-  k = 2 + _STATE_BLOCKS[op_type]
+  k = 2 + _state_blocks(op_type)
   n = len(tensors) // k
   blocks = [list(tensors[i * n : (i + 1) * n]) for i in range(k)]
   return blocks[0], blocks[1], blocks[2:]
@@ -148,7 +162,7 @@ def _check(
     got_x, got_state, count, _ = check.run_transform(rule, dtype, platform, R, T, hyper, X, G, state)
   except Exception as e:  # noqa: BLE001 -- reported as a failure.
     return CaseResult(rule, dtype, label, platform, float("inf"), "", error=repr(e))
-  base = "momentum" if rule.startswith("momentum") else rule
+  base = suite_rule(rule).rule.name
   if check.PINNED:
     impl = tolerance.implementation_context(np.dtype(dtype), platform)
   else:
@@ -156,7 +170,7 @@ def _check(
     # against the Python floats themselves (received float64: the rounding to float32 included).
     measured = scalars.measure(rule, platform, R, T, hyper, x64=dtype == "float64", received=np.float64)
     impl = tolerance.implementation_context(
-      np.dtype(dtype), platform, arithmetic=arithmetic.measure(platform), scalars=measured
+      np.dtype(dtype), platform, arithmetic=check.measured_arithmetic(platform), scalars=measured
     )
   n = len(X)
   got = list(got_x) + [x for block in got_state for x in block]
@@ -229,7 +243,7 @@ def evaluator_cases(seed: int = 0) -> list[tuple[str, Any, list[np.ndarray]]]:
   ]
   for op, attrs in specs:
     for n in (1, 3):
-      k = 2 + _STATE_BLOCKS[op]
+      k = 2 + _state_blocks(op)
       names = [f"{block}{i}" for block in ["X", "G", "S", "Q"][:k] for i in range(n)]
       outputs = [f"{name}_new" for name in names[:n] + names[2 * n :]]
       node = helper.make_node(op, ["R", "T"] + names, outputs, domain=DOMAIN, **attrs)
@@ -239,7 +253,7 @@ def evaluator_cases(seed: int = 0) -> list[tuple[str, Any, list[np.ndarray]]]:
       for block in range(k):
         for shape in shapes[:n]:
           x = rng.uniform(0.1, 2.0, size=shape)
-          second_moment = (op == "Adagrad" and block == 2) or (op == "Adam" and block == 3)
+          second_moment = block >= 2 and _operator(op).fields[block - 2].second_moment
           if not second_moment:
             x = x * rng.choice([-1.0, 1.0], size=shape)
           tensors.append(x)
@@ -283,7 +297,7 @@ def run_evaluator_case(label: str, node: Any, inputs: list[np.ndarray], platform
   see the module docstring) the expectation is the spec in float64
   (:mod:`onnx_optax.reference`) instead, and the label says so.
   """
-  if not check.has_float64(platform):
+  if not devices.has_float64(platform):
     return CaseResult(label, "float64", label, platform, 0.0, "skipped: no float64 on this platform")
   R, T, *tensors = inputs
   attrs = attributes(node)

@@ -16,7 +16,7 @@ import numpy as np
 import optax
 
 import onnx_optax
-from onnx_optax.conformance import arithmetic, check
+from onnx_optax.conformance import arithmetic, check, devices
 from onnx_optax.conformance import cases as cases_lib
 from onnx_optax.conformance.check import CaseResult
 
@@ -54,7 +54,7 @@ def processor_name() -> str:
 
 
 def _device_name(platform: str) -> str:
-  kind = str(check.device(platform).device_kind)
+  kind = str(devices.device(platform).device_kind)
   if platform == "cpu":
     return f"{kind} ({processor_name()}, {os.cpu_count()} logical cores)"
   return f"{kind} (x{len(jax.devices(platform))})"
@@ -103,7 +103,7 @@ def run(
   *,
   include_onnx: bool = True,
   large: bool = True,
-  rules: Sequence[str] = cases_lib.RULES + cases_lib.TWINS,
+  rules: Sequence[str] | None = None,
   dtypes: Sequence[str] = cases_lib.DTYPES,
   log: Callable[[str], None] | None = None,
   pinned: bool = False,
@@ -115,15 +115,16 @@ def run(
     include_onnx: also run ONNX's backend test cases and the
       ReferenceEvaluator comparison (when ``onnx`` is importable).
     large: include the 10^6-element case of each rule and dtype.
-    rules, dtypes: restrict the grid (names of ``cases.RULES`` and ``cases.TWINS``,
-      ``cases.DTYPES``); a twin runs in the dtypes of ``cases.TWIN_DTYPES`` only.
+    rules, dtypes: restrict the grid (suite rules, ``cases.names()``, default all of them;
+      ``cases.DTYPES``); a rule runs in its own dtypes only (``cases.dtypes_of``).
     log: called with a line of progress.
     pinned: charge the documented constants (``K_TRANSCENDENTAL``, ``k = 1`` on
       CPU) instead of each device's measured arithmetic and each case's
       measured scalars (``check.PINNED``); for comparison only.
   """
   log = log or (lambda line: None)
-  platforms = list(platforms or check.platforms())
+  platforms = list(platforms or devices.platforms())
+  rules = list(rules) if rules is not None else list(cases_lib.names())
   onnx_version = _onnx_version()  # Reported even with include_onnx=False: "not installed" must be true.
   report: dict[str, Any] = dict(
     date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -147,7 +148,7 @@ def run(
   try:
     for platform in platforms:
       if not pinned:
-        measured = arithmetic.measure(platform)
+        measured = check.measured_arithmetic(platform)
         report["arithmetic"][platform] = measured.as_json()
         log(f"{platform} arithmetic: {measured.summary()}")
       _run_platform(report, platform, rules, dtypes, large, include_onnx and onnx_version is not None, log)
@@ -171,20 +172,25 @@ def _run_platform(
   log: Callable[[str], None],
 ) -> None:
   """The grid's rows, then ONNX's references, of one platform, appended to ``report``."""
+  grid: list[tuple[str, str, list[cases_lib.Case]]] = []
   for rule in rules:
     for dtype in dtypes:
       if dtype not in cases_lib.dtypes_of(rule):
         continue  # Not in the grid (a twin in float16 or bfloat16): no row.
-      if dtype == "float64" and not check.has_float64(platform):
+      if dtype == "float64" and not devices.has_float64(platform):
         report["skipped"].append(dict(platform=platform, rule=rule, dtype=dtype, reason=NO_FLOAT64))
         continue
-      results = [check.run_case(c, platform) for c in cases_lib.cases(rule, dtype, large=large)]
-      row = _row(platform, rule, dtype, results)
-      report["rows"].append(row)
-      log(
-        f"{platform} {rule} {dtype}: {row['cases']} cases, worst {row['worst']:.3f} "
-        f"({'pass' if row['passed'] else 'FAIL'})"
-      )
+      grid.append((rule, dtype, cases_lib.cases(rule, dtype, large=large)))
+  # One stream of every case, so that the next row's programs compile while a row is checked.
+  stream = check.results([c for _, _, row_cases in grid for c in row_cases], platform)
+  for rule, dtype, row_cases in grid:
+    results = [next(stream) for _ in row_cases]
+    row = _row(platform, rule, dtype, results)
+    report["rows"].append(row)
+    log(
+      f"{platform} {rule} {dtype}: {row['cases']} cases, worst {row['worst']:.3f} "
+      f"({'pass' if row['passed'] else 'FAIL'})"
+    )
   if include_onnx:
     from onnx_optax.conformance import onnx_references as refs
 
@@ -211,7 +217,7 @@ def _run_platform(
       rule = refs.node_rule(node)
       if rule not in rules or "float64" not in dtypes:
         continue
-      if not check.has_float64(platform):
+      if not devices.has_float64(platform):
         report["skipped"].append(dict(platform=platform, rule=label, dtype="float64", reason=NO_FLOAT64))
         continue
       r = refs.run_evaluator_case(label, node, inputs, platform)

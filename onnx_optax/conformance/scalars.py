@@ -27,19 +27,22 @@ A rule whose scalar is wrong still fails: the expectation
 (:mod:`onnx_optax.reference`) is independent of this measurement, which
 only sizes the tolerance.
 
-**Adding a rule**: write its formula below (``_<rule>(o, R, T, h, raw)``:
-``o`` the arithmetic, ``h`` the float hyperparameters in it, ``raw`` every
-hyperparameter as given) returning ``{name: value}`` for each scalar the
-tolerance model reads by name with ``Context.value`` / ``Context.one_minus``,
-and add it to :data:`FORMULAS`. A name the model asks for and the formula
-does not give is an error (``KeyError``), never a silent fallback.
+**The formulas** are each rule's, registered with its bound model
+(:class:`~onnx_optax.conformance.tolerance.BoundModel`'s ``scalars``, in
+:mod:`onnx_optax.conformance.models`): ``scalars(o, R, T, h, raw)``, ``o``
+the arithmetic (:class:`_Jax` on the device, :class:`_Exact` in decimals),
+``h`` the float hyperparameters in it, ``raw`` every hyperparameter as
+given, returning ``{name: value}`` for each scalar the rule's bounds read
+by name with ``Context.value`` / ``Context.one_minus``. A name the bounds
+ask for and the formula does not give is an error (``KeyError``), never a
+silent fallback.
 """
 
 from __future__ import annotations
 
 import decimal
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 import jax
@@ -48,10 +51,12 @@ import numpy as np
 import optax
 
 from onnx_optax import _engine
-from onnx_optax.conformance.cases import Case, base_rule, numpy_dtype
+from onnx_optax.conformance import devices, models, tolerance  # noqa: F401 (models: they register)
+from onnx_optax.conformance.cases import Case, base_rule, numpy_dtype, received_dtype_of
+from onnx_optax.conformance.programs import Batch
 from onnx_optax.conformance.tolerance import Bounded
 
-__all__ = ["FORMULAS", "Measured", "clear", "exact", "measure", "measure_case"]
+__all__ = ["Measured", "exact", "formula", "measure", "measure_case", "start", "start_case"]
 
 
 class Measured(Bounded):
@@ -136,108 +141,10 @@ class _Exact:
     return _DECIMAL.subtract(1, _DECIMAL.power(decimal.Decimal(beta), T + 1))
 
 
-# -- the formulas (docs/spec.md), one per rule ----------------------------------------------
-
-
-def _one_minus_power(o: Any, beta: Any, T: Any) -> Any:
-  """``1 - beta^T`` as the spec's number, written without cancellation: ``-expm1(T log beta)``."""
-  return -o.expm1(T * o.log(beta))
-
-
-def _momentum(o: Any, R: Any, T: Any, h: dict[str, Any], raw: Mapping[str, Any]) -> dict[str, Any]:
-  return {"R": R}  # beta_adjusted = T > 0 ? beta : 1 is a choice, not arithmetic.
-
-
-def _adagrad(o: Any, R: Any, T: Any, h: dict[str, Any], raw: Mapping[str, Any]) -> dict[str, Any]:
-  return {"R": R, "r": R / (1 + T * h["decay_factor"])}
-
-
-def _adam(o: Any, R: Any, T: Any, h: dict[str, Any], raw: Mapping[str, Any]) -> dict[str, Any]:
-  R_adjusted = R * o.sqrt(_one_minus_power(o, h["beta"], T)) / _one_minus_power(o, h["alpha"], T)
-  out = {
-    "R": R,
-    "R_adjusted": o.where(T > 0, R_adjusted, R),
-    "one_minus_alpha": 1 - h["alpha"],
-    "one_minus_beta": 1 - h["beta"],
-  }
-  if raw["norm_coefficient_post"] != 0:
-    out["one_minus_post"] = 1 - h["norm_coefficient_post"]
-  return out
-
-
-def _directml_adam(o: Any, R: Any, T: Any, h: dict[str, Any], raw: Mapping[str, Any]) -> dict[str, Any]:
-  Alpha = o.sqrt(_one_minus_power(o, h["beta2"], T)) / _one_minus_power(o, h["beta1"], T)
-  return {
-    "R": R,
-    "step_size": R * Alpha,
-    "one_minus_beta1": 1 - h["beta1"],
-    "one_minus_beta2": 1 - h["beta2"],
-  }
-
-
-def _ort_adamw(o: Any, R: Any, T: Any, h: dict[str, Any], raw: Mapping[str, Any]) -> dict[str, Any]:
-  out = {"R": R, "one_minus_alpha": 1 - h["alpha"], "one_minus_beta": 1 - h["beta"]}
-  if raw["correct_bias"]:
-    alpha_correction = _one_minus_power(o, h["alpha"], T)
-    beta_correction = _one_minus_power(o, h["beta"], T)
-    if raw["adam_mode"] == 0:
-      out["alpha_correction"] = alpha_correction
-      out["one_over_beta_correction"] = 1 / beta_correction
-    else:
-      out["lr_corrected"] = R * o.sqrt(beta_correction) / alpha_correction
-  if raw["adam_mode"] == 1 and raw["weight_decay"] != 0:
-    out["lr_weight_decay"] = R * h["weight_decay"]
-  return out
-
-
-def _ort_sgd(o: Any, R: Any, T: Any, h: dict[str, Any], raw: Mapping[str, Any]) -> dict[str, Any]:
-  return {"R": R}
-
-
-# The twins: PyTorch computes its scalars in Python float64 from Python floats; the twins
-# compute the step-dependent ones on the device (float64 under x64, else float32, ``log(beta)``
-# taken on the host), the constant ones on the host (rounded once where they meet a tensor,
-# charged by the tolerance model without a measurement). Keras computes ``alpha`` in the
-# variable's dtype from the hyperparameters rounded to it.
-
-
-def _pytorch_sgd(o: Any, R: Any, T: Any, h: dict[str, Any], raw: Mapping[str, Any]) -> dict[str, Any]:
-  return {"R": R}  # -lr and 1 - dampening are Python floats.
-
-
-def _pytorch_adagrad(o: Any, R: Any, T: Any, h: dict[str, Any], raw: Mapping[str, Any]) -> dict[str, Any]:
-  return {"R": R, "clr": R / (1 + T * h["lr_decay"])}  # clr = lr / (1 + (step - 1) * lr_decay)
-
-
-def _pytorch_adam(o: Any, R: Any, T: Any, h: dict[str, Any], raw: Mapping[str, Any]) -> dict[str, Any]:
-  beta1, beta2 = (float(b) for b in raw["betas"])
-  return {
-    "R": R,
-    "step_size": R / o.pytorch_power_complement(beta1, T),
-    "bias_correction2_sqrt": o.sqrt(o.pytorch_power_complement(beta2, T)),
-  }
-
-
-def _keras_adam(o: Any, R: Any, T: Any, h: dict[str, Any], raw: Mapping[str, Any]) -> dict[str, Any]:
-  alpha = R * o.sqrt(1 - o.power(h["beta_2"], T)) / (1 - o.power(h["beta_1"], T))
-  return {"R": R, "alpha": alpha}
-
-
-#: Each rule's per-update scalars (by its name in :mod:`onnx_optax.reference`): the one place
-#: where a rule declares them.
-FORMULAS: dict[str, Callable[..., dict[str, Any]]] = {
-  "momentum": _momentum,
-  "adagrad": _adagrad,
-  "adam": _adam,
-  "directml_adam": _directml_adam,
-  "ort_adamw": _ort_adamw,
-  "ort_sgd": _ort_sgd,
-  "pytorch_sgd": _pytorch_sgd,
-  "pytorch_adagrad": _pytorch_adagrad,
-  "pytorch_adam": _pytorch_adam,
-  "pytorch_adamw": _pytorch_adam,
-  "keras_adam": _keras_adam,
-}
+def formula(rule: str) -> Callable[..., dict[str, Any]]:
+  """The spec's per-update scalars of ``rule`` (a suite or a registered rule's name), as its bound
+  model declares them."""
+  return tolerance.model(base_rule(rule)).scalars
 
 
 def _floats(hyper: Mapping[str, Any]) -> dict[str, float]:
@@ -254,45 +161,97 @@ def exact(rule: str, R: float, T: int, hyper: Mapping[str, Any]) -> dict[str, de
   """
   with decimal.localcontext(_DECIMAL):
     h = {k: decimal.Decimal(v) for k, v in _floats(hyper).items()}
-    return FORMULAS[base_rule(rule)](_Exact(), decimal.Decimal(R), T, h, hyper)
+    return formula(rule)(_Exact(), decimal.Decimal(R), T, h, hyper)
 
 
 # -- on the device ---------------------------------------------------------------------------
 
-_PROGRAMS: dict[Any, Callable[..., dict[str, Any]]] = {}
-
-
-def clear() -> None:
-  """Forgets the compiled programs (a test that changes the device's arithmetic compiles anew)."""
-  _PROGRAMS.clear()
-
 
 def _program(
-  rule: str, hyper: Mapping[str, Any], folded: bool, schedule: tuple[float, int, int] | None
-) -> Callable[..., dict[str, Any]]:
-  """The jitted scalars of ``rule``: ``f(T, **floats)``; ``folded``: the floats are constants.
+  rule: str,
+  hyper: Mapping[str, Any],
+  folded: bool,
+  schedule: tuple[float, int, int] | None,
+  platform: str,
+  x64: bool,
+) -> tuple[Callable[..., dict[str, Any]], Hashable]:
+  """The scalars of ``rule`` as a function ``f(T, floats)`` to jit, and the key of its program.
 
   ``floats`` are the float hyperparameters and ``R`` (unless a schedule gives it), Python
-  floats as the transform closes over them: weakly typed, constants or traced arguments.
+  floats as the transform closes over them: weakly typed, constants (``folded``: ``f`` ignores
+  its ``floats`` and bakes them in) or traced arguments. Traced: one program per structure (a
+  formula reads the raw values only to leave out a zero term).
   """
   floats = _floats(hyper)
   static = tuple(sorted((k, v) for k, v in hyper.items() if k not in floats and k != "R"))
-  # Traced: one program per structure (a formula reads the raw values only to leave out a zero term).
   values = tuple(sorted(floats.items())) if folded else tuple(sorted((k, v == 0) for k, v in floats.items()))
-  key = (rule, static, values, folded, schedule)
-  if key not in _PROGRAMS:
-    formula = FORMULAS[base_rule(rule)]
+  scalars_of = formula(rule)
 
-    def scalars(T, **given):
-      h = {k: jnp.asarray(v) for k, v in floats.items()} if folded else dict(given)
-      R = h.pop("R", None)
-      if schedule is not None:  # The transform's R: the schedule at the number of updates applied.
-        init, steps, first = schedule
-        R = optax.linear_schedule(init, 0.0, steps)(_engine.updates_applied(T, first))
-      return formula(_Jax(), R, T, h, hyper)
+  def scalars(T, given):
+    h = {k: jnp.asarray(v) for k, v in floats.items()} if folded else dict(given)
+    R = h.pop("R", None)
+    if schedule is not None:  # The transform's R: the schedule at the number of updates applied.
+      init, steps, first = schedule
+      R = optax.linear_schedule(init, 0.0, steps)(_engine.updates_applied(T, first))
+    return scalars_of(_Jax(), R, T, h, hyper)
 
-    _PROGRAMS[key] = jax.jit(scalars)
-  return _PROGRAMS[key]
+  return scalars, ("scalars", rule, static, values, folded, schedule, platform, x64)
+
+
+def start(
+  rule: str,
+  platform: str,
+  R: float,
+  T: int,
+  hyper: Mapping[str, Any],
+  *,
+  x64: bool,
+  received: Any,
+  schedule: tuple[float, int, int] | None = None,
+  batch: Batch | None = None,
+) -> Callable[[], dict[str, Bounded]]:
+  """:func:`measure`, added to ``batch`` (shared by the cases of a row that have the same scalar
+  programs; default a batch of its own, closed here); call the result, after the batch is
+  closed, for the measurement."""
+  own = batch is None
+  batch = Batch() if batch is None else batch
+  device = devices.device(platform)
+  given = {**hyper, "R": R} if schedule is None else dict(hyper)
+  floats = _floats(given)
+  runs = []
+  with jax.enable_x64(x64):
+    T_dev = jax.device_put(np.asarray(T, np.int32), device)
+    for folded in (True, False):
+      function, key = _program(rule, given, folded, schedule, platform, x64)
+      args = (T_dev, {} if folded else floats)
+      runs.append(batch.add(key, function, *args))
+    if own:
+      with jax.default_device(device):
+        batch.close()
+
+  def finish() -> dict[str, Bounded]:
+    R_in, hyper_in = devices.received(R, dict(hyper), received)
+    want = exact(rule, R if schedule is not None else R_in, T, hyper_in)
+    errors: dict[str, float] = {name: 0.0 for name in want}
+    values: dict[str, list[float]] = {name: [] for name in want}
+    with jax.enable_x64(x64):
+      for run in runs:
+        for name, value in run().items():
+          v = np.asarray(value)
+          if float(v) not in values[name]:
+            values[name].append(float(v))
+          g = decimal.Decimal(float(v)) if np.isfinite(v) else None
+          x = want[name]
+          if g is None or not x.is_finite():
+            same = g is None and not x.is_finite()
+            same = same and (str(float(v)) == str(float(x)) or math.isnan(float(v)))
+            errors[name] = max(errors[name], 0.0 if same else math.inf)
+          else:
+            err = float(_DECIMAL.copy_abs(_DECIMAL.subtract(g, x)))
+            errors[name] = max(errors[name], err * (1 + 2.0**-50))  # Rounded up from the decimal.
+    return {name: Measured(float(want[name]), errors[name], tuple(values[name])) for name in want}
+
+  return finish
 
 
 def measure(
@@ -309,7 +268,7 @@ def measure(
   """The scalars of ``rule`` as the first ``platform`` device computes them, with their errors.
 
   Args:
-    rule: a suite rule name (``cases.RULES``) or a reference rule name.
+    rule: a suite rule name (``cases.names()``) or a registered rule's name.
     R, T, hyper: the learning rate (the spec's ``R`` of this update), the
       count and the hyperparameters, as the transform is given them.
     x64: whether the rule runs under ``jax.enable_x64`` (float64 cases).
@@ -323,49 +282,26 @@ def measure(
     ``{name: Measured(exact value, |device's value - exact value|, device's values)}``, the
     error the larger of the two compilations (see the module docstring).
   """
-  from onnx_optax.conformance import check
-
-  R_in, hyper_in = check.received(R, dict(hyper), received)
-  want = exact(rule, R if schedule is not None else R_in, T, hyper_in)
-  device = check.device(platform)
-  errors: dict[str, float] = {name: 0.0 for name in want}
-  values: dict[str, list[float]] = {name: [] for name in want}
-  given = {**hyper, "R": R} if schedule is None else dict(hyper)
-  floats = _floats(given)
-  with jax.enable_x64(x64):
-    T_dev = jax.device_put(np.asarray(T, np.int32), device)
-    for folded in (True, False):
-      args = {} if folded else floats
-      with jax.default_device(device):
-        got = _program(rule, given, folded, schedule)(T_dev, **args)
-      for name, value in got.items():
-        v = np.asarray(value)
-        if float(v) not in values[name]:
-          values[name].append(float(v))
-        g = decimal.Decimal(float(v)) if np.isfinite(v) else None
-        x = want[name]
-        if g is None or not x.is_finite():
-          same = g is None and not x.is_finite() and (str(float(v)) == str(float(x)) or math.isnan(float(v)))
-          errors[name] = max(errors[name], 0.0 if same else math.inf)
-        else:
-          err = float(_DECIMAL.copy_abs(_DECIMAL.subtract(g, x)))
-          errors[name] = max(errors[name], err * (1 + 2.0**-50))  # Rounded up from the decimal.
-  return {name: Measured(float(want[name]), errors[name], tuple(values[name])) for name in want}
+  return start(rule, platform, R, T, hyper, x64=x64, received=received, schedule=schedule)()
 
 
-def measure_case(case: Case, platform: str) -> dict[str, Bounded]:
-  """:func:`measure` for a case of the grid (its dtypes, its schedule)."""
-  from onnx_optax.conformance import check
-
+def start_case(case: Case, platform: str, batch: Batch | None = None) -> Callable[[], dict[str, Bounded]]:
+  """:func:`start` for a case of the grid (its dtypes, its schedule)."""
   dtype, state_dtype = numpy_dtype(case.dtype), numpy_dtype(case.state_dtype or case.dtype)
   schedule = None if case.schedule_steps is None else (case.R, case.schedule_steps, case.first_T)
-  return measure(
+  return start(
     case.rule,
     platform,
     case.learning_rate,
     case.T,
     case.hyper,
     x64=np.float64 in (dtype, state_dtype),
-    received=check.received_dtype_of(case.rule, case.dtype, case.state_dtype),
+    received=received_dtype_of(case.rule, case.dtype, case.state_dtype),
     schedule=schedule,
+    batch=batch,
   )
+
+
+def measure_case(case: Case, platform: str) -> dict[str, Bounded]:
+  """:func:`measure` for a case of the grid (its dtypes, its schedule)."""
+  return start_case(case, platform)()

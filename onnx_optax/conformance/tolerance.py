@@ -102,6 +102,29 @@ and it is negligible for every other dtype.
 A correct implementation reaches a fraction of the tolerance (rounding
 errors do not all reach their bound at once); the teeth test in
 ``tests/conformance`` shows that the wrong variants of every rule exceed it.
+
+**Two layers.** This module is the generic error algebra: :class:`Bounded`,
+the rounding :class:`Context` of an implementation, an expectation or ONNX's
+evaluator, and the registry of the rules' *bound models*. A bound model is
+one rule's formula written in that algebra, in the rule's evaluation order,
+together with the spec's formulas of its per-update scalars (which
+:mod:`onnx_optax.conformance.scalars` evaluates on the device); each lives
+in :mod:`onnx_optax.conformance.models`, one module per rule (or family),
+registered under the rule's name with :func:`register_model`. A rule
+registered from outside the package registers its own::
+
+    from onnx_optax.conformance import tolerance
+
+    def sign_sgd_bounds(c, R, T, X, G):           # c: a Context
+      X, G = c.exact(X), c.exact(G)
+      step = c.mul(c.rate(R), c.exact(np.sign(G.v)))
+      X_new = c.finish(X, step)
+      return X_new, c.update_of(X, X_new, step)   # the outputs, then U
+
+    def sign_sgd_scalars(o, R, T, h, raw):        # the spec's per-update scalars
+      return {"R": R}
+
+    tolerance.register_model("sign_sgd", bounds=sign_sgd_bounds, scalars=sign_sgd_scalars)
 """
 
 from __future__ import annotations
@@ -110,7 +133,7 @@ import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import ml_dtypes
 import numpy as np
@@ -119,16 +142,23 @@ if TYPE_CHECKING:
   from onnx_optax.conformance.arithmetic import DeviceArithmetic
 
 __all__ = [
+  "BoundModel",
   "Bounded",
   "Context",
   "K_TRANSCENDENTAL",
   "bounds",
+  "documented_k",
   "evaluate",
   "evaluator_context",
   "implementation_context",
+  "model",
   "promote",
   "recording",
   "reference_context",
+  "register_model",
+  "scalar_context",
+  "unit_roundoff",
+  "unregister_model",
 ]
 
 #: Unit roundoffs (in units of u) allowed for each of ``log`` and ``expm1`` by the *pinned*
@@ -175,7 +205,9 @@ class Bounded:
 
   def __init__(self, v: Any, e: Any = 0.0):
     self.v = np.asarray(v, dtype=np.float64)
-    self.e = np.asarray(e, dtype=np.float64) + np.zeros_like(self.v)
+    e = np.asarray(e, dtype=np.float64)
+    # Never written in place: an error of the value's shape is kept as it is, others broadcast.
+    self.e = e if e.shape == self.v.shape else e + np.zeros_like(self.v)
 
   def __repr__(self) -> str:
     return f"Bounded(v={self.v!r}, e={self.e!r})"
@@ -236,7 +268,12 @@ class Context:
 
   # -- rounding ---------------------------------------------------------------
   def _rounded(self, v: np.ndarray | np.float64, e: np.ndarray | np.float64, k: float = 1.0) -> Bounded:
-    return Bounded(v, e + k * self.u * (np.abs(v) + e) + self.tiny)
+    # e + k u (|v| + e) + tiny, each operation as written, the temporaries reused.
+    t = np.abs(v) + e
+    t *= k * self.u
+    t += e
+    t += self.tiny
+    return Bounded(v, t)
 
   def _record(self, op: str, *operands: Any) -> None:
     if _RECORDER and self.hyper_dtype is not None:
@@ -363,7 +400,7 @@ class Context:
     """
     if self.hyper_dtype is None:
       return self.div(a, s)
-    scalar = _scalar(self)
+    scalar = scalar_context(self)
     bound = lambda: scalar.div(scalar.exact(1.0), s)  # noqa: E731
     return self.mul(a, self.to_elementwise(bound() if name is None else self.value(name, bound)))
 
@@ -565,314 +602,72 @@ def evaluator_context() -> Context:
   return Context(ref.dtype, ref.u, ref.tiny, scalar=ref.scalar, float32_attributes=True)
 
 
-# -- the rules' bounds ------------------------------------------------------------
-# Each function evaluates the spec's formula (docs/spec.md) in Bounded arithmetic, in
-# the evaluation order of onnx_optax.rules (which is also the reference's). It
-# returns the error bound of each output, in the spec's output order. These are
-# bounds, not the rules: a mistake here can loosen or tighten the suite, never
-# change the expected values.
-
-
-def _scalar(c: Context) -> Context:
-  """The context of ``c``'s scalar computations; every context built here has one."""
+def scalar_context(c: Context) -> Context:
+  """The context of ``c``'s per-update scalar computations; every context built here has one."""
   if c.scalar is None:
     raise ValueError("the rules' bounds need a context with a scalar context (see implementation_context)")
   return c.scalar
 
 
-def _momentum(c: Context, R, T, X, G, V, *, alpha, beta, mode, norm_coefficient):
-  s = _scalar(c)
-  beta_adjusted = c.to_elementwise(s.const(beta if T > 0 else 1.0))
-  R_, alpha_, nc = c.rate(R), c.const(alpha), c.const(norm_coefficient)
-  X, G, V = c.exact(X), c.exact(G), c.exact(V)
-  G_regularized = c.add(c.mul(nc, X), G)
-  V_new = c.add(c.mul(alpha_, V), c.mul(beta_adjusted, G_regularized))
-  if mode == "standard":
-    step = c.mul(R_, V_new)
-  else:
-    step = c.mul(R_, c.add(G_regularized, c.mul(alpha_, V_new)))
-  X_new = c.finish(X, step)
-  return X_new, c.store(V_new), c.update_of(X, X_new, step)
+# -- the bound models, registered by rule ---------------------------------------------------
 
 
-def _adagrad(c: Context, R, T, X, G, H, *, decay_factor, epsilon, norm_coefficient):
-  s = _scalar(c)
-  T_ = s.const(float(T), received=False)  # T is an integer: its rounding to float is arithmetic.
-  r = c.value("r", lambda: s.div(s.const(R), s.add(s.exact(1.0), s.mul(T_, s.const(decay_factor)))))
-  r, nc, eps = c.to_elementwise(r), c.const(norm_coefficient), c.const(epsilon)
-  X, G, H = c.exact(X), c.exact(G), c.exact(H)
-  G_regularized = c.add(c.mul(nc, X), G)
-  H_new = c.add(H, c.mul(G_regularized, G_regularized))
-  H_adaptive = c.add(c.sqrt(H_new), eps)
-  step = c.div(c.mul(r, G_regularized), H_adaptive)
-  X_new = c.finish(X, step)
-  return X_new, c.store(H_new), c.update_of(X, X_new, step)
+class BoundModel(NamedTuple):
+  """One rule's bound model (see the module docstring).
 
-
-def _adam(c: Context, R, T, X, G, V, H, *, alpha, beta, epsilon, norm_coefficient, norm_coefficient_post):
-  s = _scalar(c)
-
-  def bound() -> Bounded:
-    if T > 0:
-      return s.div(s.mul(s.const(R), s.sqrt(s.one_minus_power(beta, T))), s.one_minus_power(alpha, T))
-    return s.const(R)
-
-  R_adjusted = c.to_elementwise(c.value("R_adjusted", bound))
-  alpha_, beta_, eps = c.const(alpha), c.const(beta), c.const(epsilon)
-  nc = c.const(norm_coefficient)
-  X, G, V, H = c.exact(X), c.exact(G), c.exact(V), c.exact(H)
-  G_regularized = c.add(c.mul(nc, X), G)
-  V_new = c.add(c.mul(alpha_, V), c.mul(c.one_minus(alpha, "one_minus_alpha"), G_regularized))
-  H_new = c.add(
-    c.mul(beta_, H), c.mul(c.mul(c.one_minus(beta, "one_minus_beta"), G_regularized), G_regularized)
-  )
-  H_sqrt = c.add(c.sqrt(H_new), eps)
-  step = c.div(c.mul(R_adjusted, V_new), H_sqrt)
-  if norm_coefficient_post == 0:
-    X_new = c.finish(X, step)
-    U = c.update_of(X, X_new, step)
-  else:
-    X_new = c.mul(c.one_minus(norm_coefficient_post, "one_minus_post"), c.sub(X, step))
-    U = c.sub(X_new, X)  # The transform's U = X_final - X (an expectation's too).
-    if c.hyper_dtype is not None:  # Then X + U.
-      U = c.update(U)
-      X_new = c.apply(X, U)
-  return X_new, c.store(V_new), c.store(H_new), U
-
-
-def _directml_adam(c: Context, R, T, X, G, M, V, *, beta1, beta2, epsilon):
-  s = _scalar(c)
-
-  def bound() -> Bounded:
-    Alpha = s.div(s.sqrt(s.one_minus_power(beta2, T)), s.one_minus_power(beta1, T))
-    return s.mul(s.const(R), Alpha)
-
-  step_size = c.to_elementwise(c.value("step_size", bound))
-  b1, b2, eps = c.const(beta1), c.const(beta2), c.const(epsilon)
-  X, G, M, V = c.exact(X), c.exact(G), c.exact(M), c.exact(V)
-  M_new = c.add(c.mul(b1, M), c.mul(c.one_minus(beta1, "one_minus_beta1"), G))
-  V_new = c.add(c.mul(b2, V), c.mul(c.mul(c.one_minus(beta2, "one_minus_beta2"), G), G))
-  step = c.div(c.mul(step_size, M_new), c.add(c.sqrt(V_new), eps))
-  X_new = c.finish(X, step)
-  return X_new, c.store(M_new), c.store(V_new), c.update_of(X, X_new, step)
-
-
-def _ort_correction(c: Context, beta: float, T: int) -> Bounded:
-  """``1 - beta^step``: the implementation's scalar (``-expm1``); the expectation's ``1 - float64(beta^T)``.
-
-  :func:`onnx_optax.reference.ort_adamw` forms the power in float64 whatever
-  its dtype (as the kernel's ``std::pow``), then subtracts it from 1 in its
-  dtype: one float64 ``pow`` (one ulp) and one rounding of the context.
+  Attributes:
+    bounds: ``bounds(c, R, T, X, G, *state, **hyperparameters)``: the spec's formula in the
+      arithmetic of the :class:`Context` ``c``, in the rule's evaluation order; returns one
+      :class:`Bounded` per output (``X_new`` first, then the new state), then the update ``U``.
+      Bounds, not the rule: a mistake here can loosen or tighten the suite, never change the
+      expected values.
+    scalars: ``scalars(o, R, T, h, raw) -> {name: value}``: the spec's formula of each
+      per-update scalar that ``bounds`` reads by name (:meth:`Context.value`,
+      :meth:`Context.one_minus`, :meth:`Context.div_by_scalar`), written with the arithmetic
+      ``o`` (``o.log``, ``o.expm1``, ``o.sqrt``, ``o.where``, ``o.power``: the device's or
+      45-digit decimals, :mod:`onnx_optax.conformance.scalars`), ``h`` the float
+      hyperparameters in that arithmetic, ``raw`` every hyperparameter as given.
   """
-  if c.hyper_dtype is not None:
-    return _scalar(c).one_minus_power(beta, T)
-  power = float(c.exact_hyper(beta)) ** T
-  return c._rounded(np.float64(1.0 - power), np.float64(2 * 2.0**-53 * power))
+
+  bounds: Callable[..., tuple[Bounded, ...]]
+  scalars: Callable[..., dict[str, Any]]
 
 
-def _ort_adamw(
-  c: Context, R, T, X, G, M1, M2, *, alpha, beta, epsilon, weight_decay, adam_mode, correct_bias
-):
-  """ONNX Runtime's AdamW in its CPU kernel's order (``rules.ort_adamw``), ``M2 / beta_correction``
-  as ``M2 * (1 / beta_correction)`` in the implementation (a per-update reciprocal)."""
-  s = _scalar(c)
-  if correct_bias:
-    alpha_correction, beta_correction = _ort_correction(c, alpha, T), _ort_correction(c, beta, T)
-  elif adam_mode == 0:
-    raise ValueError("adam_mode=0 needs correct_bias: ONNX Runtime refuses it without")
-  alpha_, beta_, eps, lr = c.const(alpha), c.const(beta), c.const(epsilon), c.rate(R)
-  X, G, M1, M2 = c.exact(X), c.exact(G), c.exact(M1), c.exact(M2)
-  M1_new = c.add(c.mul(alpha_, M1), c.mul(c.one_minus(alpha, "one_minus_alpha"), G))
-  M2_new = c.add(c.mul(beta_, M2), c.mul(c.mul(c.one_minus(beta, "one_minus_beta"), G), G))
-  # The scalars below are computed in the scalar context and rounded once to d (for an
-  # expectation, s is c and the rounding the identity).
-  if adam_mode == 0:
-    scaled = c.div_by_scalar(M2_new, beta_correction, "one_over_beta_correction")
-    bounded = alpha_correction
-    denominator = c.mul(
-      c.to_elementwise(c.value("alpha_correction", lambda: bounded)), c.add(c.sqrt(scaled), eps)
-    )
-    step = c.div(c.mul(lr, M1_new), denominator)
-    if weight_decay == 0:
-      X_new = c.finish(X, step)
-      return X_new, c.store(M1_new), c.store(M2_new), c.update_of(X, X_new, step)
-    W = c.sub(X, c.mul(c.mul(X, lr), c.const(weight_decay)))
-    W_new = c.sub(W, step)
-  else:
-    lr_corrected = (
-      c.to_elementwise(
-        c.value("lr_corrected", lambda: s.div(s.mul(s.const(R), s.sqrt(beta_correction)), alpha_correction))
-      )
-      if correct_bias
-      else lr
-    )
-    step = c.div(c.mul(lr_corrected, M1_new), c.add(c.sqrt(M2_new), eps))
-    if weight_decay == 0:
-      X_new = c.finish(X, step)
-      return X_new, c.store(M1_new), c.store(M2_new), c.update_of(X, X_new, step)
-    lr_weight_decay = c.to_elementwise(
-      c.value("lr_weight_decay", lambda: s.mul(s.const(R), s.const(weight_decay)))
-    )
-    W = c.sub(X, step)
-    W_new = c.sub(W, c.mul(lr_weight_decay, W))
-  U = c.sub(W_new, X)  # U = W_new - X (an expectation's too), then X + U.
-  if c.hyper_dtype is not None:
-    U = c.update(U)
-    W_new = c.apply(X, U)
-  return W_new, c.store(M1_new), c.store(M2_new), U
+_MODELS: dict[str, BoundModel] = {}
 
 
-def _ort_sgd(c: Context, R, T, X, G):
-  """``W_new = W + (-lr * G)``: ``U = -lr * G`` (one rounding), then ``X + U``."""
-  X, G = c.exact(X), c.exact(G)
-  step = c.mul(c.rate(R), G)
-  X_new = c.finish(X, step)
-  return X_new, c.update_of(X, X_new, step)
+def register_model(
+  name: str, *, bounds: Callable[..., tuple[Bounded, ...]], scalars: Callable[..., dict[str, Any]]
+) -> BoundModel:
+  """Registers the bound model of the rule ``name`` (a registered rule's name; new here).
 
-
-# -- the twins (docs/spec.md, "PyTorch-order twins") ----------------------------------------
-# In their frameworks' order (onnx_optax.rules, pytorch_* and keras_adam), which is also the
-# order of reference.pytorch_*; Keras's Adam is checked against reference.directml_adam, whose
-# own order its expectation's bound follows. Their hyperparameters reach them as Python floats
-# (Context.received is float64): each is rounded once where it meets a tensor (const), and the
-# scalars the frameworks compute in Python (1 - beta2, 1 - dampening, 1 - lr * weight_decay)
-# are float64 numbers rounded once (_host).
-
-
-def _host(c: Context, value: float) -> Bounded:
-  """A scalar the framework computes in Python float64 (two roundings at most, ``2 u64 |v|``),
-  rounded once to ``dtype`` where it meets a tensor (the expectation keeps the float64 number)."""
-  return c.to_elementwise(Bounded(value, 2 * 2.0**-53 * abs(value)))
-
-
-def _in_place_update(c: Context, X: Bounded, X_new: Bounded) -> tuple[Bounded, Bounded]:
-  """``(X_out, U)`` of a rule that writes ``X_new`` in place (``rules._in_place``).
-
-  ``U = X_new - X`` rounded in ``X``'s dtype (exact where the two are within a factor 2,
-  Sterbenz; one rounding otherwise), for the implementation and the expectation alike; the
-  implementation's output is then ``X + U`` (``optax.apply_updates``), one rounding more.
-  Parameters narrower than the compute dtype (``param``): ``X_new`` is rounded to theirs
-  first, as PyTorch stores it, and ``U`` and ``X + U`` are computed there.
+  Raises:
+    ValueError: a model of that name is registered already.
   """
-  p = c.param or c
-  X_new = c.update(X_new)  # Rounded to the parameters' dtype (``param``), else as it is.
-  U = p.sub(X_new, X)
-  if c.hyper_dtype is None:
-    return X_new, U
-  return p.add(X, U), U
+  if name in _MODELS:
+    raise ValueError(f"a bound model named {name!r} is registered already")
+  _MODELS[name] = BoundModel(bounds, scalars)
+  return _MODELS[name]
 
 
-def _stored_like_params(c: Context, g: Bounded) -> Bounded:
-  """A tensor PyTorch stores in the gradient's (the parameters') dtype: the regularized
-  gradient, AdamW's decayed parameter. Rounded to it where it is narrower (``param``)."""
-  return c.update(g)
+def unregister_model(name: str) -> None:
+  """Removes a bound model registered from outside the package (for tests)."""
+  del _MODELS[name]
 
 
-def _pytorch_sgd(c: Context, R, T, X, G, buf, *, momentum, dampening, weight_decay, nesterov):
-  """``_single_tensor_sgd``: ``grad + weight_decay * X``, the buffer, ``X + (-lr) * grad``."""
-  X, G, buf = c.exact(X), c.exact(G), c.exact(buf)
-  g = G if weight_decay == 0 else _stored_like_params(c, c.add(c.mul(X, c.const(weight_decay)), G))
-  buf_new = buf
-  if momentum != 0:
-    if T == 0:
-      buf_new = g  # The first step copies the gradient.
-    else:
-      decayed = c.mul(buf, c.const(momentum))
-      buf_new = c.add(g if dampening == 0 else c.mul(g, _host(c, 1 - dampening)), decayed)
-    g = c.add(c.mul(buf_new, c.const(momentum)), g) if nesterov else buf_new
-  X_new = c.sub(X, c.mul(g, c.const(R)))
-  X_out, U = _in_place_update(c, X, X_new)
-  return X_out, c.store(buf_new), U
+def model(name: str) -> BoundModel:
+  """The bound model registered under a rule's name.
 
-
-def _pytorch_adagrad(c: Context, R, T, X, G, S, *, lr_decay, eps, weight_decay):
-  """``_single_tensor_adagrad``: ``clr`` per update, ``sum += g * g``, ``X - clr * g / (sqrt(sum) + eps)``."""
-  s = _scalar(c)
-  if lr_decay == 0:
-    clr = c.const(R)  # PyTorch's lr itself, a Python float.
-  else:
-    T_ = s.const(float(T), received=False)
-    clr = c.to_elementwise(
-      c.value("clr", lambda: s.div(s.const(R), s.add(s.exact(1.0), s.mul(T_, s.const(lr_decay)))))
-    )
-  X, G, S = c.exact(X), c.exact(G), c.exact(S)
-  g = G if weight_decay == 0 else _stored_like_params(c, c.add(c.mul(X, c.const(weight_decay)), G))
-  S_new = c.add(c.mul(g, g), S)
-  step = c.div(c.mul(clr, g), c.add(c.sqrt(S_new), c.const(eps)))
-  if c.param is not None:  # Narrow parameters: X - step in the compute dtype, written in place.
-    X_out, U = _in_place_update(c, X, c.sub(X, step))
-    return X_out, c.store(S_new), U
-  X_new = c.finish(X, step)
-  return X_new, c.store(S_new), c.update_of(X, X_new, step)
-
-
-def _pytorch_adam(c: Context, R, T, X, G, m, v, *, betas, eps, weight_decay, decoupled=False):
-  """``_single_tensor_adam`` (``decoupled``: AdamW): the lerp, ``mul_`` + ``addcmul_``, the root
-  divided by ``sqrt(1 - beta2^step)`` (a true division), ``X - step_size * m / denom``."""
-  s = _scalar(c)
-  b1, b2 = (float(b) for b in betas)
-  step_size = c.to_elementwise(c.value("step_size", lambda: s.div(s.const(R), s.one_minus_power(b1, T + 1))))
-  bc2_sqrt = c.to_elementwise(c.value("bias_correction2_sqrt", lambda: s.sqrt(s.one_minus_power(b2, T + 1))))
-  X, G, m, v = c.exact(X), c.exact(G), c.exact(m), c.exact(v)
-  x, g = X, G
-  if weight_decay != 0:
-    if decoupled:  # param.mul_(1 - lr * weight_decay)
-      x = _stored_like_params(c, c.mul(X, _host(c, 1 - R * weight_decay)))
-    else:
-      g = _stored_like_params(c, c.add(c.mul(X, c.const(weight_decay)), G))
-  weight = _host(c, 1 - b1)
-  if abs(1 - b1) < 0.5:  # lerp: start + weight * (end - start)
-    m_new = c.add(c.mul(weight, c.sub(g, m)), m)
-  else:  # end + (weight - 1) * (end - start)
-    m_new = c.add(c.mul(c.sub(weight, c.exact(1.0)), c.sub(g, m)), g)
-  v_new = c.add(c.mul(c.mul(_host(c, 1 - b2), g), g), c.mul(v, c.const(b2)))
-  denom = c.add(c.div(c.sqrt(v_new), bc2_sqrt), c.const(eps))
-  step = c.div(c.mul(step_size, m_new), denom)
-  if (decoupled and weight_decay != 0) or c.param is not None:  # Written in place: X_new - X.
-    X_out, U = _in_place_update(c, X, c.sub(x, step))
-  else:
-    X_out = c.finish(X, step)
-    U = c.update_of(X, X_out, step)
-  return X_out, c.store(m_new), c.store(v_new), U
-
-
-def _pytorch_adamw(c: Context, R, T, X, G, m, v, **hyper):
-  return _pytorch_adam(c, R, T, X, G, m, v, decoupled=True, **hyper)
-
-
-def _keras_adam(c: Context, R, T, X, G, m, v, *, beta_1, beta_2, epsilon):
-  """Keras's ``Adam.update_step`` (``T`` its ``iterations``); its expectation is DirectML Adam
-  at ``T + 1`` (``_directml_adam`` bounds that)."""
-  if c.hyper_dtype is None:
-    return _directml_adam(c, R, T + 1, X, G, m, v, beta1=beta_1, beta2=beta_2, epsilon=epsilon)
-  s = _scalar(c)
-
-  def bound() -> Bounded:
-    root = s.sqrt(s.one_minus_power(beta_2, T + 1))
-    return s.div(s.mul(s.const(R), root), s.one_minus_power(beta_1, T + 1))
-
-  alpha = c.to_elementwise(c.value("alpha", bound))
-  X, G, m, v = c.exact(X), c.exact(G), c.exact(m), c.exact(v)
-  m_new = c.add(m, c.mul(c.sub(G, m), _host(c, 1 - beta_1)))
-  v_new = c.add(v, c.mul(c.sub(c.mul(G, G), v), _host(c, 1 - beta_2)))
-  step = c.div(c.mul(m_new, alpha), c.add(c.sqrt(v_new), c.const(epsilon)))
-  X_new = c.finish(X, step)
-  return X_new, c.store(m_new), c.store(v_new), c.update_of(X, X_new, step)
-
-
-_BOUNDS: dict[str, Callable[..., tuple[Bounded, ...]]] = {
-  "momentum": _momentum,
-  "adagrad": _adagrad,
-  "adam": _adam,
-  "directml_adam": _directml_adam,
-  "ort_adamw": _ort_adamw,
-  "ort_sgd": _ort_sgd,
-  "pytorch_sgd": _pytorch_sgd,
-  "pytorch_adagrad": _pytorch_adagrad,
-  "pytorch_adam": _pytorch_adam,
-  "pytorch_adamw": _pytorch_adamw,
-  "keras_adam": _keras_adam,
-}
+  Raises:
+    KeyError: none is; the message says where a rule's model is registered.
+  """
+  try:
+    return _MODELS[name]
+  except KeyError:
+    raise KeyError(
+      f"no bound model registered for {name!r}: register one with "
+      f"onnx_optax.conformance.tolerance.register_model (registered: {', '.join(_MODELS)})"
+    ) from None
 
 
 def evaluate(
@@ -905,7 +700,7 @@ def evaluate(
     >>> float(V_new.v[0]), float(X_new.v[0]), float(U.v[0])
     (0.375, 0.8125, -0.1875)
   """
-  return _BOUNDS[rule](
+  return model(rule).bounds(
     context,
     R,
     T,
@@ -930,8 +725,7 @@ def bounds(
   """Error bounds of the spec's outputs of ``rule`` evaluated as ``context`` rounds.
 
   Args:
-    rule: ``"momentum"``, ``"adagrad"``, ``"adam"``, ``"directml_adam"``, ``"ort_adamw"`` or
-      ``"ort_sgd"``.
+    rule: a registered rule's name (its bound model's, :func:`register_model`).
     context: :func:`implementation_context` or :func:`reference_context`.
     R, T: learning rate and update count.
     X, G: the tensor and its gradient, exact (already rounded) values.

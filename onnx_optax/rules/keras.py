@@ -194,6 +194,7 @@ RULE = registry.register(
     twin_of=directml.RULE,
     conformance=registry.Conformance(
       hyper=dict(beta_1=0.9, beta_2=0.999, epsilon=1e-7),
+      outputs=("X_new", "m", "v"),
       tests=registry.TestConfig(dict(beta_1=0.9, beta_2=0.999, epsilon=0.3), 0.05, ""),
       # Keras computes in the variable's dtype: bfloat16 parameters would be a bfloat16 step.
       dtypes=("float32", "float64"),

@@ -173,6 +173,7 @@ RULE = registry.register(
     bindings=(registry.Binding("onnx", "Adagrad", domain="ai.onnx.preview.training"),),
     conformance=registry.Conformance(
       hyper=dict(decay_factor=0.1, epsilon=1e-6, norm_coefficient=0.01),
+      tiny_gradient={"norm_coefficient": 0.0},
       tests=registry.TestConfig(
         dict(decay_factor=0.2, epsilon=0.5, norm_coefficient=0.05), 0.3, "decay_factor"
       ),

@@ -240,6 +240,8 @@ RULE = registry.register(
     bindings=(registry.Binding("onnx", "Adam", domain="ai.onnx.preview.training"),),
     conformance=registry.Conformance(
       hyper=dict(alpha=0.9, beta=0.999, epsilon=1e-6, norm_coefficient=0.01, norm_coefficient_post=0.0),
+      tiny_gradient={"norm_coefficient": 0.0},
+      outputs=("X_final", "V_new", "H_new"),
       tests=registry.TestConfig(
         dict(alpha=0.85, beta=0.95, epsilon=0.3, norm_coefficient=0.05, norm_coefficient_post=0.01),
         0.05,

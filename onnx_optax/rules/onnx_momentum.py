@@ -212,6 +212,7 @@ RULE = registry.register(
     ),
     conformance=registry.Conformance(
       hyper=dict(alpha=0.9, beta=0.8, mode="standard", norm_coefficient=0.01),
+      tiny_gradient={"norm_coefficient": 0.0},
       tests=registry.TestConfig(
         dict(alpha=0.9, beta=0.7, mode="standard", norm_coefficient=0.05), 0.05, "alpha"
       ),

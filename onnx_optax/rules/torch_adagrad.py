@@ -170,6 +170,8 @@ RULE = registry.register(
     twin_of=onnx_adagrad.RULE,
     conformance=registry.Conformance(
       hyper=dict(lr_decay=0.1, eps=1e-6, weight_decay=0.01),
+      tiny_gradient={"weight_decay": 0.0},
+      outputs=("X_new", "sum"),
       tests=registry.TestConfig(
         dict(lr_decay=0.01, weight_decay=0.01, initial_accumulator_value=0.1, eps=0.3), 0.05, ""
       ),

@@ -309,6 +309,8 @@ RULE = registry.register(
     twin_of=ort.RULE,
     conformance=registry.Conformance(
       hyper=dict(betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01),
+      tiny_gradient={"weight_decay": 0.0},
+      outputs=("X_new", "exp_avg", "exp_avg_sq"),
       tests=registry.TestConfig(dict(betas=(0.9, 0.999), eps=0.3, weight_decay=0.01), 0.05, ""),
       dtypes=("float32", "float64", "bfloat16"),
       edges=_EDGES,
@@ -325,6 +327,8 @@ ADAMW_RULE = registry.register(
     bindings=(registry.Binding("torch", "AdamW"),),
     conformance=registry.Conformance(
       hyper=dict(betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01),
+      tiny_gradient={"weight_decay": 0.0},
+      outputs=("X_new", "exp_avg", "exp_avg_sq"),
       tests=registry.TestConfig(dict(betas=(0.9, 0.999), eps=0.3, weight_decay=0.01), 0.05, ""),
       dtypes=("float32", "float64", "bfloat16"),
       edges=_EDGES,

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 from jax import lax
 
-from onnx_optax import rules
-from onnx_optax.conformance import arithmetic, check, report, scalars, tolerance
+from onnx_optax import registry
+from onnx_optax.conformance import arithmetic, check, devices, report, scalars, tolerance
 from onnx_optax.conformance import cases as grid
 
 ULPS = 40
@@ -99,7 +99,7 @@ def test_degraded_device_passes_correct_rules_with_measured_constants(degraded_a
   expm1 = next(e for e in result["arithmetic"]["cpu"] if e["op"] == "expm1" and e["dtype"] == dtype)
   assert expm1["ulp"] >= ULPS - 0.5 and expm1["n"] > 10_000
   table = report.format_table(result)
-  assert f"{dtype} div {_ulp('div', dtype, arithmetic.measure('cpu')):.2f}" in table
+  assert f"{dtype} div {_ulp('div', dtype, check.measured_arithmetic('cpu')):.2f}" in table
   assert all(r["scalar_error"] > ULPS for r in result["rows"])  # Each row's scalars: the 40 ulp seen.
   pinned = report.run(["cpu"], include_onnx=False, large=False, rules=rules_, dtypes=[dtype], pinned=True)
   assert pinned["verdict"] == report.FAILED
@@ -131,7 +131,7 @@ def test_sweep_covers_every_binade_and_subnormals():
 
 def test_sweep_holds_the_grids_operands():
   """The operands the model meets over the grid reach the sweep (here: Adagrad's division in float32)."""
-  (numerators, denominators) = arithmetic.grid_operands("div", "float32")
+  (numerators, denominators) = check.grid_operands()[("div", "float32")]
   a, b = arithmetic.sweep("div", "float32", [numerators, denominators])
   assert np.isin(numerators.astype(np.float32), a).all() and np.isin(denominators.astype(np.float32), b).all()
   assert numerators.size > 100
@@ -139,9 +139,10 @@ def test_sweep_holds_the_grids_operands():
 
 def _rule_scalars(rule: str, R: float, T: int, hyper: dict, x64: bool) -> dict[str, float]:
   """The rule's own scalars, jitted with ``T`` traced (as the transform computes them)."""
-  part = getattr(rules, f"{grid.base_rule(rule)}_scalars")
+  registered = registry.get(grid.base_rule(rule))
+  part, _ = registered.bind(registered, registered.checked(hyper))
   with jax.enable_x64(x64):
-    s = jax.jit(lambda T: part(R, T, **hyper))(jnp.asarray(T, jnp.int32))
+    s = jax.jit(lambda T: part(R, T))(jnp.asarray(T, jnp.int32))
     return {k: float(v) for k, v in s._asdict().items() if v is not None and k in _NAMES}
 
 
@@ -174,7 +175,7 @@ def test_measured_error_covers_the_rules_own_scalars(rule, dtype):
     if case.schedule_steps is not None or case.state_dtype is not None:
       continue
     measured = scalars.measure_case(case, "cpu")
-    R, hyper = check.received(case.R, case.hyper, check.received_dtype(dtype))
+    R, hyper = devices.received(case.R, case.hyper, devices.received_dtype(dtype))
     exact = scalars.exact(rule, R, case.T, hyper)
     own = _rule_scalars(rule, case.R, case.T, case.hyper, dtype == "float64")
     for name, value in own.items():
@@ -232,7 +233,8 @@ def test_scalars_are_measured_from_the_spec_not_from_the_rule(monkeypatch):
   case = next(c for c in grid.cases("pytorch_adam", "float32") if c.name == "T=1")
   before = scalars.measure_case(case, "cpu")
   assert check.run_case(case).passed
-  correct = rules.pytorch_adam_scalars
+  rule = registry.get("pytorch_adam")
+  correct = rule.scalars
 
   def late(lr, count, **hyper):
     """``step_size`` from ``bias_correction1`` at the next step."""
@@ -240,7 +242,7 @@ def test_scalars_are_measured_from_the_spec_not_from_the_rule(monkeypatch):
       neg_step_size=correct(lr, jnp.asarray(count) + 1, **hyper).neg_step_size
     )
 
-  monkeypatch.setattr(rules, "pytorch_adam_scalars", late)
+  monkeypatch.setattr(rule, "scalars", late)
   _forget()
   after = scalars.measure_case(case, "cpu")
   assert {n: (float(m.v), float(m.e), m.got) for n, m in after.items()} == {

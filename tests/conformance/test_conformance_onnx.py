@@ -17,10 +17,10 @@ pytest.importorskip("onnx", reason="ONNX's references need the optional onnx pac
 from onnx import helper  # noqa: E402
 
 from onnx_optax import reference  # noqa: E402
-from onnx_optax.conformance import check  # noqa: E402
+from onnx_optax.conformance import devices  # noqa: E402
 from onnx_optax.conformance import onnx_references as refs  # noqa: E402
 
-PLATFORMS = check.platforms()
+PLATFORMS = devices.platforms()
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ _EVALUATOR = refs.evaluator_cases()
 @pytest.mark.parametrize("index", range(len(_EVALUATOR)), ids=[label for label, _, _ in _EVALUATOR])
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_agrees_with_reference_evaluator(platform, index):
-  if not check.has_float64(platform):
+  if not devices.has_float64(platform):
     pytest.skip(f"{platform} has no float64; the evaluator comparison is float64")
   label, node, inputs = _EVALUATOR[index]
   result = refs.run_evaluator_case(label, node, inputs, platform)

@@ -10,9 +10,11 @@ import sys
 import jax.numpy as jnp
 import pytest
 
-from onnx_optax import rules
+from onnx_optax import registry
 from onnx_optax.conformance import __main__ as cli
-from onnx_optax.conformance import check, report
+from onnx_optax.conformance import check, devices, report
+
+ADAGRAD = registry.get("adagrad")
 
 SMALL = ["--platform", "cpu", "--rule", "adagrad", "--dtype", "float32", "--no-large", "--no-onnx", "--quiet"]
 
@@ -36,14 +38,14 @@ def test_report_fails_on_a_wrong_rule(monkeypatch, capsys):
     U, H_new = original(s, X, G, H)
     return U * jnp.asarray(1.001, U.dtype), H_new
 
-  original = rules.adagrad_elementwise
-  monkeypatch.setattr(rules, "adagrad_elementwise", wrong)
+  original = ADAGRAD.elementwise
+  monkeypatch.setattr(ADAGRAD, "elementwise", wrong)
   assert cli.main(SMALL) == 1
   assert "FAIL" in capsys.readouterr().out
 
 
 def test_missing_platform_exits_3(monkeypatch, capsys):
-  monkeypatch.setattr(check, "platforms", lambda: ["cpu"])  # Whatever this machine has.
+  monkeypatch.setattr(devices, "platforms", lambda: ["cpu"])  # Whatever this machine has.
   assert cli.main(["--platform", "tpu", "--quiet"]) == cli.NO_PLATFORM == 3
   assert "finds no" in capsys.readouterr().err
 
@@ -57,7 +59,7 @@ def test_module_runs_as_a_command():
 
 def test_nothing_checked_is_not_a_pass(monkeypatch, capsys):
   """A run whose every case is skipped (float64 on a device without it) says so and exits 4, not 0."""
-  monkeypatch.setattr(check, "has_float64", lambda platform: False)  # This CPU standing in for a TPU.
+  monkeypatch.setattr(devices, "has_float64", lambda platform: False)  # This CPU standing in for a TPU.
   code = cli.main(["--platform", "cpu", "--dtype", "float64", "--rule", "adagrad", "--no-large", "--quiet"])
   out = capsys.readouterr().out
   assert code == cli.NOTHING_CHECKED == 4
@@ -91,7 +93,7 @@ def test_failed_write_keeps_the_other_report_and_the_verdict(monkeypatch, tmp_pa
 
 def test_a_failure_outranks_a_failed_write(monkeypatch, tmp_path):
   monkeypatch.setattr(report, "write_json", lambda result, path: (_ for _ in ()).throw(OSError("full")))
-  monkeypatch.setattr(rules, "adagrad_elementwise", _wrong_adagrad(rules.adagrad_elementwise))
+  monkeypatch.setattr(ADAGRAD, "elementwise", _wrong_adagrad(ADAGRAD.elementwise))
   assert cli.main(SMALL + ["--json", str(tmp_path / "r.json")]) == cli.FAILED
 
 

@@ -15,16 +15,16 @@ import numpy as np
 import pytest
 
 from onnx_optax.conformance import cases as grid
-from onnx_optax.conformance import check, report, tolerance
+from onnx_optax.conformance import check, devices, report, tolerance
 
-PLATFORMS = check.platforms()
+PLATFORMS = devices.platforms()
 
 
 @pytest.mark.parametrize("dtype", grid.DTYPES)
 @pytest.mark.parametrize("rule", grid.RULES)
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_rule_conforms(platform, rule, dtype):
-  if dtype == "float64" and not check.has_float64(platform):
+  if dtype == "float64" and not devices.has_float64(platform):
     pytest.skip(f"{platform} has no float64 arithmetic; the float32, float16 and bfloat16 cases run")
   results = [check.run_case(c, platform) for c in grid.cases(rule, dtype)]
   failures = [f"{r.name}: worst {r.worst:.3g} at {r.where} {r.error}" for r in results if not r.passed]
@@ -142,7 +142,21 @@ def test_outputs_in_another_dtype_fail():
   assert not wrong.passed and "X_final in float32" in wrong.wrong_dtypes
 
 
-@pytest.mark.parametrize("module", ["cases", "check", "onnx_references", "report", "tolerance", "__main__"])
+@pytest.mark.parametrize(
+  "module",
+  [
+    "arithmetic",
+    "cases",
+    "check",
+    "devices",
+    "onnx_references",
+    "order",
+    "report",
+    "scalars",
+    "tolerance",
+    "__main__",
+  ],
+)
 def test_public_names_exist(module):
   mod = importlib.import_module(f"onnx_optax.conformance.{module}")
   assert [name for name in getattr(mod, "__all__", []) if not hasattr(mod, name)] == []
@@ -217,14 +231,14 @@ def test_the_update_itself_is_checked():
 def test_expectations_use_the_hyperparameters_as_received():
   """float32 cases: the reference gets float32(beta); float64 cases the Python float."""
   assert (
-    check.received_dtype("float32") == np.float32
-    and check.received_dtype("bfloat16", "float32") == np.float32
+    devices.received_dtype("float32") == np.float32
+    and devices.received_dtype("bfloat16", "float32") == np.float32
   )
-  assert check.received_dtype("float32", "float64") == np.float64
+  assert devices.received_dtype("float32", "float64") == np.float64
   # The twins' hyperparameters are PyTorch's and Keras's Python floats, in every dtype.
-  assert check.received_dtype_of("pytorch_adam", "float32") == np.float64
-  assert check.received_dtype_of("adam", "float32") == np.float32
-  R, hyper = check.received(0.05, {"beta": 0.999, "mode": "standard"}, np.float32)
+  assert grid.received_dtype_of("pytorch_adam", "float32") == np.float64
+  assert grid.received_dtype_of("adam", "float32") == np.float32
+  R, hyper = devices.received(0.05, {"beta": 0.999, "mode": "standard"}, np.float32)
   assert R == float(np.float32(0.05)) and hyper == {"beta": float(np.float32(0.999)), "mode": "standard"}
 
 

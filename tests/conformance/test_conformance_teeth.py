@@ -1,16 +1,20 @@
 """The suite has teeth: deliberately wrong variants of each rule are caught.
 
 Each rule mutant is a copy of one part of a rule of :mod:`onnx_optax.rules`
-(the per-update ``<rule>_scalars`` or the per-leaf ``<rule>_elementwise``,
-whichever holds the mistake) with one plausible mistake. It replaces that
-part (``monkeypatch``; the transforms look both up in ``rules`` at every
-update), so the mutant runs through the very path the suite checks (the Optax
-transform, jit, ``apply_updates``), and the suite's cases of that rule must
-fail in every dtype where the mistake changes the result.
+(the per-update ``scalars`` or the per-leaf ``elementwise``, whichever holds
+the mistake) with one plausible mistake. It replaces that part on the
+registry's :class:`~onnx_optax.registry.Rule` object
+(``monkeypatch.setattr(rule, "elementwise", wrong)``: the engine looks both
+up there when it traces), so the mutant runs through the very path the suite
+checks (the Optax transform, jit, ``apply_updates``), and the suite's cases
+of that rule must fail in every dtype where the mistake changes the result.
+A part is named ``"<rule>_scalars"`` or ``"<rule>_elementwise"`` below
+(:func:`_target`); ``"_one_minus_power"`` is the shared
+:func:`onnx_optax._numerics.one_minus_power`.
 
 Transform mutants break the Optax layer instead (the count, the schedule,
-the state's dtype) by wrapping :func:`onnx_optax.transforms._transform` or
-replacing what it calls; they must fail every rule's cases in every dtype.
+the state's dtype) by wrapping the engine's :func:`onnx_optax._engine.transform`
+or replacing what it calls; they must fail every rule's cases in every dtype.
 
 Where a mutant cannot be wrong in some dtype, the test says why and asserts
 that it is bit-identical there instead (``EQUIVALENT``). The margin (the
@@ -32,16 +36,30 @@ import numpy as np
 import optax
 import pytest
 
-from onnx_optax import rules, transforms
+from onnx_optax import _engine, _numerics, registry, rules
 from onnx_optax.conformance import cases as grid
 from onnx_optax.conformance import check
 
 _omp, _sqrt, _one_minus, _is_zero = (
-  rules._one_minus_power,
-  rules._sqrt,
-  rules._one_minus,
-  rules._is_static_zero,
+  _numerics.one_minus_power,
+  _numerics.sqrt,
+  _numerics.one_minus,
+  _numerics.is_static_zero,
 )
+
+
+def _target(part: str) -> tuple[Any, str]:
+  """Where a part is planted: ``"adam_elementwise"`` is the registered Rule ``adam``'s
+  ``elementwise``; ``"_one_minus_power"`` the numerics' ``one_minus_power``."""
+  if part == "_one_minus_power":
+    return _numerics, "one_minus_power"
+  rule, _, attribute = part.rpartition("_")
+  return registry.get(rule), attribute
+
+
+def _plant(mp: pytest.MonkeyPatch, parts: dict[str, Any]) -> None:
+  for part, mutant in parts.items():
+    mp.setattr(*_target(part), mutant)
 
 
 def _g_regularized(s, X, G, l2: str):
@@ -432,7 +450,9 @@ _STEP_SCALAR = {
   "ort_sgd": "lr",
 }
 _ORIGINAL = {
-  name: getattr(rules, name) for rule in _STEP_SCALAR for name in (f"{rule}_scalars", f"{rule}_elementwise")
+  name: getattr(*_target(name))
+  for rule in _STEP_SCALAR
+  for name in (f"{rule}_scalars", f"{rule}_elementwise")
 }
 
 
@@ -574,7 +594,7 @@ RULE_MUTANTS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
 EQUIVALENT: dict[str, tuple[tuple[str, ...], str]] = {
   name: (
     ("float32", "float64"),
-    "rules._one_minus computes 1 - decay in float32 (float64 under x64), the dtype these "
+    "_numerics.one_minus computes 1 - decay in float32 (float64 under x64), the dtype these "
     "cases compute in, so rounding the decay to it first changes nothing; in float32, "
     "1 - float32(decay) is even exact (Sterbenz' lemma) for decays in [0.5, 1]",
   )
@@ -589,12 +609,12 @@ EQUIVALENT: dict[str, tuple[tuple[str, ...], str]] = {
 
 # -- the transform mutants ---------------------------------------------------------------
 
-_TRANSFORM_SIGNATURE = inspect.signature(transforms._transform)
+_TRANSFORM_SIGNATURE = inspect.signature(_engine.transform)
 
 
 def _wrapped_transform(change_args=None, change_update=None):
-  """A replacement for ``transforms._transform`` that changes its arguments or its update."""
-  original = transforms._transform
+  """A replacement for the engine's ``transform`` that changes its arguments or its update."""
+  original = _engine.transform
 
   def _transform(*args, **kwargs):
     bound = _TRANSFORM_SIGNATURE.bind(*args, **kwargs)
@@ -614,7 +634,7 @@ def _wrapped_transform(change_args=None, change_update=None):
 
 
 def _optax_with(**overrides):
-  """``optax`` as ``transforms`` sees it, with some functions replaced."""
+  """``optax`` as the engine sees it, with some functions replaced."""
   proxy = types.SimpleNamespace(
     **{name: getattr(optax, name) for name in dir(optax) if not name.startswith("__")}
   )
@@ -645,7 +665,7 @@ def _state_cast(to: str):
   return change
 
 
-#: (name, {attribute of `transforms`: replacement factory}, case names to try first).
+#: (name, {attribute of the engine (`onnx_optax._engine`): replacement factory}, case names to try first).
 TRANSFORM_MUTANTS: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
   ("count_not_advanced", {"optax": lambda: _optax_with(safe_increment=lambda count: count)}, ()),
   (
@@ -655,22 +675,22 @@ TRANSFORM_MUTANTS: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
   ),
   (
     "schedule_at_T",
-    {"_transform": lambda: _wrapped_transform(change_args=_shift_schedule(True))},
+    {"transform": lambda: _wrapped_transform(change_args=_shift_schedule(True))},
     ("schedule",),
   ),
   (
     "schedule_after_the_update",
-    {"_transform": lambda: _wrapped_transform(change_args=_shift_schedule(False, 1))},
+    {"transform": lambda: _wrapped_transform(change_args=_shift_schedule(False, 1))},
     ("schedule",),
   ),
   (
     "state_in_parameter_dtype",
-    {"_transform": lambda: _wrapped_transform(change_update=_state_cast("param"))},
+    {"transform": lambda: _wrapped_transform(change_update=_state_cast("param"))},
     ("state_dtype",),
   ),
   (
     "state_in_compute_dtype",
-    {"_transform": lambda: _wrapped_transform(change_update=_state_cast("compute"))},
+    {"transform": lambda: _wrapped_transform(change_update=_state_cast("compute"))},
     ("state_dtype",),
   ),
 ]
@@ -725,8 +745,7 @@ _WRONG_SOMEWHERE = [
 
 @pytest.mark.parametrize("name,suite_rules,parts,dtype", _WRONG_SOMEWHERE)
 def test_wrong_variant_is_caught(monkeypatch, name, suite_rules, parts, dtype):
-  for part, mutant in parts.items():
-    monkeypatch.setattr(rules, part, mutant)
+  _plant(monkeypatch, parts)
   for rule in suite_rules:
     failure = _failure(rule, dtype)
     assert failure is not None, f"{name} passes the {rule} {dtype} cases"
@@ -764,8 +783,7 @@ _AT_EVERY_T = [
 @pytest.mark.parametrize("name,suite_rules,parts,dtype", _AT_EVERY_T)
 def test_small_error_is_caught_at_every_T(monkeypatch, name, suite_rules, parts, dtype):
   """A step scalar 32 ulp off, or a step 1e-5 too large, fails some case at every T of the grid."""
-  for part, mutant in parts.items():
-    monkeypatch.setattr(rules, part, mutant)
+  _plant(monkeypatch, parts)
   for rule in suite_rules:
     worst = _worst_per_T(rule, dtype)
     passed = {T: w for T, w in worst.items() if w <= 1}
@@ -777,9 +795,9 @@ def test_small_error_is_caught_at_every_T(monkeypatch, name, suite_rules, parts,
 @pytest.mark.parametrize("name,patches,first", TRANSFORM_MUTANTS, ids=[m[0] for m in TRANSFORM_MUTANTS])
 def test_wrong_transform_is_caught(monkeypatch, name, patches, first, dtype):
   for attribute, make in patches.items():
-    monkeypatch.setattr(transforms, attribute, make())
+    monkeypatch.setattr(_engine, attribute, make())
   for rule in grid.RULES:
-    if name.startswith("state_in") and not grid.STATE[rule]:
+    if name.startswith("state_in") and not grid.suite_rule(rule).state:
       continue  # ONNX Runtime's SGD keeps no state tensors: no state dtype to get wrong.
     failure = _failure(rule, dtype, first)
     assert failure is not None, f"{name} passes the {rule} {dtype} cases"
@@ -799,8 +817,7 @@ def test_equivalent_mutants_are_bit_identical(monkeypatch, name):
         kwargs = {"state_dtype": case.state_dtype, "initial_count": case.initial_count}
         want = check.run_transform(*args, **kwargs)
         with monkeypatch.context() as m:
-          for part, mutant in parts.items():
-            m.setattr(rules, part, mutant)
+          _plant(m, parts)
           got = check.run_transform(*args, **kwargs)
         for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
           assert np.asarray(w).tobytes() == np.asarray(g).tobytes(), (name, case.id)
@@ -825,8 +842,7 @@ _UNMUTATED = {
 @pytest.mark.parametrize("rule", sorted(_UNMUTATED))
 def test_unmutated_copies_pass(monkeypatch, rule, dtype):
   """The mutants' common bodies are right: without a mutation they pass the suite, in every dtype."""
-  for part, copy in _UNMUTATED[rule].items():
-    monkeypatch.setattr(rules, part, copy)
+  _plant(monkeypatch, _UNMUTATED[rule])
   failed = [f"{r.name}: {r.worst:.3g} {r.where}" for r in _results(rule, dtype, stop=False) if not r.passed]
   assert not failed
 
@@ -844,11 +860,11 @@ def _margins(names: list[str] | None = None) -> None:
   rows: list[
     tuple[str, tuple[str, ...], Callable[..., list[tuple[Any, str, Any]]], tuple[str, ...] | None]
   ] = [
-    (name, suite_rules, lambda parts=parts: [(rules, k, v) for k, v in parts.items()], None)
+    (name, suite_rules, lambda parts=parts: [(*_target(k), v) for k, v in parts.items()], None)
     for name, suite_rules, parts in RULE_MUTANTS
   ]
   rows += [
-    (name, grid.RULES, lambda patches=patches: [(transforms, k, f()) for k, f in patches.items()], first)
+    (name, grid.RULES, lambda patches=patches: [(_engine, k, f()) for k, f in patches.items()], first)
     for name, patches, first in TRANSFORM_MUTANTS
   ]
   for name, suite_rules, patches, only in rows:

@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 
 from onnx_optax import reference
-from onnx_optax.conformance import tolerance
+from onnx_optax.conformance import cases as grid_lib
+from onnx_optax.conformance import devices, tolerance
 from onnx_optax.conformance.cases import RULES, TWINS, dtypes_of
+from onnx_optax.conformance.models import ort as ort_model
 
 U32 = 2.0**-24
 
@@ -178,8 +180,8 @@ def _model_and_expectation(case, context_of):
   from onnx_optax.conformance.cases import numpy_dtype
 
   X, G, state = case.inputs()
-  received_in = check.received_dtype_of(case.rule, case.dtype, case.state_dtype)
-  R, hyper = check.received(case.learning_rate, case.hyper, received_in)
+  received_in = grid_lib.received_dtype_of(case.rule, case.dtype, case.state_dtype)
+  R, hyper = devices.received(case.learning_rate, case.hyper, received_in)
   want = check.expected(case.rule, R, case.T, X, G, state, hyper)
   want_u = check.expected_update(case.rule, R, case.T, X, G, state, hyper)
   state_dtype = case.state_dtype and numpy_dtype(case.state_dtype)
@@ -446,11 +448,11 @@ def test_ort_corrections_are_the_scalar_one_minus_power_in_the_implementation():
   from onnx_optax.conformance.check import EXTENDED
 
   impl = tolerance.implementation_context(np.float32, received_dtype=np.float32)
-  got, want = tolerance._ort_correction(impl, 0.999, 3), impl.scalar.one_minus_power(0.999, 3)
+  got, want = ort_model._ort_correction(impl, 0.999, 3), impl.scalar.one_minus_power(0.999, 3)
   assert float(got.e[()]) == float(want.e[()]) and float(got.v[()]) == float(want.v[()])
   ext = tolerance.reference_context(EXTENDED)
   power = 0.999**3
-  got = tolerance._ort_correction(ext, 0.999, 3)
+  got = ort_model._ort_correction(ext, 0.999, 3)
   pow_error = 2 * 2.0**-53 * power
   want_e = pow_error + ext.u * (abs(1 - power) + pow_error) + ext.tiny
   assert float(got.e[()]) == pytest.approx(want_e, rel=1e-12, abs=0)

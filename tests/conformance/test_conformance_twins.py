@@ -2,10 +2,11 @@
 suite has teeth for them.
 
 The twins (``pytorch_sgd``, ``pytorch_adagrad``, ``pytorch_adam``, ``pytorch_adamw``,
-``keras_adam``) run the grid's twin cases (``cases.TWINS``, ``cases.TWIN_DTYPES``) against
+``keras_adam``) run the grid's twin cases (``cases.TWINS``, in their registered dtypes) against
 ``reference.pytorch_*`` (Keras's Adam against ``reference.directml_adam`` at ``T = count + 1``).
-Each mutant below replaces one part of a twin in :mod:`onnx_optax.rules` (the transforms look
-it up at every update) with one plausible mistake, the kind a framework port makes: ONNX
+Each mutant below replaces one part of a twin on its registered
+:class:`~onnx_optax.registry.Rule` (``scalars`` or ``elementwise``: the engine looks them up there
+when it traces) with one plausible mistake, the kind a framework port makes: ONNX
 Runtime's ``1 - float32(beta2)`` in place of PyTorch's float64 ``1 - beta2``, a bias
 correction at the wrong step, a term moved. The suite's cases of that twin must fail in
 every twin dtype. The order mutants round otherwise than PyTorch and nothing more (a product
@@ -18,6 +19,7 @@ tolerance over the cases, "(order)" where that comparison fails) recorded in doc
 from __future__ import annotations
 
 import inspect
+import sys
 import textwrap
 from collections.abc import Callable
 from typing import Any
@@ -27,17 +29,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from onnx_optax import rules
+from onnx_optax import _pytorch, registry
 from onnx_optax.conformance import cases as grid
-from onnx_optax.conformance import check
+from onnx_optax.conformance import check, devices
 
-PLATFORMS = check.platforms()
+PLATFORMS = devices.platforms()
+TWIN_DTYPES = ("float32", "float64", "bfloat16")
 
 
 @pytest.mark.parametrize("rule,dtype", [(r, d) for r in grid.TWINS for d in grid.dtypes_of(r)])
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_twin_conforms(platform, rule, dtype):
-  if dtype == "float64" and not check.has_float64(platform):
+  if dtype == "float64" and not devices.has_float64(platform):
     pytest.skip(f"{platform} has no float64 arithmetic")
   results = [check.run_case(c, platform) for c in grid.cases(rule, dtype)]
   failures = [f"{r.name}: worst {r.worst:.3g} at {r.where} {r.error}" for r in results if not r.passed]
@@ -47,20 +50,22 @@ def test_twin_conforms(platform, rule, dtype):
 def test_twins_have_their_own_grid():
   """Every twin has cases in every twin dtype, and none in the others (no silent empty rows)."""
   for rule in grid.TWINS:
-    assert grid.dtypes_of(rule) == (grid.TWIN_DTYPES if rule != "keras_adam" else ("float32", "float64"))
+    assert grid.dtypes_of(rule) == (TWIN_DTYPES if rule != "keras_adam" else ("float32", "float64"))
     for dtype in grid.dtypes_of(rule):
       names = [c.name for c in grid.cases(rule, dtype)]
       assert len(names) == len(set(names)) >= (17 if dtype != "bfloat16" else 6), (rule, dtype)
       # bfloat16 parameters train with a float32 state (PyTorch's mixed precision).
       assert dtype != "bfloat16" or {c.state_dtype for c in grid.cases(rule, dtype)} == {"float32"}
-    with pytest.raises(ValueError, match="twins run in"):
+    with pytest.raises(ValueError, match=f"the grid runs {rule} in"):
       grid.cases(rule, "float16")
 
 
 # -- the mutants -----------------------------------------------------------------------------
 
-_sgd_scalars, _adagrad_scalars = rules.pytorch_sgd_scalars, rules.pytorch_adagrad_scalars
-_adam_scalars, _keras_elementwise = rules.pytorch_adam_scalars, rules.keras_adam_elementwise
+_sgd, _adagrad = registry.get("pytorch_sgd"), registry.get("pytorch_adagrad")
+_adam, _keras = registry.get("pytorch_adam"), registry.get("keras_adam")
+_sgd_scalars, _adagrad_scalars = _sgd.scalars, _adagrad.scalars
+_adam_scalars, _keras_elementwise = _adam.scalars, _keras.elementwise
 
 
 def _sgd_no_first_copy(lr, count, **kw):
@@ -77,19 +82,6 @@ def _sgd_dampening_swapped(lr, count, **kw):
 def _adagrad_step_not_minus_one(lr, count, **kw):
   """``clr = lr / (1 + step * lr_decay)``: PyTorch's ``step - 1`` read as ``step``."""
   return _adagrad_scalars(lr, jnp.asarray(count) + 1, **kw)
-
-
-def _adagrad_eps_inside(s, X, G, state_sum, *, maximize, mutate=True):
-  """``sqrt(sum + eps)`` where PyTorch adds ``eps`` after the root (``mutate=False``: PyTorch's)."""
-  dt = rules._torch_opmath(G.dtype, state_sum.dtype)
-  g, S = G.astype(dt), state_sum.astype(dt)
-  if maximize:
-    g = -g
-  if s.weight_decay is not None:
-    g = X.astype(dt) * s.weight_decay + g
-  S_new = g * g + S
-  std = jnp.sqrt(S_new + s.eps) if mutate else jnp.sqrt(S_new) + s.eps
-  return ((s.neg_clr * g) / std).astype(G.dtype), S_new.astype(state_sum.dtype)
 
 
 def _adam_ort_one_minus_beta2(lr, count, **kw):
@@ -115,92 +107,85 @@ def _adam_lerp_weight_beta1(lr, count, **kw):
   return _adam_scalars(lr, count, **kw)._replace(one_minus_beta1=kw["beta1"])
 
 
-def _keras_ort_one_minus(s, X, G, m, v, *, beta_1, beta_2, epsilon, mutate=True):
-  """Keras's step with ``1 - beta_2`` computed from the variable's ``beta_2`` (``1 - float32(0.999)``)
-  where Keras subtracts in Python float64 (``mutate=False``: Keras's)."""
-  dt = G.dtype
-  one_minus = (1 - jnp.asarray(beta_2, dt)) if mutate else (1 - beta_2)
-  lr = jnp.asarray(s.lr).astype(dt)
-  step = jnp.asarray(s.count).astype(dt) + 1
-  alpha = (
-    lr
-    * jnp.sqrt(1 - jnp.power(jnp.asarray(beta_2, dt), step))
-    / (1 - jnp.power(jnp.asarray(beta_1, dt), step))
-  )
-  m_new = m + (G - m) * (1 - beta_1)
-  v_new = v + (jnp.square(G) - v) * one_minus
-  return -((m_new * alpha) / (jnp.sqrt(v_new) + epsilon)), m_new, v_new
-
-
 def _keras_alpha_at_count(s, X, G, m, v, **kw):
   """Keras's ``alpha`` at ``iterations`` where Keras has ``iterations + 1`` (0/0 at the first)."""
   return _keras_elementwise(s._replace(count=jnp.asarray(s.count) - 1), X, G, m, v, **kw)
 
 
-#: (name, the twins it breaks, {attribute of rules: replacement}).
-MUTANTS: list[tuple[str, tuple[str, ...], dict[str, Callable[..., Any]]]] = [
-  ("sgd_no_first_copy", ("pytorch_sgd",), {"pytorch_sgd_scalars": _sgd_no_first_copy}),
-  ("sgd_dampening_swapped", ("pytorch_sgd",), {"pytorch_sgd_scalars": _sgd_dampening_swapped}),
-  (
-    "adagrad_step_not_minus_one",
-    ("pytorch_adagrad",),
-    {"pytorch_adagrad_scalars": _adagrad_step_not_minus_one},
-  ),
-  ("adagrad_eps_inside_sqrt", ("pytorch_adagrad",), {"pytorch_adagrad_elementwise": _adagrad_eps_inside}),
-  (
-    "adam_ort_one_minus_beta2",
-    ("pytorch_adam", "pytorch_adamw"),
-    {"pytorch_adam_scalars": _adam_ort_one_minus_beta2},
-  ),
+def _one_line_changed(function: Callable[..., Any], old: str, new: str) -> Callable[..., Any]:
+  """``function`` (a part of a twin, in its module of :mod:`onnx_optax.rules`) with one line of its
+  source replaced: a wrong variant that differs from the twin there alone (``old == new``: the
+  twin's own code, recompiled; ``test_unchanged_recompilations_pass`` and
+  ``test_unmutated_copies_pass`` show it passes)."""
+  source = textwrap.dedent(inspect.getsource(function))
+  assert source.count(old) == 1, f"{function.__name__} no longer has the line {old!r}"
+  namespace = dict(vars(sys.modules[function.__module__]))
+  exec(compile(source.replace(old, new), f"<variant of {function.__qualname__}>", "exec"), namespace)  # noqa: S102
+  return namespace[function.__name__]
+
+
+#: A line of a twin and its wrong variant: ``(function, old line, new line)``, compiled by
+#: :func:`_one_line_changed` when the mutant is planted.
+Line = tuple[Callable[..., Any], str, str]
+
+#: ``sqrt(sum + eps)`` where PyTorch adds ``eps`` after the root.
+_ADAGRAD_EPS = (
+  _adagrad.elementwise,
+  "  std = _pytorch.stored(_pytorch.stored(_numerics.sqrt(sum_new), state_sum.dtype) + s.eps, "
+  "state_sum.dtype)",
+  "  std = _pytorch.stored(_numerics.sqrt(sum_new + s.eps), state_sum.dtype)",
+)
+#: Keras's ``1 - beta_2`` computed from the variable's ``beta_2`` (``1 - float32(0.999)``) where
+#: Keras subtracts in Python float64.
+_KERAS_ONE_MINUS = (
+  _keras.elementwise,
+  "  v_new = v + (jnp.square(g) - v) * (1 - beta_2)",
+  "  v_new = v + (jnp.square(g) - v) * (1 - jnp.asarray(beta_2, dt))",
+)
+
+#: (name, the twins it breaks, {part of each twin's registered Rule: replacement, or a line}).
+MUTANTS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
+  ("sgd_no_first_copy", ("pytorch_sgd",), {"scalars": _sgd_no_first_copy}),
+  ("sgd_dampening_swapped", ("pytorch_sgd",), {"scalars": _sgd_dampening_swapped}),
+  ("adagrad_step_not_minus_one", ("pytorch_adagrad",), {"scalars": _adagrad_step_not_minus_one}),
+  ("adagrad_eps_inside_sqrt", ("pytorch_adagrad",), {"elementwise": _ADAGRAD_EPS}),
+  ("adam_ort_one_minus_beta2", ("pytorch_adam", "pytorch_adamw"), {"scalars": _adam_ort_one_minus_beta2}),
   (
     "adam_bias_correction_at_count",
     ("pytorch_adam", "pytorch_adamw"),
-    {"pytorch_adam_scalars": _adam_bias_correction_at_count},
+    {"scalars": _adam_bias_correction_at_count},
   ),
   (
     "adam_one_minus_beta2_in_float32",
     ("pytorch_adam", "pytorch_adamw"),
-    {"pytorch_adam_scalars": _adam_one_minus_beta2_in_float32},
+    {"scalars": _adam_one_minus_beta2_in_float32},
   ),
-  (
-    "adam_lerp_weight_beta1",
-    ("pytorch_adam", "pytorch_adamw"),
-    {"pytorch_adam_scalars": _adam_lerp_weight_beta1},
-  ),
-  ("keras_ort_one_minus_beta_2", ("keras_adam",), {"keras_adam_elementwise": _keras_ort_one_minus}),
-  ("keras_alpha_at_count", ("keras_adam",), {"keras_adam_elementwise": _keras_alpha_at_count}),
+  ("adam_lerp_weight_beta1", ("pytorch_adam", "pytorch_adamw"), {"scalars": _adam_lerp_weight_beta1}),
+  ("keras_ort_one_minus_beta_2", ("keras_adam",), {"elementwise": _KERAS_ONE_MINUS}),
+  ("keras_alpha_at_count", ("keras_adam",), {"elementwise": _keras_alpha_at_count}),
 ]
-
-
-def _one_line_changed(function: Callable[..., Any], old: str, new: str) -> Callable[..., Any]:
-  """``function`` (a part of a twin in :mod:`onnx_optax.rules`) with one line of its source
-  replaced: a wrong variant that differs from the twin there alone (``old == new``: the twin's
-  own code, recompiled; ``test_unchanged_recompilations_pass`` shows it passes)."""
-  source = textwrap.dedent(inspect.getsource(function))
-  assert source.count(old) == 1, f"{function.__name__} no longer has the line {old!r}"
-  namespace = dict(vars(rules))
-  exec(compile(source.replace(old, new), f"<variant of rules.{function.__name__}>", "exec"), namespace)  # noqa: S102
-  return namespace[function.__name__]
 
 
 #: Lines of the twins whose wrong variants differ from PyTorch only in rounding: within the
 #: rounding-error bound in every dtype, they fail the float32 comparison with PyTorch's own order
-#: (``check.order_mismatch``, where the device's arithmetic is correctly rounded: the CPU).
-_SGD_FMA = "  return _in_place(g * s.neg_lr + x, X), buf_new"
-_DECAY_ROUNDED = "  v2 = _stored(exp_avg_sq.astype(dt) * s.beta2, exp_avg_sq.dtype, nz)"
-_DIVIDE = "    _stored(_divide_by_scalar(root, s.bias_correction2_sqrt), exp_avg_sq.dtype) + s.eps,"
+#: (``order.order_mismatch``, where the device's arithmetic is correctly rounded: the CPU).
+_SGD_FMA = "  return _pytorch.in_place(g * s.neg_lr + x, X), buf_new"
+_DECAY_ROUNDED = "  v2 = _pytorch.stored(exp_avg_sq.astype(dt) * s.beta2, exp_avg_sq.dtype, nz)"
+_DIVIDE = (
+  "    _pytorch.stored(_pytorch.divide_by_scalar(root, s.bias_correction2_sqrt), exp_avg_sq.dtype) + s.eps,"
+)
 
-#: (name, the twins it breaks, {attribute of rules: (function, old line, new line)}).
-ORDER_MUTANTS: list[tuple[str, tuple[str, ...], dict[str, tuple[Callable[..., Any], str, str]]]] = [
+#: (name, the twins it breaks, {part: a line, or "divide_by_scalar": the shared helper of _pytorch}).
+ORDER_MUTANTS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
   (
     "adam_denominator_sqrt_of_quotient",  # sqrt(v / bias_correction2) + eps
     ("pytorch_adam", "pytorch_adamw"),
     {
-      "pytorch_adam_elementwise": (
-        rules.pytorch_adam_elementwise,
+      "elementwise": (
+        _adam.elementwise,
         _DIVIDE,
-        "    _stored(_sqrt(_divide_by_scalar(v, s.bias_correction2_sqrt * s.bias_correction2_sqrt)), v.dtype)"
-        " + s.eps,",
+        "    _pytorch.stored(_numerics.sqrt(_pytorch.divide_by_scalar(v, s.bias_correction2_sqrt * "
+        "s.bias_correction2_sqrt)), v.dtype) + s.eps,",
       )
     },
   ),
@@ -208,10 +193,10 @@ ORDER_MUTANTS: list[tuple[str, tuple[str, ...], dict[str, tuple[Callable[..., An
     "sgd_param_add_unfused",  # param.add_(grad, alpha=-lr) as a rounded product, then a sum
     ("pytorch_sgd",),
     {
-      "pytorch_sgd_elementwise": (
-        rules.pytorch_sgd_elementwise,
+      "elementwise": (
+        _sgd.elementwise,
         _SGD_FMA,
-        "  return _in_place(_stored(g * s.neg_lr, g.dtype, nz) + x, X), buf_new",
+        "  return _pytorch.in_place(_pytorch.stored(g * s.neg_lr, g.dtype, nz) + x, X), buf_new",
       )
     },
   ),
@@ -219,21 +204,36 @@ ORDER_MUTANTS: list[tuple[str, tuple[str, ...], dict[str, tuple[Callable[..., An
     "adam_exp_avg_sq_decay_fused",  # exp_avg_sq.mul_(beta2) fused into the addcmul_ after it
     ("pytorch_adam",),
     {
-      "pytorch_adam_elementwise": (
-        rules.pytorch_adam_elementwise,
+      "elementwise": (
+        _adam.elementwise,
         _DECAY_ROUNDED,
-        "  v2 = _stored(exp_avg_sq.astype(dt) * s.beta2, exp_avg_sq.dtype)",
+        "  v2 = _pytorch.stored(exp_avg_sq.astype(dt) * s.beta2, exp_avg_sq.dtype)",
       )
     },
   ),
-  ("adam_reciprocal_division", ("pytorch_adam",), {"_divide_by_scalar": (rules._divide_by_scalar, "", "")}),
+  # a * (1 / b): one rounding more than PyTorch's a / b
+  ("adam_reciprocal_division", ("pytorch_adam",), {"divide_by_scalar": lambda a, b: a * (1 / b)}),
 ]
 
 
-def _order_parts(parts: dict[str, tuple[Callable[..., Any], str, str]], name: str) -> dict[str, Any]:
-  if name == "adam_reciprocal_division":  # a * (1 / b): one rounding more than PyTorch's a / b
-    return {"_divide_by_scalar": lambda a, b: a * (1 / b)}
-  return {part: _one_line_changed(f, old, new) for part, (f, old, new) in parts.items()}
+def _compiled(part: Any, same: bool = False) -> Any:
+  """A part as planted: a line compiled into its variant (``same``: the line kept), else itself."""
+  if isinstance(part, tuple):
+    function, old, new = part
+    return _one_line_changed(function, old, old if same else new)
+  return part
+
+
+def _plant(mp: pytest.MonkeyPatch, twins: tuple[str, ...], parts: dict[str, Any], same: bool = False) -> None:
+  """Plants ``parts`` on each twin's registered Rule (``"scalars"``, ``"elementwise"``: the engine
+  looks them up there), or on the shared helper :mod:`onnx_optax._pytorch` (``"divide_by_scalar"``)."""
+  for part, value in parts.items():
+    if part == "divide_by_scalar":
+      mp.setattr(_pytorch, part, value)
+      continue
+    compiled = _compiled(value, same)
+    for twin in twins:
+      mp.setattr(registry.get(twin), part, compiled)
 
 
 def _results(rule: str, dtype: str, stop: bool) -> list[check.CaseResult]:
@@ -261,13 +261,12 @@ EQUIVALENT = {
   [
     pytest.param(name, twins, parts, dtype, id=f"{name}-{dtype}")
     for name, twins, parts in MUTANTS
-    for dtype in grid.TWIN_DTYPES
+    for dtype in TWIN_DTYPES
     if dtype not in EQUIVALENT.get(name, ()) and any(dtype in grid.dtypes_of(r) for r in twins)
   ],
 )
 def test_wrong_twin_is_caught(monkeypatch, name, twins, parts, dtype):
-  for part, mutant in parts.items():
-    monkeypatch.setattr(rules, part, mutant)
+  _plant(monkeypatch, twins, parts)
   for rule in twins:
     if dtype not in grid.dtypes_of(rule):
       continue
@@ -286,8 +285,7 @@ def test_equivalent_mutants_are_bit_identical(monkeypatch, name):
         args = (case.rule, case.dtype, "cpu", case.R, case.T, case.hyper, *case.inputs())
         want = check.run_transform(*args)
         with monkeypatch.context() as m:
-          for part, mutant in parts.items():
-            m.setattr(rules, part, mutant)
+          _plant(m, twins, parts)
           got = check.run_transform(*args)
         for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
           assert np.asarray(w).tobytes() == np.asarray(g).tobytes(), (name, case.id)
@@ -297,8 +295,7 @@ def test_equivalent_mutants_are_bit_identical(monkeypatch, name):
 def test_rounding_order_variant_is_caught_by_pytorchs_float32_order(monkeypatch, name, twins, parts):
   """A variant that only rounds otherwise than PyTorch: within the bound, but in float32 on the CPU
   (correctly rounded arithmetic) not PyTorch's order, which the report says."""
-  for part, variant in _order_parts(parts, name).items():
-    monkeypatch.setattr(rules, part, variant)
+  _plant(monkeypatch, twins, parts)
   caught = None
   for case in (c for rule in twins for c in grid.cases(rule, "float32")):
     r = check.run_case(case)
@@ -316,44 +313,36 @@ def test_unchanged_recompilations_pass(monkeypatch):
   code in ``test_twin_conforms``)."""
   for _, twins, parts in ORDER_MUTANTS[:3]:
     with monkeypatch.context() as m:
-      for part, (f, old, _) in parts.items():
-        m.setattr(rules, part, _one_line_changed(f, old, old))
+      _plant(m, twins, parts, same=True)
       results = [check.run_case(c) for c in grid.cases(twins[0], "float32")[:8]]
     assert all(r.passed and r.order_checked for r in results), [(r.name, r.order) for r in results]
 
 
-@pytest.mark.parametrize("dtype", grid.TWIN_DTYPES)
+@pytest.mark.parametrize("dtype", TWIN_DTYPES)
 def test_unmutated_copies_pass(monkeypatch, dtype):
-  """The copies the elementwise mutants are made from are right: without the mutation they pass."""
-  copies = {
-    "pytorch_adagrad": (
-      "pytorch_adagrad_elementwise",
-      lambda *a, **k: _adagrad_eps_inside(*a, **k, mutate=False),
-    ),
-    "keras_adam": ("keras_adam_elementwise", lambda *a, **k: _keras_ort_one_minus(*a, **k, mutate=False)),
-  }
-  for rule, (part, copy) in copies.items():
-    if dtype not in grid.dtypes_of(rule):
+  """The one-line mutants of :data:`MUTANTS` are made from the twin's own code: recompiled with
+  that line kept, it passes every case of its twin in every dtype."""
+  for _, twins, parts in MUTANTS:
+    if not any(isinstance(p, tuple) for p in parts.values()):
       continue
-    with monkeypatch.context() as m:
-      m.setattr(rules, part, copy)
-      failed = [
-        f"{r.name}: {r.worst:.3g} {r.where}" for r in _results(rule, dtype, stop=False) if not r.passed
-      ]
-    assert not failed, (rule, failed)
+    for rule in (r for r in twins if dtype in grid.dtypes_of(r)):
+      with monkeypatch.context() as m:
+        _plant(m, (rule,), parts, same=True)
+        failed = [
+          f"{r.name}: {r.worst:.3g} {r.where}" for r in _results(rule, dtype, stop=False) if not r.passed
+        ]
+      assert not failed, (rule, failed)
 
 
 def _margins() -> None:
   """Prints, per mutant, twin and dtype, the worst error / tolerance over every case."""
   mp = pytest.MonkeyPatch()
-  print(
-    "| mutant | twin | " + " | ".join(grid.TWIN_DTYPES) + " |\n|---|---|" + "---:|" * len(grid.TWIN_DTYPES)
-  )
-  mutants = MUTANTS + [(name, twins, _order_parts(parts, name)) for name, twins, parts in ORDER_MUTANTS]
+  print("| mutant | twin | " + " | ".join(TWIN_DTYPES) + " |\n|---|---|" + "---:|" * len(TWIN_DTYPES))
+  mutants = MUTANTS + ORDER_MUTANTS
   for name, twins, parts in mutants:
     for rule in twins:
       cells = []
-      for dtype in grid.TWIN_DTYPES:
+      for dtype in TWIN_DTYPES:
         if dtype in EQUIVALENT.get(name, ()):
           cells.append("equivalent")
           continue
@@ -361,8 +350,7 @@ def _margins() -> None:
           cells.append("")
           continue
         with mp.context() as m:
-          for part, mutant in parts.items():
-            m.setattr(rules, part, mutant)
+          _plant(m, (rule,), parts)
           results = _results(rule, dtype, stop=False)
         other = [r for r in results if not r.passed and r.worst <= 1 and not r.order]
         worst = float("inf") if other else max(r.worst for r in results)
