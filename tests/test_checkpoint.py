@@ -37,9 +37,7 @@ def _setup(config, injected):
   make, hyper, static = CONFIGS[config]
   schedule = optax.exponential_decay(0.05, transition_steps=3, decay_rate=0.7)
   # A schedule, so that resuming must also restore the count it reads.
-  factory = (
-    optax.inject_hyperparams(make, static_args=(*static, "state_dtype")) if injected else make
-  )
+  factory = optax.inject_hyperparams(make, static_args=(*static, "state_dtype")) if injected else make
   opt = factory(schedule, **hyper, state_dtype=jnp.float32)
   rng = np.random.default_rng(0)
   # A bfloat16 leaf with a float32 state: the checkpoint must keep both dtypes.

@@ -324,6 +324,7 @@ def _exact_errors(op: str, operands: tuple[np.ndarray, ...], got: np.ndarray) ->
       ok &= np.isfinite(b) & (b != 0)
     err = np.full(g.shape, np.nan)
     if op == "add":
+      assert b is not None
       s = a + b  # Knuth's TwoSum: a + b = s + t exactly (s finite).
       v = s - a
       t = (a - (s - v)) + (b - v)
@@ -340,6 +341,7 @@ def _exact_errors(op: str, operands: tuple[np.ndarray, ...], got: np.ndarray) ->
         err = np.ldexp(np.abs(r) / (q + np.sqrt(m)), k)
         ok &= a > 0
       else:
+        assert b is not None
         mb, eb = np.frexp(b)
         scale = ea + eb if op == "mul" else ea - eb
         q = np.ldexp(g, -scale)  # got, scaled as the mantissas' product or quotient

@@ -43,7 +43,7 @@ def sign_sgd_elementwise(s, X, G):
 
 
 class SignSGDState(NamedTuple):
-  count: Any  # type: ignore[assignment]
+  count: Any
 
 
 def sign_sgd(learning_rate, *, initial_count: int = 0, state_dtype: Any = None):
