@@ -52,7 +52,6 @@ def _degraded(original):
 def _forget():
   jax.clear_caches()
   arithmetic.clear()
-  scalars.clear()
 
 
 @pytest.fixture
