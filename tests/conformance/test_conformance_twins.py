@@ -139,8 +139,8 @@ _ADAGRAD_EPS = (
 #: Keras subtracts in Python float64.
 _KERAS_ONE_MINUS = (
   _keras.elementwise,
-  "  v_new = v + (jnp.square(g) - v) * (1 - beta_2)",
-  "  v_new = v + (jnp.square(g) - v) * (1 - jnp.asarray(beta_2, dt))",
+  "  v_new = v + d_v * _weak(1 - beta_2, d_v)",
+  "  v_new = v + d_v * _weak(1 - jnp.asarray(beta_2, dt), d_v)",
 )
 
 #: (name, the twins it breaks, {part of each twin's registered Rule: replacement, or a line}).
