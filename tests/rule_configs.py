@@ -169,11 +169,12 @@ TWIN_EXPECTATIONS: dict[str, tuple[Callable[..., tuple[np.ndarray, ...]], int]] 
 
 def expectation(rule: str) -> tuple[Callable[..., tuple[np.ndarray, ...]], int]:
   """A rule's NumPy expectation ``step(R, T, X, G, *state, dtype, **hyper) -> (X_new, *state_new)``
-  (``T`` the state's count) and its number of state tensors: :data:`onnx_optax.reference.RULES`
-  (where a rule registered from outside registers its own), else the twins' frameworks'."""
-  if rule in reference.RULES:
-    return reference.RULES[rule]
-  return TWIN_EXPECTATIONS[rule]
+  (``T`` the state's count) and its number of state tensors: the twins' frameworks' called with the
+  transform's hyperparameters (:data:`TWIN_EXPECTATIONS`), else :data:`onnx_optax.reference.RULES`
+  (where a rule registered from outside registers its own)."""
+  if rule in TWIN_EXPECTATIONS:
+    return TWIN_EXPECTATIONS[rule]
+  return reference.RULES[rule]
 
 
 def trajectory(
