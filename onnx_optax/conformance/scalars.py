@@ -221,12 +221,21 @@ def start(
   rule compute the same scalars from the same values) reads that measurement, made once.
   """
   if memo is not None:
-    key = (rule, platform, x64, str(np.dtype(received)), schedule, T, R, tuple(sorted(hyper.items())))
-    if key not in memo:
-      memo[key] = _once(
+    once: Hashable = (
+      rule,
+      platform,
+      x64,
+      str(np.dtype(received)),
+      schedule,
+      T,
+      R,
+      tuple(sorted(hyper.items())),
+    )
+    if once not in memo:
+      memo[once] = _once(
         start(rule, platform, R, T, hyper, x64=x64, received=received, schedule=schedule, batch=batch)
       )
-    return memo[key]
+    return memo[once]
   own = batch is None
   batch = Batch() if batch is None else batch
   device = devices.device(platform)
