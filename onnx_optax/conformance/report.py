@@ -394,7 +394,7 @@ def _summary(report: dict[str, Any]) -> list[str]:
     what += f", and {len(onnx_rows)} of ONNX's own references"
   lines = [
     f"onnx_optax {report['onnx_optax']} conformance report, {report['date']}",
-    f"Checked: {what}",
+    textwrap.fill(f"Checked: {what}", _WIDTH, subsequent_indent="  "),
     "  on " + "; ".join(f"{p}: {kind}" for p, kind in report["devices"].items()),
     f"  JAX {report['jax']}, optax {report['optax']}, NumPy {report['numpy']}, "
     f"onnx {report['onnx'] or 'not installed'}",
@@ -447,7 +447,11 @@ def format_table(report: dict[str, Any]) -> str:
   if not_run_ or report["skipped"]:
     lines += ["", "Not run:"]
     for r in not_run_:
-      lines.append(f"  {r['rule']} {r['dtype']}: {r['reason']}")
+      lines.append(
+        textwrap.fill(
+          f"{r['rule']} {r['dtype']}: {r['reason']}", _WIDTH, initial_indent="  ", subsequent_indent="    "
+        )
+      )
     for r in report["skipped"]:
       lines.append(f"  {r['platform']} {r['rule']} {r['dtype']}: {r['reason']}")
   if report["onnx_rows"]:
