@@ -26,8 +26,10 @@ import argparse
 import os
 import shlex
 import sys
+import time
 import traceback
 from collections.abc import Callable
+from typing import TextIO
 
 from onnx_optax.conformance import cases, devices, report
 from onnx_optax.conformance.cases import DTYPES
@@ -72,6 +74,32 @@ def _write(what: str, path: str, write: Callable[[str], None]) -> bool:
   return True
 
 
+class Progress:
+  """The run's progress on ``stream``, never a result (the table has those): a bar redrawn in place
+  where ``stream`` is a terminal, otherwise a plain line at every tenth of the cases."""
+
+  def __init__(self, stream: TextIO, width: int = 30) -> None:
+    self.stream, self.width = stream, width
+    self.terminal = stream.isatty()
+    self.start = time.perf_counter()
+    self.tenths: dict[str, int] = {}
+
+  def __call__(self, platform: str, done: int, total: int) -> None:
+    seconds = time.perf_counter() - self.start
+    if self.terminal:
+      filled = self.width * done // max(total, 1)
+      bar = "#" * filled + "." * (self.width - filled)
+      end = "\n" if done >= total else ""
+      print(
+        f"\r{platform} [{bar}] {done}/{total} cases, {seconds:.0f} s", end=end, file=self.stream, flush=True
+      )
+      return
+    tenth = 10 * done // max(total, 1)
+    if tenth > self.tenths.get(platform, 0):
+      self.tenths[platform] = tenth
+      print(f"{platform}: {done}/{total} cases checked, {seconds:.0f} s", file=self.stream, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(
     prog="python -m onnx_optax.conformance",
@@ -102,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
   )
   parser.add_argument("--no-onnx", action="store_true", help="skip ONNX's backend cases and evaluator")
   parser.add_argument("--no-large", action="store_true", help="skip the 10^6-element cases")
-  parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+  parser.add_argument(
+    "--quiet", action="store_true", help="no progress on stderr (a bar on a terminal, else plain lines)"
+  )
   parser.add_argument(
     "--pinned",
     action="store_true",
@@ -123,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"JAX finds no {', '.join(missing)} device (found: {', '.join(found)})", file=sys.stderr)
     return NO_PLATFORM
   log = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+  progress = None if args.quiet else Progress(sys.stderr)
   try:
     result = report.run(
       platforms,
@@ -132,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
       dtypes=args.dtype or DTYPES,
       log=log,
       pinned=args.pinned,
+      progress=progress,
     )
   except Exception:  # noqa: BLE001 -- any crash: not a failed case, which exits 1.
     traceback.print_exc()

@@ -17,6 +17,7 @@ bound model's.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -240,20 +241,24 @@ def tolerances(
   ref_u = tolerance.reference_context(update_dtype(rule), received_dtype=received_dtype)
   u64, tiny64 = ref.u, ref.tiny
   R_in, hyper_in = (R, hyper) if received_dtype is None else received(R, hyper, received_dtype)
-  outs = []
-  for i, (x, g) in enumerate(zip(X, G)):
-    s = [block[i] for block in state]
-    a = tolerance.bounds(base, impl, R, T, x, g, s, update=True, **hyper)
-    b = tolerance.bounds(base, ref, R, T, x, g, s, **hyper)
-    e_u = tolerance.bounds(base, ref_u, R, T, x, g, s, update=True, **hyper)[-1]
-    # U's expectation is rounded from EXTENDED to float64: one more rounding of |U| <= |U64| + e.
-    if expected_u is not None:
-      U64 = expected_u[i]
-    else:
-      (U64,) = expected_update(rule, R_in, T, [x], [g], [[t] for t in s], hyper_in)
-    e_u = e_u + u64 * (2 * (np.abs(U64) + e_u)) + tiny64
-    outs.append((*(p + q for p, q in zip(a, b)), a[-1] + e_u))
-  return outs
+  if expected_u is None:
+    expected_u = expected_update(rule, R_in, T, X, G, state, hyper_in)
+  # The bounds are element-wise: the leaves are evaluated as one array (one evaluation per
+  # context, not one per leaf), then split back.
+  shapes = [np.shape(x) for x in X]
+  flat = lambda leaves: np.concatenate([np.ravel(np.asarray(t, np.float64)) for t in leaves])  # noqa: E731
+  x, g, s = flat(X), flat(G), [flat(block) for block in state]
+  a = tolerance.bounds(base, impl, R, T, x, g, s, update=True, **hyper)
+  b_all = tolerance.bounds(base, ref, R, T, x, g, s, update=True, **hyper)
+  # A twin's U is expected in float64 (update_dtype): the same context, the same evaluation.
+  b_u = b_all if ref_u == ref else tolerance.bounds(base, ref_u, R, T, x, g, s, update=True, **hyper)
+  b, e_u = b_all[:-1], b_u[-1]
+  # U's expectation is rounded from EXTENDED to float64: one more rounding of |U| <= |U64| + e.
+  e_u = e_u + u64 * (2 * (np.abs(flat(expected_u)) + e_u)) + tiny64
+  whole = [np.broadcast_to(p + q, x.shape) for p, q in zip(a, b)] + [np.broadcast_to(a[-1] + e_u, x.shape)]
+  ends = np.cumsum([int(np.prod(shape)) for shape in shapes])[:-1]
+  parts = [np.split(t, ends) for t in whole]
+  return [tuple(part[i].reshape(shape) for part in parts) for i, shape in enumerate(shapes)]
 
 
 # -- the device's arithmetic, measured on the grid's operands ------------------------------------
@@ -628,12 +633,14 @@ def _failed(case: Case, platform: str, e: Exception) -> CaseResult:
   return CaseResult(case.rule, case.dtype, case.name, platform, float("inf"), "", error=repr(e))
 
 
-def _start(case: Case, platform: str, pinned: bool, batch: Batch) -> Callable[[], CaseResult]:
+def _start(
+  case: Case, platform: str, pinned: bool, batch: Batch, memo: dict[Any, Any]
+) -> Callable[[], CaseResult]:
   """``case``'s computations added to ``batch``; call the result, after the batch is closed, to
-  run and check it."""
+  run and check it. ``memo``: the run's scalar measurements (:func:`scalars.start`)."""
   inputs = case.inputs()
   update = _start_update(case, inputs, platform, batch)
-  measuring = None if pinned else scalars_lib.start_case(case, platform, batch)
+  measuring = None if pinned else scalars_lib.start_case(case, platform, batch, memo)
 
   def finish() -> CaseResult:
     try:
@@ -681,17 +688,19 @@ def _rows(cases: Iterable[Case]) -> Iterator[list[Case]]:
     yield row
 
 
-def _start_row(row: list[Case], platform: str, pinned: bool) -> list[Callable[[], CaseResult]]:
+def _start_row(
+  row: list[Case], platform: str, pinned: bool, memo: dict[Any, Any]
+) -> list[Callable[[], CaseResult]]:
   """A row's cases in one batch, closed: its program compiling."""
   batch = Batch()
-  finishes = [_start(case, platform, pinned, batch) for case in row]
+  finishes = [_start(case, platform, pinned, batch, memo) for case in row]
   with jax.enable_x64(_x64(row[0])), jax.default_device(devices.device(platform)):
     batch.close()
   return finishes
 
 
 #: The rows :func:`results` starts ahead of the one it checks (their programs compile meanwhile).
-AHEAD = 2
+AHEAD = 4
 
 
 def results(cases: Iterable[Case], platform: str = "cpu", pinned: bool | None = None) -> Iterator[CaseResult]:
@@ -700,31 +709,40 @@ def results(cases: Iterable[Case], platform: str = "cpu", pinned: bool | None = 
   The cases of a row (consecutive cases of one rule and dtype) are compiled as one program
   (:class:`~onnx_optax.conformance.programs.Batch`); cases that differ only in ``T``, their
   inputs, or a spec rule's hyperparameter values (:func:`_traced`) share one computation in
-  it; the programs of the next :data:`AHEAD` rows compile while a row is checked. The tolerance
-  charges the device's measured arithmetic (:func:`measured_arithmetic`, once per platform) and
-  each case's scalars as the device computes them
+  it; the programs of the next :data:`AHEAD` rows are traced here and compile while a row is
+  checked, and the checks run on a thread of their own (NumPy's work on the 10^6-element cases
+  and the device's runs release Python's lock: they go on while this thread traces). The
+  tolerance charges the device's measured arithmetic (:func:`measured_arithmetic`, once per
+  platform, the checker's first job) and each case's scalars as the device computes them
   (:func:`~onnx_optax.conformance.scalars.start_case`); with ``pinned`` (default
   ``check.PINNED``) the documented constants instead.
   """
   pinned = PINNED if pinned is None else pinned
   rows = _rows(cases)
-  started: collections.deque[list[Callable[[], CaseResult]]] = collections.deque()
+  memo: dict[Any, Any] = {}  # The run's scalar measurements, each made once.
+  started: collections.deque[list[concurrent.futures.Future[CaseResult]]] = collections.deque()
+  with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="conformance-check") as checker:
+    if not pinned:  # Measured while the first programs compile (before any check reads it).
+      checker.submit(measured_arithmetic, platform)
 
-  def start_more() -> None:
-    while len(started) <= AHEAD:
-      row = next(rows, None)
-      if row is None:
-        return
-      started.append(_start_row(row, platform, pinned))
+    def start_more() -> None:
+      while len(started) <= AHEAD:
+        row = next(rows, None)
+        if row is None:
+          return
+        started.append([checker.submit(finish) for finish in _start_row(row, platform, pinned, memo)])
 
-  start_more()
-  if not pinned:  # Measured while the first programs compile.
-    measured_arithmetic(platform)
-  while started:
-    finishes = started.popleft()
-    start_more()
-    for finish in finishes:
-      yield finish()
+    try:
+      start_more()
+      while started:
+        futures = started.popleft()
+        start_more()
+        for future in futures:
+          yield future.result()
+    finally:  # A consumer that stops early: the checks not begun are dropped.
+      for futures in started:
+        for future in futures:
+          future.cancel()
 
 
 def run_case(case: Case, platform: str = "cpu", pinned: bool | None = None) -> CaseResult:

@@ -7,6 +7,7 @@ import json
 import os
 import platform as host_platform
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -107,6 +108,7 @@ def run(
   dtypes: Sequence[str] = cases_lib.DTYPES,
   log: Callable[[str], None] | None = None,
   pinned: bool = False,
+  progress: Callable[[str, int, int], None] | None = None,
 ) -> dict[str, Any]:
   """Runs every case on every platform; returns the report as a JSON-able dict.
 
@@ -117,7 +119,9 @@ def run(
     large: include the 10^6-element case of each rule and dtype.
     rules, dtypes: restrict the grid (suite rules, ``cases.names()``, default all of them;
       ``cases.DTYPES``); a rule runs in its own dtypes only (``cases.dtypes_of``).
-    log: called with a line of progress.
+    log: called with a line of what the run is doing (measuring, ONNX's references); no
+      result: those are the table's.
+    progress: called with ``(platform, cases checked, cases of the platform)`` after each row.
     pinned: charge the documented constants (``K_TRANSCENDENTAL``, ``k = 1`` on
       CPU) instead of each device's measured arithmetic and each case's
       measured scalars (``check.PINNED``); for comparison only.
@@ -142,16 +146,18 @@ def run(
     rows=[],
     onnx_rows=[],
     skipped=[],
+    not_run=not_run(rules, dtypes),
   )
   start = time.perf_counter()
   previous, check.PINNED = check.PINNED, pinned
   try:
     for platform in platforms:
+      # The arithmetic is measured on the checks' thread while the first programs compile.
+      _run_platform(
+        report, platform, rules, dtypes, large, include_onnx and onnx_version is not None, log, progress
+      )
       if not pinned:
-        measured = check.measured_arithmetic(platform)
-        report["arithmetic"][platform] = measured.as_json()
-        log(f"{platform} arithmetic: {measured.summary()}")
-      _run_platform(report, platform, rules, dtypes, large, include_onnx and onnx_version is not None, log)
+        report["arithmetic"][platform] = check.measured_arithmetic(platform).as_json()
   finally:
     check.PINNED = previous
   report["seconds"] = round(time.perf_counter() - start, 1)
@@ -170,6 +176,7 @@ def _run_platform(
   large: bool,
   include_onnx: bool,
   log: Callable[[str], None],
+  progress: Callable[[str, int, int], None] | None = None,
 ) -> None:
   """The grid's rows, then ONNX's references, of one platform, appended to ``report``."""
   grid: list[tuple[str, str, list[cases_lib.Case]]] = []
@@ -182,18 +189,20 @@ def _run_platform(
         continue
       grid.append((rule, dtype, cases_lib.cases(rule, dtype, large=large)))
   # One stream of every case, so that the next row's programs compile while a row is checked.
+  total = sum(len(row_cases) for _, _, row_cases in grid)
+  log(f"{platform}: {total} cases of {len(grid)} rules and dtypes; measuring the arithmetic, compiling")
   stream = check.results([c for _, _, row_cases in grid for c in row_cases], platform)
+  done = 0
   for rule, dtype, row_cases in grid:
     results = [next(stream) for _ in row_cases]
-    row = _row(platform, rule, dtype, results)
-    report["rows"].append(row)
-    log(
-      f"{platform} {rule} {dtype}: {row['cases']} cases, worst {row['worst']:.3f} "
-      f"({'pass' if row['passed'] else 'FAIL'})"
-    )
+    report["rows"].append(_row(platform, rule, dtype, results))
+    done += len(results)
+    if progress is not None:
+      progress(platform, done, total)
   if include_onnx:
     from onnx_optax.conformance import onnx_references as refs
 
+    log(f"{platform}: ONNX's own references")
     backend = refs.backend_cases()
     for name in refs.BACKEND_CASES:
       rule, dtype = refs.backend_case_rule(backend[name])
@@ -234,7 +243,39 @@ def _run_platform(
           error=r.error,
         )
       )
-    log(f"{platform} onnx references: done")
+
+
+#: Why a framework twin's grid leaves a dtype out, by the kind of its binding
+#: (:class:`~onnx_optax.registry.Binding`) and the dtype: the reasons beside each rule's
+#: ``Conformance.dtypes``, in the report's words.
+WHY_NOT: dict[tuple[str, str], str] = {
+  ("torch", "float16"): "PyTorch's half precision is checked as PyTorch's CPU mixed precision, "
+  "bfloat16 parameters with a float32 state (the bfloat16 row: bfloat16 is torch.autocast's CPU "
+  "dtype); float16 parameters are not in the twins' grid",
+  ("keras", "float16"): "Keras computes in the variable's dtype: a float16 variable takes a float16 "
+  "step, which the twin's grid does not model (float32 and float64 only)",
+  ("keras", "bfloat16"): "Keras computes in the variable's dtype: in bfloat16 beta_2 = 0.999 rounds "
+  "to 1 and the default Adam does not move a variable (Keras 3.15.1 on JAX); float32 and float64 only",
+}
+
+
+def why_not(rule: str, dtype: str) -> str:
+  """Why the grid does not check suite rule ``rule`` in ``dtype`` (not one of its ``dtypes_of``)."""
+  declared = cases_lib.dtypes_of(rule)
+  for binding in cases_lib.suite_rule(rule).rule.bindings:
+    if (binding.kind, dtype) in WHY_NOT:
+      return WHY_NOT[binding.kind, dtype]
+  return f"not among the dtypes its conformance declares ({', '.join(declared)}); no reason given"
+
+
+def not_run(rules: Sequence[str], dtypes: Sequence[str]) -> list[dict[str, str]]:
+  """The selected rule-and-dtype combinations the grid has no row for, each with the reason."""
+  return [
+    dict(rule=rule, dtype=dtype, reason=why_not(rule, dtype))
+    for rule in rules
+    for dtype in dtypes
+    if dtype not in cases_lib.dtypes_of(rule)
+  ]
 
 
 #: The verdicts of a run, in the words the report prints.
@@ -262,30 +303,138 @@ def _order(row: dict[str, Any]) -> str:
   return str(row["order"]) if row.get("order") else "-"
 
 
-def format_table(report: dict[str, Any]) -> str:
-  """The report as a plain-text table."""
-  lines = [
-    f"onnx_optax {report['onnx_optax']} conformance, {report['date']}; JAX {report['jax']}, "
-    f"optax {report['optax']}, numpy {report['numpy']}, onnx {report['onnx'] or 'not installed'}"
-  ]
-  for p, kind in report["devices"].items():
-    lines.append(f"  {p}: {kind}")
-  for p, errors in report.get("arithmetic", {}).items():
-    lines.append(f"  {p} measured, largest error in ulp: {arithmetic.summary(errors)}")
-  if report.get("constants") == "pinned":
-    lines.append("  constants pinned: documented k, K_TRANSCENDENTAL for the scalars (nothing measured)")
-  lines.append(
-    "worst = largest |got - expected| / tolerance over all cases and elements (pass: <= 1); "
-    "loose = elements whose tolerance reaches their magnitude; unchecked = elements with an "
-    "infinite tolerance (a failure unless a documented limit of the dtype); scalars = largest "
-    "measured error of the per-update scalars, in u of their dtype; order = cases compared to the "
-    "bit with the framework's float32 order (PyTorch's twins, correctly rounded arithmetic)"
+#: What each column of the table says and what a reader concludes from it, as the report prints it.
+COLUMNS = (
+  (
+    "worst",
+    "the largest |got - expected| / tolerance over the row's cases and elements (expected: the "
+    "float64 NumPy reference; tolerance: the rounding error the arithmetic allows). A case passes at "
+    "<= 1. Near 1 is normal, not a warning: the bound is tight where one rounding dominates, and the "
+    "worst of many elements comes close to it; a wrong formula lands far above 1.",
+  ),
+  (
+    "loose",
+    "elements whose tolerance is as large as the expected value itself: cancellation (e.g. "
+    "alpha*V + beta*G near 0, or ORT AdamW's U = W_new - X) leaves no digit that rounding guarantees "
+    "there. Counted, not failures. In float16 and bfloat16 a passing row may have thousands or, for "
+    "ORT AdamW's U, most of the 10^6 elements: one rounding of |X| is as large as the step there. "
+    "In float32 and float64 expect none or a few.",
+  ),
+  (
+    "unchecked",
+    "elements with an infinite tolerance (checked for finiteness only): must be 0; a "
+    "case with any fails unless it documents that limit of its dtype (listed under its row).",
+  ),
+  (
+    "scalars",
+    "the largest error of the per-update scalars (bias corrections, 1 - beta, the step "
+    "size) as this device computed them, relative, in units of the roundoff u of their dtype. The "
+    "tolerance charges exactly this error, so a large figure is not a failure: the framework twins "
+    "compute 1 - beta^t by a power and a subtraction, which cancels (tens to hundreds of u). It "
+    "would be a problem near 1/u (float32: 1.7e7), where a scalar keeps no correct digit and its "
+    "rows' tolerances stop constraining the result.",
+  ),
+  (
+    "order",
+    "the cases also compared to the bit with the framework's own float32 order (PyTorch's "
+    "twins, on arithmetic that is correctly rounded); '-': none.",
+  ),
+)
+
+#: The width the text report's explanations are wrapped to.
+_WIDTH = 100
+
+#: IEEE 754 requires these operations correctly rounded: at most 0.5 ulp.
+_IEEE = ("div", "sqrt", "mul", "add")
+
+
+def arithmetic_lines(errors: list[dict[str, Any]]) -> list[str]:
+  """The device's measured arithmetic, one readable line per dtype (from ``report["arithmetic"]``).
+
+  Example:
+    >>> arithmetic_lines([dict(op="div", dtype="float32", ulp=0.5, flushes_operands=False),
+    ...                   dict(op="log", dtype="float32", ulp=1.1, flushes_operands=True)])
+    ['float32   div 0.50: correctly rounded (IEEE 754: <= 0.50); log 1.10 (no IEEE 754 bound: charged)']
+  """
+  lines = []
+  for dtype in cases_lib.DTYPES:
+    errs = [e for e in errors if e["dtype"] == dtype]
+    if not errs:
+      continue
+    basic = [e for e in errs if e["op"] in _IEEE]
+    other = [e for e in errs if e["op"] not in _IEEE]
+    bad = [e for e in basic if e["ulp"] > 0.5 + 1e-9]
+    line = f"{dtype:<9} " + " ".join(f"{e['op']} {e['ulp']:.2f}" for e in basic)
+    line += (
+      ": correctly rounded (IEEE 754: <= 0.50)"
+      if not bad
+      else (
+        ": NOT correctly rounded (IEEE 754: <= 0.50; " + ", ".join(e["op"] for e in bad) + " beyond; charged)"
+      )
+    )
+    if other:
+      line += "; " + ", ".join(f"{e['op']} {e['ulp']:.2f}" for e in other) + " (no IEEE 754 bound: charged)"
+    lines.append(line)
+  flushed = sorted(
+    {e["dtype"] for e in errors if e["flushes_operands"] and e["op"] in arithmetic.ELEMENTWISE}
   )
+  if flushed:
+    lines.append(f"subnormal operands read as 0 in {', '.join(flushed)} (charged by the tolerance)")
+  return lines
+
+
+def _summary(report: dict[str, Any]) -> list[str]:
+  """What was checked, on what, the verdict, the device's arithmetic: the report's first lines."""
+  rows, onnx_rows = report["rows"], report["onnx_rows"]
+  grid = sum(r["cases"] for r in rows)
+  rules = sorted({r["rule"] for r in rows})
+  what = f"{grid} cases of {len(rules)} rules in {len(rows)} rule-and-dtype rows against the float64 NumPy "
+  what += "reference"
+  if onnx_rows:
+    what += f", and {len(onnx_rows)} of ONNX's own references"
+  lines = [
+    f"onnx_optax {report['onnx_optax']} conformance report, {report['date']}",
+    textwrap.fill(f"Checked: {what}", _WIDTH, subsequent_indent="  "),
+    "  on " + "; ".join(f"{p}: {kind}" for p, kind in report["devices"].items()),
+    f"  JAX {report['jax']}, optax {report['optax']}, NumPy {report['numpy']}, "
+    f"onnx {report['onnx'] or 'not installed'}",
+  ]
+  checked = rows + onnx_rows
+  if report["verdict"] == NOTHING_CHECKED:
+    lines.append(f"Verdict: {NOTHING_CHECKED}: every selected case was skipped ({report['seconds']} s)")
+  elif report["verdict"] == PASSED:
+    worst = max(checked, key=lambda r: r["worst"])
+    where = f"{worst['rule']} {worst['dtype']}" if "cases" in worst else worst["name"]
+    lines.append(
+      f"Verdict: PASSED: all {report['checked']} cases within their tolerances "
+      f"(worst {worst['worst']:.3f} of it, {where}), in {report['seconds']} s"
+    )
+  else:
+    failed = [r for r in checked if not r["passed"]]
+    names = ", ".join(f"{r['rule']} {r['dtype']}" if "cases" in r else r["name"] for r in failed)
+    lines.append(f"Verdict: FAILED: {len(failed)} of {len(checked)} rows fail ({names}; why: under each row)")
+  for p, errors in report.get("arithmetic", {}).items():
+    lines.append(f"{p} arithmetic, largest error measured, in ulp (units in the last place):")
+    lines += [
+      textwrap.fill(line, _WIDTH, initial_indent="  ", subsequent_indent=" " * 12)
+      for line in arithmetic_lines(errors)
+    ]
+  if report.get("constants") == "pinned":
+    lines.append("Constants pinned: documented k, K_TRANSCENDENTAL for the scalars (nothing measured)")
+  return lines
+
+
+def format_table(report: dict[str, Any]) -> str:
+  """The report as text: a summary, the columns explained, the table, what was not run, the verdict."""
+  lines = _summary(report)
+  lines += ["", "How to read the table (one row per rule and dtype):"]
+  for name, text in COLUMNS:
+    lines.append(textwrap.fill(f"{name:<9} {text}", _WIDTH, initial_indent="  ", subsequent_indent=" " * 12))
   header = (
     f"{'device':<6} {'rule':<18} {'dtype':<9} {'cases':>5} {'worst':>8} {'loose':>7} {'unchecked':>9} "
     f"{'scalars':>8} {'order':>5}  result"
   )
-  lines += [header, "-" * len(header)]
+  lines += ["", header, "-" * len(header)]
   for r in report["rows"]:
     lines.append(
       f"{r['platform']:<6} {r['rule']:<18} {r['dtype']:<9} {r['cases']:>5} {r['worst']:>8.3f} "
@@ -294,16 +443,26 @@ def format_table(report: dict[str, Any]) -> str:
     )
     for f in r["failures"] + r["limits"] + [f"order not compared: {w}" for w in r.get("order_skipped", [])]:
       lines.append(f"         {f}")
+  not_run_ = report.get("not_run", [])
+  if not_run_ or report["skipped"]:
+    lines += ["", "Not run:"]
+    for r in not_run_:
+      lines.append(
+        textwrap.fill(
+          f"{r['rule']} {r['dtype']}: {r['reason']}", _WIDTH, initial_indent="  ", subsequent_indent="    "
+        )
+      )
+    for r in report["skipped"]:
+      lines.append(f"  {r['platform']} {r['rule']} {r['dtype']}: {r['reason']}")
   if report["onnx_rows"]:
     lines.append("")
-    lines.append(f"ONNX's own references (onnx {report['onnx']}):")
+    lines.append(f"ONNX's own references (onnx {report['onnx']}), worst as above:")
     for r in report["onnx_rows"]:
       lines.append(
         f"{r['platform']:<6} {r['source']:<24} {r['name']:<44} {r['worst']:>8.3f}  "
         f"{_mark(r['passed'])}{'  ' + r['error'] if r['error'] else ''}"
       )
-  for s in report["skipped"]:
-    lines.append(f"{s['platform']} {s['rule']} {s['dtype']}: {s['reason']}")
+  lines.append("")
   if report["verdict"] == NOTHING_CHECKED:
     lines.append(f"{NOTHING_CHECKED}: every selected case was skipped ({report['seconds']} s)")
   else:
@@ -323,20 +482,12 @@ def format_markdown(report: dict[str, Any], command: str = "python -m onnx_optax
     f"Python {report['python']}",
     f"- Host: {report['host']}",
     f"- Command: `{command}` ({report['seconds']} s)",
-    f"- Result: **{report['verdict']}** ({report['checked']} cases checked)",
+    *_summary_markdown(report),
     "",
-    "`worst` is the largest `|got - expected| / tolerance` over every case and element "
-    "(expected: the float64 NumPy reference; tolerance: the rounding-error bound of "
-    "[docs/conformance.md](../conformance.md)); a case passes at `<= 1`. `loose` counts "
-    "elements whose tolerance reaches their own magnitude (cancellation: the check holds "
-    "but guarantees no significant digit there). `unchecked` counts elements whose "
-    "tolerance is infinite, checked for finiteness only: a case with any fails unless it "
-    "documents that limit of its dtype (listed below the table). `scalars` is the largest "
-    "error of the case's per-update scalars as the device computed them, in units of their "
-    "dtype's unit roundoff: the bound charges it instead of an assumed accuracy of `log` and "
-    "`expm1`. `order` counts the cases compared to the bit with the framework's float32 order "
-    "(PyTorch's twins in float32, where the device's float32 arithmetic is correctly rounded; "
-    "`-`: none).",
+    "How to read the table (one row per rule and dtype; the tolerance is the rounding-error bound of "
+    "[docs/conformance.md](../conformance.md)):",
+    "",
+    *(f"- `{name}`: {text}" for name, text in COLUMNS),
     "",
     "| device | rule | dtype | cases | worst | loose | unchecked | scalars | order | result |",
     "|---|---|---|---:|---:|---:|---:|---:|---:|---|",
@@ -395,11 +546,22 @@ def format_markdown(report: dict[str, Any], command: str = "python -m onnx_optax
     ]
   if report.get("constants") == "pinned":
     out += ["", "Constants pinned: the documented `k` and `K_TRANSCENDENTAL`; nothing measured."]
-  if report["skipped"]:
-    out += ["", "## Skipped", ""] + [
-      f"- {s['platform']} {s['rule']} {s['dtype']}: {s['reason']}" for s in report["skipped"]
-    ]
+  not_run_ = report.get("not_run", [])
+  if not_run_ or report["skipped"]:
+    out += ["", "## Not run", ""]
+    out += [f"- {r['rule']} {r['dtype']}: {r['reason']}" for r in not_run_]
+    out += [f"- {s['platform']} {s['rule']} {s['dtype']}: {s['reason']}" for s in report["skipped"]]
   return "\n".join(out) + "\n"
+
+
+def _summary_markdown(report: dict[str, Any]) -> list[str]:
+  """The verdict and each device's arithmetic per dtype, as Markdown list items."""
+  verdict_line = next(line for line in _summary(report) if line.startswith("Verdict: "))
+  out = [f"- Result: **{report['verdict']}**{verdict_line.removeprefix('Verdict: ' + report['verdict'])}"]
+  for p, errors in report.get("arithmetic", {}).items():
+    out.append(f"- {p} arithmetic, largest error measured in ulp:")
+    out += [f"  - {line}" for line in arithmetic_lines(errors)]
+  return out
 
 
 def write_markdown(

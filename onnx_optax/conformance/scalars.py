@@ -209,10 +209,33 @@ def start(
   received: Any,
   schedule: tuple[float, int, int] | None = None,
   batch: Batch | None = None,
+  memo: dict[Hashable, Callable[[], dict[str, Bounded]]] | None = None,
 ) -> Callable[[], dict[str, Bounded]]:
   """:func:`measure`, added to ``batch`` (shared by the cases of a row that have the same scalar
   programs; default a batch of its own, closed here); call the result, after the batch is
-  closed, for the measurement."""
+  closed, for the measurement.
+
+  ``memo``: the measurements of one run, by everything that decides them (the rule, the
+  platform, x64, the received dtype, the schedule, ``T``, ``R`` and the hyperparameters): a
+  case whose scalars are those of an earlier case (the float32, float16 and bfloat16 rows of a
+  rule compute the same scalars from the same values) reads that measurement, made once.
+  """
+  if memo is not None:
+    once: Hashable = (
+      rule,
+      platform,
+      x64,
+      str(np.dtype(received)),
+      schedule,
+      T,
+      R,
+      tuple(sorted(hyper.items())),
+    )
+    if once not in memo:
+      memo[once] = _once(
+        start(rule, platform, R, T, hyper, x64=x64, received=received, schedule=schedule, batch=batch)
+      )
+    return memo[once]
   own = batch is None
   batch = Batch() if batch is None else batch
   device = devices.device(platform)
@@ -285,8 +308,25 @@ def measure(
   return start(rule, platform, R, T, hyper, x64=x64, received=received, schedule=schedule)()
 
 
-def start_case(case: Case, platform: str, batch: Batch | None = None) -> Callable[[], dict[str, Bounded]]:
-  """:func:`start` for a case of the grid (its dtypes, its schedule)."""
+def _once(finish: Callable[[], dict[str, Bounded]]) -> Callable[[], dict[str, Bounded]]:
+  """``finish``, called at most once (its result kept)."""
+  done: list[dict[str, Bounded]] = []
+
+  def once() -> dict[str, Bounded]:
+    if not done:
+      done.append(finish())
+    return done[0]
+
+  return once
+
+
+def start_case(
+  case: Case,
+  platform: str,
+  batch: Batch | None = None,
+  memo: dict[Hashable, Callable[[], dict[str, Bounded]]] | None = None,
+) -> Callable[[], dict[str, Bounded]]:
+  """:func:`start` for a case of the grid (its dtypes, its schedule); ``memo``: :func:`start`'s."""
   dtype, state_dtype = numpy_dtype(case.dtype), numpy_dtype(case.state_dtype or case.dtype)
   schedule = None if case.schedule_steps is None else (case.R, case.schedule_steps, case.first_T)
   return start(
@@ -299,6 +339,7 @@ def start_case(case: Case, platform: str, batch: Batch | None = None) -> Callabl
     received=received_dtype_of(case.rule, case.dtype, case.state_dtype),
     schedule=schedule,
     batch=batch,
+    memo=memo,
   )
 
 

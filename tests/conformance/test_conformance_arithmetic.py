@@ -50,6 +50,7 @@ def _degraded(original):
 
 
 def _forget():
+  # The scalars are measured per run (check.results' memo): only JAX's and the arithmetic's caches.
   jax.clear_caches()
   arithmetic.clear()
 
@@ -98,7 +99,7 @@ def test_degraded_device_passes_correct_rules_with_measured_constants(degraded_a
   expm1 = next(e for e in result["arithmetic"]["cpu"] if e["op"] == "expm1" and e["dtype"] == dtype)
   assert expm1["ulp"] >= ULPS - 0.5 and expm1["n"] > 10_000
   table = report.format_table(result)
-  assert f"{dtype} div {_ulp('div', dtype, check.measured_arithmetic('cpu')):.2f}" in table
+  assert f"  {dtype:<9} div {_ulp('div', dtype, check.measured_arithmetic('cpu')):.2f}" in table
   assert all(r["scalar_error"] > ULPS for r in result["rows"])  # Each row's scalars: the 40 ulp seen.
   pinned = report.run(["cpu"], include_onnx=False, large=False, rules=rules_, dtypes=[dtype], pinned=True)
   assert pinned["verdict"] == report.FAILED

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import pathlib
 import subprocess
@@ -13,6 +14,8 @@ import pytest
 from onnx_optax import registry
 from onnx_optax.conformance import __main__ as cli
 from onnx_optax.conformance import check, devices, report
+from onnx_optax.conformance.cases import DTYPES
+from onnx_optax.conformance.cases import names as grid_names
 
 ADAGRAD = registry.get("adagrad")
 
@@ -41,7 +44,93 @@ def test_report_fails_on_a_wrong_rule(monkeypatch, capsys):
   original = ADAGRAD.elementwise
   monkeypatch.setattr(ADAGRAD, "elementwise", wrong)
   assert cli.main(SMALL) == 1
-  assert "FAIL" in capsys.readouterr().out
+  out = capsys.readouterr().out
+  assert "FAIL" in out
+  # The summary, before the table, names the failing row.
+  assert out.index("Verdict: FAILED: 1 of 1 rows fail (adagrad float32") < out.index("device rule")
+
+
+def test_summary_first_then_explained_columns_then_the_table(capsys):
+  """What was checked, on what, the verdict and the arithmetic per dtype come first; every column
+  of the table is explained before it; progress (stderr) repeats no row of the table."""
+  assert cli.main(SMALL[:-1]) == 0  # Without --quiet: the progress too.
+  captured = capsys.readouterr()
+  out = captured.out
+  order = ["Checked: ", "Verdict: PASSED: all ", "cpu arithmetic", "How to read the table", "device rule"]
+  places = [out.index(text) for text in order]
+  assert places == sorted(places), places
+  summary = out[: out.index("How to read the table")]
+  for dtype in ("float32", "float64", "float16", "bfloat16"):
+    assert f"  {dtype:<9} div 0.50 sqrt 0.50 mul 0.50 add 0.50: correctly rounded" in summary
+  explained = out[out.index("How to read the table") : out.index("device rule")]
+  header = out[out.index("device rule") :].splitlines()[0].split()
+  for column in header[4:-1]:  # worst .. order (device, rule, dtype, cases and result need no words).
+    assert f"  {column} " in explained, column
+  assert [name for name, _ in report.COLUMNS] == header[4:-1]
+  # Progress: counts only, never a row's rule or result.
+  progress = captured.err.splitlines()
+  assert progress and any("cases checked" in line for line in progress)
+  assert not [line for line in progress if "adagrad" in line or "worst" in line or "pass" in line]
+
+
+def test_every_combination_not_run_is_named_with_its_reason(capsys):
+  """A rule-and-dtype combination outside the rule's declared dtypes is listed with why."""
+  assert (
+    cli.main(["--rule", "keras_adam", "--rule", "pytorch_sgd", "--dtype", "float16", "--no-onnx", "--quiet"])
+    == cli.NOTHING_CHECKED
+  )
+  out = capsys.readouterr().out
+  assert "Not run:" in out
+  assert "  keras_adam float16: Keras computes in the variable's dtype" in out
+  assert "  pytorch_sgd float16: PyTorch's half precision is checked as PyTorch's CPU mixed precision" in out
+  result = report.run(["cpu"], include_onnx=False, rules=["keras_adam"], dtypes=["bfloat16"])
+  assert result["rows"] == [] and [r["rule"] for r in result["not_run"]] == ["keras_adam"]
+  # Every combination the full grid leaves out has its reason, none the fallback.
+  reasons = report.not_run(grid_names(), DTYPES)
+  assert len(reasons) == 6 and all("no reason given" not in r["reason"] for r in reasons)
+
+
+def test_a_combination_without_a_declared_reason_says_so(monkeypatch):
+  monkeypatch.setattr(report, "WHY_NOT", {})
+  (row,) = report.not_run(["keras_adam"], ["bfloat16"])
+  assert row["reason"] == "not among the dtypes its conformance declares (float32, float64); no reason given"
+
+
+def test_arithmetic_beyond_correct_rounding_is_said():
+  lines = report.arithmetic_lines(
+    [
+      dict(op="div", dtype="bfloat16", ulp=0.5, flushes_operands=False),
+      dict(op="sqrt", dtype="bfloat16", ulp=0.75, flushes_operands=True),
+    ]
+  )
+  assert lines == [
+    "bfloat16  div 0.50 sqrt 0.75: NOT correctly rounded (IEEE 754: <= 0.50; sqrt beyond; charged)",
+    "subnormal operands read as 0 in bfloat16 (charged by the tolerance)",
+  ]
+
+
+class _Stream(io.StringIO):
+  def __init__(self, terminal: bool) -> None:
+    super().__init__()
+    self.terminal = terminal
+
+  def isatty(self) -> bool:
+    return self.terminal
+
+
+def test_progress_is_a_bar_on_a_terminal_and_plain_lines_otherwise():
+  bar = cli.Progress(_Stream(terminal=True), width=10)
+  for done in (3, 7, 10):
+    bar("cpu", done, 10)
+  text = bar.stream.getvalue()
+  assert text.count("\r") == 3 and text.endswith("\n") and text.count("\n") == 1
+  assert "\rcpu [###.......] 3/10 cases" in text and "\rcpu [##########] 10/10 cases" in text
+  plain = cli.Progress(_Stream(terminal=False))
+  for done in range(1, 101):
+    plain("cpu", done, 100)
+  lines = plain.stream.getvalue().splitlines()
+  assert len(lines) == 10 and "\r" not in plain.stream.getvalue()  # One line per tenth.
+  assert lines[0].startswith("cpu: 10/100 cases checked") and lines[-1].startswith("cpu: 100/100 cases")
 
 
 def test_missing_platform_exits_3(monkeypatch, capsys):
