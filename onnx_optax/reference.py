@@ -55,21 +55,17 @@ __all__ = [
 
 
 class Expectation(NamedTuple):
-  """A rule's registered expectation.
+  """A rule's registered expectation."""
 
-  Attributes:
-    step: ``step(R, T, X, G, *state, dtype=np.float64, **hyperparameters)``: the rule's outputs
-      on one tensor, ``(X_new, *new_state)``, computed in ``dtype`` (``None``: ``X``'s).
-    state: the number of state tensors.
-    framework_order: the expectation follows its framework's float32 operation order, each
-      fused multiply-add rounded once, and takes ``scalars={name: value}`` for the
-      step-dependent scalars a framework computes otherwise: in float32 it is that framework's
-      arithmetic to the bit where the operations are correctly rounded (the conformance check
-      then compares to the bit).
-  """
-
+  #: ``step(R, T, X, G, *state, dtype=np.float64, **hyperparameters)``: the rule's outputs on one
+  #: tensor, ``(X_new, *new_state)``, computed in ``dtype`` (``None``: ``X``'s).
   step: Callable[..., tuple[np.ndarray, ...]]
+  #: The number of state tensors.
   state: int
+  #: The expectation follows its framework's float32 operation order, each fused multiply-add
+  #: rounded once, and takes ``scalars={name: value}`` for the step-dependent scalars a
+  #: framework computes otherwise: in float32 it is that framework's arithmetic to the bit where
+  #: the operations are correctly rounded (the conformance check then compares to the bit).
   framework_order: bool = False
 
 

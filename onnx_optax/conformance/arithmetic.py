@@ -436,7 +436,7 @@ def measure(
   Args:
     platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``; float64 is skipped where it has none
       (:func:`~onnx_optax.conformance.devices.has_float64`).
-    dtypes: only these dtypes (not remembered); None: every dtype of :data:`DTYPES`.
+    dtypes: only these dtypes (not remembered); None: every dtype of ``DTYPES``.
     operands: returns the operands to add to the sweep, by ``(op, dtype)`` (the runner's: every
       operand the tolerance model meets over the grid, ``check.grid_operands``); called only
       when the measurement is made. The measurement takes them from its caller: it knows

@@ -96,8 +96,8 @@ class SuiteRule:
 
   @property
   def framework(self) -> bool:
-    """A framework twin (its policy is the framework one): the twins' grid, the framework's
-    Python-float hyperparameters (:func:`received_dtype_of`)."""
+    """Whether the rule is a framework twin (its policy is the framework one), run on the twins'
+    grid with the framework's Python-float hyperparameters (:func:`received_dtype_of`)."""
     return self.rule.policy is _engine.FRAMEWORK
 
   @property
@@ -107,7 +107,7 @@ class SuiteRule:
 
   @property
   def state(self) -> tuple[tuple[str, bool], ...]:
-    """The state tensors, in the spec's order: their names, and whether each is a second moment."""
+    """The state tensors in the spec's order, as pairs of a name and whether it is a second moment."""
     return tuple((f.name, f.second_moment) for f in self.rule.fields)
 
   @property
@@ -120,7 +120,7 @@ class SuiteRule:
 
   @property
   def outputs(self) -> tuple[str, ...]:
-    """The names of the outputs in the spec: ``X``'s first, then one per state tensor."""
+    """The names of the outputs in the spec, ``X``'s first and then one per state tensor."""
     return self.conformance.outputs or ("X_new", *(f"{f.spec}_new" for f in self.rule.fields))
 
 
@@ -296,7 +296,7 @@ class Case:
 
   @property
   def base_rule(self) -> str:
-    """The registered rule's name: its expectation's and its bound model's."""
+    """The registered rule's name, under which its expectation and bound model are registered."""
     return self.suite.rule.name
 
   def inputs(self) -> tuple[list[np.ndarray], list[np.ndarray], list[list[np.ndarray]]]:
@@ -434,7 +434,7 @@ def _twin_cases(rule: str, dtype: str) -> list[Case]:
 def cases(rule: str, dtype: str, *, large: bool = True) -> list[Case]:
   """Every case of one rule in one dtype.
 
-  A framework twin (:attr:`SuiteRule.framework`) runs the twins' grid (:func:`_twin_cases`).
+  A framework twin (:attr:`SuiteRule.framework`) runs the twins' grid (``_twin_cases``).
 
   Args:
     rule: a suite rule's name (:func:`names`).

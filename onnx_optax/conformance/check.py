@@ -583,7 +583,7 @@ def _start_update(case: Case, inputs, platform: str, batch: Batch) -> Callable[[
   """The case's update, added to ``batch``; call the result, after the batch is closed, for the
   :class:`Outputs`. The same outputs as :func:`run_transform` (``test_conformance_suite``
   compares them to the bit), from a computation that every case of the row with the same
-  program shape shares (:func:`_traced`)."""
+  program shape shares (``_traced``)."""
   X, G, state = inputs
   x64 = _x64(case)
   dtype = received_dtype(case.dtype, case.state_dtype)  # A Python float's in this case's program.
@@ -708,8 +708,8 @@ def results(cases: Iterable[Case], platform: str = "cpu", pinned: bool | None = 
 
   The cases of a row (consecutive cases of one rule and dtype) are compiled as one program
   (:class:`~onnx_optax.conformance.programs.Batch`); cases that differ only in ``T``, their
-  inputs, or a spec rule's hyperparameter values (:func:`_traced`) share one computation in
-  it; the programs of the next :data:`AHEAD` rows are traced here and compile while a row is
+  inputs, or a spec rule's hyperparameter values (``_traced``) share one computation in
+  it; the programs of the next ``AHEAD`` rows are traced here and compile while a row is
   checked, and the checks run on a thread of their own (NumPy's work on the 10^6-element cases
   and the device's runs release Python's lock: they go on while this thread traces). The
   tolerance charges the device's measured arithmetic (:func:`measured_arithmetic`, once per

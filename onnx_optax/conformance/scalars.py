@@ -30,7 +30,7 @@ only sizes the tolerance.
 **The formulas** are each rule's, registered with its bound model
 (:class:`~onnx_optax.conformance.tolerance.BoundModel`'s ``scalars``, in
 :mod:`onnx_optax.conformance.models`): ``scalars(o, R, T, h, raw)``, ``o``
-the arithmetic (:class:`_Jax` on the device, :class:`_Exact` in decimals),
+the arithmetic (``_Jax`` on the device, ``_Exact`` in decimals),
 ``h`` the float hyperparameters in it, ``raw`` every hyperparameter as
 given, returning ``{name: value}`` for each scalar the rule's bounds read
 by name with ``Context.value`` / ``Context.one_minus``. A name the bounds

@@ -177,7 +177,7 @@ def recording(record: Callable[..., None]) -> Iterator[None]:
   ``op`` is ``"add"`` (``a - b`` as ``a + (-b)``), ``"mul"``, ``"div"`` or
   ``"sqrt"``; the operands are the exact values (float64 arrays). The
   runner measures the device's arithmetic on them
-  (:func:`onnx_optax.conformance.arithmetic.grid_operands`).
+  (:func:`onnx_optax.conformance.check.grid_operands`).
   """
   _RECORDER.append(record)
   try:
@@ -613,23 +613,19 @@ def scalar_context(c: Context) -> Context:
 
 
 class BoundModel(NamedTuple):
-  """One rule's bound model (see the module docstring).
+  """One rule's bound model (see the module docstring)."""
 
-  Attributes:
-    bounds: ``bounds(c, R, T, X, G, *state, **hyperparameters)``: the spec's formula in the
-      arithmetic of the :class:`Context` ``c``, in the rule's evaluation order; returns one
-      :class:`Bounded` per output (``X_new`` first, then the new state), then the update ``U``.
-      Bounds, not the rule: a mistake here can loosen or tighten the suite, never change the
-      expected values.
-    scalars: ``scalars(o, R, T, h, raw) -> {name: value}``: the spec's formula of each
-      per-update scalar that ``bounds`` reads by name (:meth:`Context.value`,
-      :meth:`Context.one_minus`, :meth:`Context.div_by_scalar`), written with the arithmetic
-      ``o`` (``o.log``, ``o.expm1``, ``o.sqrt``, ``o.where``, ``o.power``: the device's or
-      45-digit decimals, :mod:`onnx_optax.conformance.scalars`), ``h`` the float
-      hyperparameters in that arithmetic, ``raw`` every hyperparameter as given.
-  """
-
+  #: ``bounds(c, R, T, X, G, *state, **hyperparameters)``: the spec's formula in the arithmetic
+  #: of the :class:`Context` ``c``, in the rule's evaluation order; returns one :class:`Bounded`
+  #: per output (``X_new`` first, then the new state), then the update ``U``. Bounds, not the
+  #: rule: a mistake here can loosen or tighten the suite, never change the expected values.
   bounds: Callable[..., tuple[Bounded, ...]]
+  #: ``scalars(o, R, T, h, raw) -> {name: value}``: the spec's formula of each per-update scalar
+  #: that ``bounds`` reads by name (:meth:`Context.value`, :meth:`Context.one_minus`,
+  #: :meth:`Context.div_by_scalar`), written with the arithmetic ``o`` (``o.log``, ``o.expm1``,
+  #: ``o.sqrt``, ``o.where``, ``o.power``: the device's or 45-digit decimals,
+  #: :mod:`onnx_optax.conformance.scalars`), ``h`` the float hyperparameters in that
+  #: arithmetic, ``raw`` every hyperparameter as given.
   scalars: Callable[..., dict[str, Any]]
 
 
