@@ -18,7 +18,7 @@ import pathlib
 import pytest
 
 import onnx_optax
-from onnx_optax import registry
+from onnx_optax import _checks, registry
 
 PACKAGE = pathlib.Path(onnx_optax.__file__).resolve().parent
 SOURCES = sorted(PACKAGE.rglob("*.py"))
@@ -152,3 +152,14 @@ def test_a_name_is_registered_once():
     registry.register(RULES[0])
   with pytest.raises(KeyError, match="registered: momentum"):
     registry.get("no_such_rule")
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.name)
+def test_flags_are_declared_static(rule):
+  """A flag selects the formula while the update traces (``if maximize:``), so it is declared
+  static (:attr:`onnx_optax.registry.Hyperparameter.static`): the tests' ``static_args`` for
+  ``optax.inject_hyperparams`` are read from that, and the PyTorch bridge reads a static option
+  as it is, the others as real numbers."""
+  flags = {h for h, declared in rule.hyperparameters.items() if declared.check is _checks.flag}
+  static = {h for h, declared in rule.hyperparameters.items() if declared.static}
+  assert flags <= static, f"{rule.name}: flags {sorted(flags - static)} not declared static"
