@@ -163,3 +163,30 @@ def test_flags_are_declared_static(rule):
   flags = {h for h, declared in rule.hyperparameters.items() if declared.check is _checks.flag}
   static = {h for h, declared in rule.hyperparameters.items() if declared.static}
   assert flags <= static, f"{rule.name}: flags {sorted(flags - static)} not declared static"
+
+
+def _edge_parts(name: str) -> list[tuple[str, str | None]]:
+  return [(part.partition("=")[0], part.partition("=")[2] or None) for part in name.split(",")]
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.name)
+def test_edges_are_what_their_names_say(rule):
+  """Each conformance edge is the case its name reports (``momentum=0``, ``beta=1,T=0``,
+  ``betas[0]=0.3``, ``alpha=0.999,state=0``; a bare name, ``nesterov``: that hyperparameter
+  set, not zero), so that the report's row of an edge at 0 does run the hyperparameter at 0."""
+  assert rule.conformance is not None
+  for edge in rule.conformance.edges:
+    hyper = edge.changes.get("hyper", {})
+    for key, value in _edge_parts(edge.name):
+      where = f"{rule.name} edge {edge.name!r}"
+      if key == "state":
+        assert value == "0" and edge.changes["state"] == "zero", where
+      elif key in ("T", "R"):
+        assert value is not None and edge.changes[key] == float(value), where
+      elif value is None:
+        assert hyper.get(key) not in (None, 0, False), where
+      elif key.endswith("]"):
+        base, index = key[:-1].split("[")
+        assert hyper[base][int(index)] == float(value), where
+      else:
+        assert hyper[key] == float(value), where
