@@ -15,6 +15,7 @@ import pytest
 import onnx_optax
 import onnx_optax._checks
 import onnx_optax._engine
+import onnx_optax._pytorch
 import onnx_optax.interop
 import onnx_optax.onnx
 from onnx_optax import reference, rules
@@ -85,6 +86,7 @@ KEYWORD_ONLY = {
   rules.pytorch_adam_elementwise: ["maximize", "lerp_small"],
   onnx_optax.keras_adam: ["beta_1", "beta_2", "epsilon", "initial_count", "state_dtype"],
   rules.keras_adam_elementwise: ["beta_1", "beta_2", "epsilon"],
+  onnx_optax._pytorch.lerp: ["small"],
   onnx_optax._checks.hyperparameter: ["minimum", "maximum", "maximum_exclusive"],
   onnx_optax._checks.count: ["minimum"],
   onnx_optax._checks.integer_scalar: ["minimum", "shape_ok", "why"],
