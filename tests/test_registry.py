@@ -190,3 +190,15 @@ def test_edges_are_what_their_names_say(rule):
         assert hyper[base][int(index)] == float(value), where
       else:
         assert hyper[key] == float(value), where
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.name)
+def test_more_test_configurations_set_what_they_are_named_after(rule):
+  """A configuration of :attr:`~onnx_optax.registry.Conformance.more_tests` named after a
+  hyperparameter (``pytorch_sgd_nesterov``) runs with it set: the tests of that variant do
+  run it."""
+  assert rule.conformance is not None
+  for suffix, config in rule.conformance.more_tests.items():
+    for key, value in _edge_parts(suffix):
+      if key in rule.hyperparameters and value is None:
+        assert config.hyper.get(key) not in (None, 0, False), f"{rule.name}_{suffix}: {key} not set"
