@@ -486,6 +486,28 @@ def test_injected_zero_norm_coefficient_names_static_args():
   opt.update(jnp.ones(3), opt.init(params))
 
 
+def test_pytorch_sgd_nesterov_refusal_checks_concrete_values_only():
+  """``nesterov=True`` needs ``momentum > 0`` and ``dampening = 0`` (torch.optim.SGD's own
+  refusal), named as passed; once either of the two is injected (traced under jit) the pair is
+  not checked, and the update runs: a traced momentum beside a Python dampening is not read
+  as a bool. Expected values: the NumPy expectation of torch.optim.SGD."""
+  for hyper in (dict(momentum=0.0), dict(momentum=0.9, dampening=0.1)):
+    with _raises(ValueError, "nesterov=True needs momentum > 0 and dampening = 0"):
+      onnx_optax.pytorch_sgd(0.1, nesterov=True, **hyper)
+  static = ("dampening", "nesterov", "maximize")
+  opt = optax.inject_hyperparams(onnx_optax.pytorch_sgd, static_args=static)(0.1, momentum=0.9, nesterov=True)
+  X, grads = np.array([1.0, -2.0, 0.5]), [np.array([0.5, -0.25, 1.0]), np.array([-1.0, 0.75, 0.5])]
+  update = jax.jit(opt.update)
+  x, state, buf = jnp.asarray(X, jnp.float32), opt.init(jnp.asarray(X, jnp.float32)), np.zeros(3)
+  for count, g in enumerate(grads):
+    updates, state = update(jnp.asarray(g, jnp.float32), state, x)
+    x = optax.apply_updates(x, updates)
+    X, buf = reference.pytorch_sgd(
+      0.1, count, X, g, buf, momentum=0.9, dampening=0.0, weight_decay=0.0, nesterov=True, maximize=False
+    )
+    np.testing.assert_allclose(np.asarray(x), X, rtol=1e-6)
+
+
 @pytest.mark.parametrize(
   "build,option,value,named",
   [

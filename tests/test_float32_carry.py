@@ -398,3 +398,51 @@ def test_parameters_are_needed_where_the_step_reads_them():
   s = rules.pytorch_sgd_scalars(0.1, 0, momentum=0.0, dampening=0.0, weight_decay=0.0)
   with pytest.raises(ValueError, match="writes the parameters in place"):
     rules.pytorch_sgd_elementwise(s, None, g, jnp.zeros(2), nesterov=False, maximize=False)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_signed_zeros_are_pytorchs(jit):
+  """A zero gradient's sign survives as in PyTorch: ``buf.mul_(momentum).add_(grad)`` of a
+  ``-0.0`` buffer and a ``-0.0`` gradient is ``-0.0`` there, and so is the twin's buffer (the
+  run-time ``-0.0`` that keeps a stored product from being contracted adds nothing, not even
+  to a zero's sign). Expected values: torch.optim.SGD's own state, step by step."""
+  X = np.array([1.0, -2.0, 0.5], np.float32)
+  grads = [np.array(g, np.float32) for g in ([-0.0, 0.0, -0.0], [-0.0, -0.0, 0.0], [-0.0, 0.0, 0.0])]
+  p = torch.tensor(X, requires_grad=True)
+  opt = torch.optim.SGD([p], lr=0.1, momentum=0.9)
+  tx = onnx_optax.pytorch_sgd(0.1, momentum=0.9)
+  update = jax.jit(tx.update) if jit else tx.update
+  x, state = jnp.asarray(X), tx.init(jnp.asarray(X))
+  for k, g in enumerate(grads):
+    p.grad = torch.tensor(g)
+    opt.step()
+    updates, state = update(jnp.asarray(g), state, x)
+    x = optax.apply_updates(x, updates)
+    want = opt.state[p]["momentum_buffer"].numpy()
+    got = np.asarray(state.momentum_buffer)
+    assert np.array_equal(np.signbit(got), np.signbit(want)) and np.array_equal(got, want), (k, got, want)
+    np.testing.assert_array_equal(np.asarray(x), p.detach().numpy())
+
+
+def test_python_scalars_are_pytorchs_float64():
+  """``1 - dampening`` of a Python ``dampening`` is PyTorch's float64 difference rounded once:
+  for ``dampening=0.9`` that is float32 ``0.1``, where the float32 difference ``1 - float32(0.9)``
+  is ``0.100000024``. Expected values: torch.optim.SGD's momentum buffer, bit for bit, each step
+  taken from PyTorch's parameters (jitted: XLA contracts ``add_(grad, alpha)`` into the fused
+  multiply-add PyTorch's vectorized kernel computes)."""
+  assert np.float32(1 - 0.9) != np.float32(1) - np.float32(0.9)  # the case tells the two apart
+  rng = np.random.default_rng(0)
+  X = rng.standard_normal(64).astype(np.float32)
+  grads = [rng.standard_normal(64).astype(np.float32) for _ in range(3)]
+  p = torch.tensor(X)
+  opt = torch.optim.SGD([p], lr=0.1, momentum=0.9, dampening=0.9)
+  tx = onnx_optax.pytorch_sgd(0.1, momentum=0.9, dampening=0.9)
+  update = jax.jit(tx.update)
+  x, state = jnp.asarray(X), tx.init(jnp.asarray(X))
+  for k, g in enumerate(grads):
+    p.grad = torch.tensor(g)
+    opt.step()
+    _, state = update(jnp.asarray(g), state, x)
+    want = opt.state[p]["momentum_buffer"].numpy()
+    np.testing.assert_array_equal(np.asarray(state.momentum_buffer), want, err_msg=f"step {k}")
+    x = jnp.asarray(p.numpy())

@@ -18,7 +18,7 @@ import pathlib
 import pytest
 
 import onnx_optax
-from onnx_optax import registry
+from onnx_optax import _checks, registry
 
 PACKAGE = pathlib.Path(onnx_optax.__file__).resolve().parent
 SOURCES = sorted(PACKAGE.rglob("*.py"))
@@ -152,3 +152,53 @@ def test_a_name_is_registered_once():
     registry.register(RULES[0])
   with pytest.raises(KeyError, match="registered: momentum"):
     registry.get("no_such_rule")
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.name)
+def test_flags_are_declared_static(rule):
+  """A flag selects the formula while the update traces (``if maximize:``), so it is declared
+  static (:attr:`onnx_optax.registry.Hyperparameter.static`): the tests' ``static_args`` for
+  ``optax.inject_hyperparams`` are read from that, and the PyTorch bridge reads a static option
+  as it is, the others as real numbers."""
+  flags = {h for h, declared in rule.hyperparameters.items() if declared.check is _checks.flag}
+  static = {h for h, declared in rule.hyperparameters.items() if declared.static}
+  assert flags <= static, f"{rule.name}: flags {sorted(flags - static)} not declared static"
+
+
+def _edge_parts(name: str) -> list[tuple[str, str | None]]:
+  return [(part.partition("=")[0], part.partition("=")[2] or None) for part in name.split(",")]
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.name)
+def test_edges_are_what_their_names_say(rule):
+  """Each conformance edge is the case its name reports (``momentum=0``, ``beta=1,T=0``,
+  ``betas[0]=0.3``, ``alpha=0.999,state=0``; a bare name, ``nesterov``: that hyperparameter
+  set, not zero), so that the report's row of an edge at 0 does run the hyperparameter at 0."""
+  assert rule.conformance is not None
+  for edge in rule.conformance.edges:
+    hyper = edge.changes.get("hyper", {})
+    for key, value in _edge_parts(edge.name):
+      where = f"{rule.name} edge {edge.name!r}"
+      if key == "state":
+        assert value == "0" and edge.changes["state"] == "zero", where
+      elif key in ("T", "R"):
+        assert value is not None and edge.changes[key] == float(value), where
+      elif value is None:
+        assert hyper.get(key) not in (None, 0, False), where
+      elif key.endswith("]"):
+        base, index = key[:-1].split("[")
+        assert hyper[base][int(index)] == float(value), where
+      else:
+        assert hyper[key] == float(value), where
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.name)
+def test_more_test_configurations_set_what_they_are_named_after(rule):
+  """A configuration of :attr:`~onnx_optax.registry.Conformance.more_tests` named after a
+  hyperparameter (``pytorch_sgd_nesterov``) runs with it set: the tests of that variant do
+  run it."""
+  assert rule.conformance is not None
+  for suffix, config in rule.conformance.more_tests.items():
+    for key, value in _edge_parts(suffix):
+      if key in rule.hyperparameters and value is None:
+        assert config.hyper.get(key) not in (None, 0, False), f"{rule.name}_{suffix}: {key} not set"

@@ -15,6 +15,7 @@ import pytest
 import onnx_optax
 import onnx_optax._checks
 import onnx_optax._engine
+import onnx_optax._pytorch
 import onnx_optax.interop
 import onnx_optax.onnx
 from onnx_optax import reference, rules
@@ -48,6 +49,44 @@ KEYWORD_ONLY = {
   ],
   onnx_optax.directml_adam: ["beta1", "beta2", "epsilon", "initial_count", "state_dtype"],
   onnx_optax.onnx.from_node: ["initial_count", "state_dtype"],
+  # The framework twins: their frameworks' names, keyword-only as everywhere else.
+  onnx_optax.pytorch_sgd: [
+    "momentum",
+    "dampening",
+    "weight_decay",
+    "nesterov",
+    "maximize",
+    "initial_count",
+    "state_dtype",
+  ],
+  rules.pytorch_sgd_scalars: ["momentum", "dampening", "weight_decay"],
+  rules.pytorch_sgd_elementwise: ["nesterov", "maximize"],
+  onnx_optax.pytorch_adagrad: [
+    "lr_decay",
+    "weight_decay",
+    "initial_accumulator_value",
+    "eps",
+    "maximize",
+    "initial_count",
+    "state_dtype",
+  ],
+  rules.pytorch_adagrad_scalars: ["lr_decay", "eps", "weight_decay"],
+  rules.pytorch_adagrad_elementwise: ["maximize"],
+  onnx_optax.pytorch_adam: [
+    "betas",
+    "eps",
+    "weight_decay",
+    "decoupled_weight_decay",
+    "maximize",
+    "initial_count",
+    "state_dtype",
+  ],
+  onnx_optax.pytorch_adamw: ["betas", "eps", "weight_decay", "maximize", "initial_count", "state_dtype"],
+  rules.pytorch_adam_scalars: ["beta1", "beta2", "eps", "weight_decay", "decoupled_weight_decay"],
+  rules.pytorch_adam_elementwise: ["maximize", "lerp_small"],
+  onnx_optax.keras_adam: ["beta_1", "beta_2", "epsilon", "initial_count", "state_dtype"],
+  rules.keras_adam_elementwise: ["beta_1", "beta_2", "epsilon"],
+  onnx_optax._pytorch.lerp: ["small"],
   onnx_optax._checks.hyperparameter: ["minimum", "maximum", "maximum_exclusive"],
   onnx_optax._checks.count: ["minimum"],
   onnx_optax._checks.integer_scalar: ["minimum", "shape_ok", "why"],

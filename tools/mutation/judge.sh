@@ -10,12 +10,18 @@
 # module of $MODULES (run.sh's list; default all).
 #
 # Stages per module (pytest -x; each stage stops at its first failure, a
-# caught mutant skips the rest):
-#   rules.py, transforms.py, reference.py:
+# caught mutant skips the rest; "the doctests": those of the mutated module,
+# of the group's modules on the baseline):
+#   core: rules/*.py, _engine.py, _numerics.py, _pytorch.py, registry.py,
+#   transforms.py, reference.py:
 #     1. the fast tests of every term ($KILLS: the rules' values against the
 #        reference, their derivatives, the keyword-only table, the input
-#        checks' edges, the ONNX calls) and the three modules' doctests;
-#     2. the fast tests ($FAST_TESTS, the most sensitive first);
+#        checks' edges, the ONNX calls, the registry's declarations) and the
+#        doctests; for the twins' modules (rules/torch_*.py, rules/keras.py,
+#        _pytorch.py) also their bitwise tests against PyTorch's order
+#        (tests/test_float32_carry.py; Keras's: tests/test_keras_twin.py);
+#     2. the fast tests ($FAST_TESTS, the most sensitive first) and
+#        tests/test_numerics.py;
 #     3. the conformance command on the CPU, every rule and dtype, without
 #        the 10^6-element cases (--no-large) and ONNX's backend cases
 #        (--no-onnx), which compare with ONNX's references, not with
@@ -23,19 +29,36 @@
 #   _checks.py:  1. tests/test_bad_input.py and its doctests;
 #                2. $KILLS, the transforms', DirectML's and
 #                   the ONNX interface's tests.
-#   onnx.py:     1. tests/test_onnx_interface.py, tests/test_onnx_ort.py and
-#                   the doctests;
+#   onnx.py, _onnx_runtime.py, directml.py:
+#                1. tests/test_onnx_interface.py, tests/test_onnx_ort.py,
+#                   tests/test_directml.py and the doctests;
 #                2. tests/test_bad_input.py, $KILLS.
-#   conformance/tolerance.py:
-#                1. tests/conformance/test_conformance_tolerance.py and its doctests;
+#   conformance/tolerance.py, arithmetic.py, scalars.py, models/*.py:
+#                1. tests/conformance/test_conformance_tolerance.py,
+#                   test_conformance_arithmetic.py, test_conformance_registry.py
+#                   and the doctests;
 #                2. the conformance command (a bound too tight fails a case);
-#                3. tests/conformance/test_conformance_teeth.py (a bound too
-#                   loose lets a planted wrong rule pass).
-#   interop/torch.py, interop/keras.py: 1. that bridge's tests (for PyTorch
-#                   test_interop_torch.py and test_interop_torch_adam.py) and
-#                   doctests; 2. its tests in tests/test_bad_input.py;
-#   interop/_common.py, interop/__init__.py: 1. both bridges' tests and
-#                   doctests; 2. their tests in tests/test_bad_input.py.
+#                3. tests/conformance/test_conformance_teeth.py and
+#                   test_conformance_twins.py (a bound too loose lets a
+#                   planted wrong rule pass).
+#   interop/torch.py: 1. test_interop_torch.py, test_interop_torch_adam.py,
+#                   test_interop_torch_mapping.py and the doctests;
+#                2. its tests in tests/test_bad_input.py.
+#   interop/torch_state_dict.py, interop/torch_checkpoints.py:
+#                1. test_interop_torch_state_dict.py,
+#                   test_interop_torch_schedules.py,
+#                   test_interop_torch_mapping.py and the doctests;
+#                2. the clients' journeys (test_interop_clients.py: Trainer,
+#                   Lightning) and FSDP2's (test_interop_fsdp.py);
+#                3. the PyTorch tests in tests/test_bad_input.py.
+#   interop/_torch_placement.py, _torch_optim.py, _dtensor.py (shared by the
+#   PyTorch functions): the stages of both above, every PyTorch test file.
+#   interop/keras.py: 1. test_interop_keras.py and the doctests;
+#                2. its tests in tests/test_bad_input.py.
+#   interop/_common.py, interop/__init__.py: 1. every bridge's tests and the
+#                doctests; 2. the clients' and FSDP2's; 3. the bridges' tests
+#                in tests/test_bad_input.py.
+# Every stage 1 also runs the keyword-only table ($KEYWORDS).
 #
 # JAX's persistent compilation cache (one per copy, kept across its mutants)
 # holds the programs a mutant leaves unchanged: a mutant of tolerance.py or of
@@ -52,47 +75,86 @@ CONFORMANCE=(python -m onnx_optax.conformance --platform cpu --no-large --no-onn
 caught() { echo "JUDGE: caught in stage $1"; exit "$1"; }
 # The fast tests that make every term of the core modules and of the checks count.
 KILLS=(tests/test_rule_values.py tests/test_derivatives.py tests/test_signatures.py tests/test_input_checks.py
-  tests/test_onnx_calls.py)
+  tests/test_onnx_calls.py tests/test_registry.py)
 # The keyword-only signatures of every module, in one table.
 KEYWORDS=(tests/test_signatures.py::test_hyperparameters_are_keyword_only)
+CORE=(onnx_optax/rules/ onnx_optax/_engine.py onnx_optax/_numerics.py onnx_optax/_pytorch.py
+  onnx_optax/registry.py onnx_optax/transforms.py onnx_optax/reference.py)
+MEASUREMENT=(onnx_optax/conformance/tolerance.py onnx_optax/conformance/arithmetic.py
+  onnx_optax/conformance/scalars.py onnx_optax/conformance/models/)
+TORCH_BRIDGE=(tests/test_interop_torch.py tests/test_interop_torch_adam.py tests/test_interop_torch_mapping.py)
+TORCH_FILES=(tests/test_interop_torch_state_dict.py tests/test_interop_torch_schedules.py
+  tests/test_interop_torch_mapping.py)
+TORCH_CLIENTS=(tests/test_interop_clients.py tests/test_interop_fsdp.py)
+# The doctests of the stage: the mutated module's (judge.sh's second argument), else the group's.
+doctests() { if [[ -n ${MUTATED:-} ]]; then echo "$MUTATED"; else echo "$@"; fi; }
 
 core() {
-  "${PYTEST[@]}" "${KILLS[@]}" onnx_optax/rules.py onnx_optax/transforms.py \
-    onnx_optax/reference.py || caught 1
+  local twins=()
+  case ${MUTATED:-} in
+    onnx_optax/rules/keras.py) twins=(tests/test_keras_twin.py) ;;
+    onnx_optax/rules/torch_*.py | onnx_optax/_pytorch.py) twins=(tests/test_float32_carry.py) ;;
+    "") twins=(tests/test_float32_carry.py tests/test_keras_twin.py) ;;
+  esac
+  # shellcheck disable=SC2046
+  "${PYTEST[@]}" "${KILLS[@]}" "${twins[@]}" $(doctests "${CORE[@]}") || caught 1
   # shellcheck disable=SC2086
-  "${PYTEST[@]}" $FAST_TESTS || caught 2
+  "${PYTEST[@]}" $FAST_TESTS tests/test_numerics.py || caught 2
   # shellcheck disable=SC2086
   "${CONFORMANCE[@]}" ${CONFORMANCE_ARGS:-} || caught 3
 }
 checks() {
-  "${PYTEST[@]}" tests/test_bad_input.py onnx_optax/_checks.py || caught 1
+  # shellcheck disable=SC2046
+  "${PYTEST[@]}" tests/test_bad_input.py $(doctests onnx_optax/_checks.py) || caught 1
   "${PYTEST[@]}" "${KILLS[@]}" tests/test_transforms.py tests/test_directml.py \
     tests/test_onnx_interface.py tests/test_onnx_ort.py || caught 2
 }
 onnx_interface() {
-  "${PYTEST[@]}" tests/test_onnx_interface.py tests/test_onnx_ort.py onnx_optax/onnx.py || caught 1
+  # shellcheck disable=SC2046
+  "${PYTEST[@]}" tests/test_onnx_interface.py tests/test_onnx_ort.py tests/test_directml.py \
+    $(doctests onnx_optax/onnx.py onnx_optax/_onnx_runtime.py onnx_optax/directml.py) || caught 1
   "${PYTEST[@]}" tests/test_bad_input.py "${KILLS[@]}" || caught 2
 }
-tolerance() {
-  "${PYTEST[@]}" tests/conformance/test_conformance_tolerance.py onnx_optax/conformance/tolerance.py \
-    "${KEYWORDS[@]}" || caught 1
+measurement() {
+  # shellcheck disable=SC2046
+  "${PYTEST[@]}" tests/conformance/test_conformance_tolerance.py tests/conformance/test_conformance_arithmetic.py \
+    tests/conformance/test_conformance_registry.py $(doctests "${MEASUREMENT[@]}") "${KEYWORDS[@]}" || caught 1
   # shellcheck disable=SC2086
   "${CONFORMANCE[@]}" ${CONFORMANCE_ARGS:-} || caught 2
-  "${PYTEST[@]}" tests/conformance/test_conformance_teeth.py || caught 3
+  "${PYTEST[@]}" tests/conformance/test_conformance_teeth.py tests/conformance/test_conformance_twins.py || caught 3
 }
 interop_torch() {
-  "${PYTEST[@]}" tests/test_interop_torch.py tests/test_interop_torch_adam.py onnx_optax/interop/torch.py \
-    "${KEYWORDS[@]}" || caught 1
+  # shellcheck disable=SC2046
+  "${PYTEST[@]}" "${TORCH_BRIDGE[@]}" $(doctests onnx_optax/interop/torch.py) "${KEYWORDS[@]}" || caught 1
   "${PYTEST[@]}" tests/test_bad_input.py -k torch || caught 2
 }
+interop_torch_files() {
+  # shellcheck disable=SC2046
+  "${PYTEST[@]}" "${TORCH_FILES[@]}" \
+    $(doctests onnx_optax/interop/torch_state_dict.py onnx_optax/interop/torch_checkpoints.py) \
+    "${KEYWORDS[@]}" || caught 1
+  "${PYTEST[@]}" "${TORCH_CLIENTS[@]}" || caught 2
+  "${PYTEST[@]}" tests/test_bad_input.py -k torch || caught 3
+}
+interop_torch_shared() {
+  # shellcheck disable=SC2046
+  "${PYTEST[@]}" "${TORCH_BRIDGE[@]}" tests/test_interop_torch_state_dict.py tests/test_interop_torch_schedules.py \
+    $(doctests onnx_optax/interop/_torch_placement.py onnx_optax/interop/_torch_optim.py \
+      onnx_optax/interop/_dtensor.py) "${KEYWORDS[@]}" || caught 1
+  "${PYTEST[@]}" "${TORCH_CLIENTS[@]}" || caught 2
+  "${PYTEST[@]}" tests/test_bad_input.py -k torch || caught 3
+}
 interop_keras() {
-  "${PYTEST[@]}" tests/test_interop_keras.py onnx_optax/interop/keras.py "${KEYWORDS[@]}" || caught 1
+  # shellcheck disable=SC2046
+  "${PYTEST[@]}" tests/test_interop_keras.py $(doctests onnx_optax/interop/keras.py) "${KEYWORDS[@]}" || caught 1
   "${PYTEST[@]}" tests/test_bad_input.py -k keras || caught 2
 }
 interop() {
-  "${PYTEST[@]}" tests/test_interop_torch.py tests/test_interop_torch_adam.py tests/test_interop_keras.py \
-    onnx_optax/interop/ "${KEYWORDS[@]}" || caught 1
-  "${PYTEST[@]}" tests/test_bad_input.py -k "torch or keras" || caught 2
+  # shellcheck disable=SC2046
+  "${PYTEST[@]}" "${TORCH_BRIDGE[@]}" tests/test_interop_torch_state_dict.py tests/test_interop_torch_schedules.py \
+    tests/test_interop_keras.py $(doctests onnx_optax/interop/) "${KEYWORDS[@]}" || caught 1
+  "${PYTEST[@]}" "${TORCH_CLIENTS[@]}" || caught 2
+  "${PYTEST[@]}" tests/test_bad_input.py -k "torch or keras" || caught 3
 }
 
 changed=()
@@ -103,27 +165,35 @@ if [[ -n ${MUTATION_PRISTINE:-} && $(realpath "$MUTATION_PRISTINE") != $(realpat
 fi
 group() {
   case $1 in
-    onnx_optax/rules.py | onnx_optax/transforms.py | onnx_optax/reference.py) echo core ;;
+    onnx_optax/rules | onnx_optax/rules/*.py | onnx_optax/_engine.py | onnx_optax/_numerics.py) echo core ;;
+    onnx_optax/_pytorch.py | onnx_optax/registry.py | onnx_optax/transforms.py) echo core ;;
+    onnx_optax/reference.py) echo core ;;
     onnx_optax/_checks.py) echo checks ;;
-    onnx_optax/onnx.py) echo onnx_interface ;;
-    onnx_optax/conformance/tolerance.py) echo tolerance ;;
+    onnx_optax/onnx.py | onnx_optax/_onnx_runtime.py | onnx_optax/directml.py) echo onnx_interface ;;
+    onnx_optax/conformance/tolerance.py | onnx_optax/conformance/arithmetic.py) echo measurement ;;
+    onnx_optax/conformance/scalars.py | onnx_optax/conformance/models*) echo measurement ;;
     onnx_optax/interop/torch.py) echo interop_torch ;;
+    onnx_optax/interop/torch_state_dict.py | onnx_optax/interop/torch_checkpoints.py) echo interop_torch_files ;;
+    onnx_optax/interop/_torch_placement.py | onnx_optax/interop/_torch_optim.py) echo interop_torch_shared ;;
+    onnx_optax/interop/_dtensor.py) echo interop_torch_shared ;;
     onnx_optax/interop/keras.py) echo interop_keras ;;
     onnx_optax/interop*) echo interop ;;
-    *) echo core ;;
+    *) echo "JUDGE: no stages for $1 (add it to group() in judge.sh)" >&2; exit 99 ;;
   esac
 }
 if [[ ${#changed[@]} -eq 1 ]]; then
   echo "JUDGE: mutated ${changed[0]}"
-  "$(group "${changed[0]}")"
+  MUTATED=${changed[0]}
+  g=$(group "$MUTATED") || exit 99
+  "$g"
 else
   # The baseline (or a run by hand): the stages of every module of $MODULES
   # (run.sh's; default all), each group once.
   [[ ${#changed[@]} -gt 1 ]] && echo "JUDGE: several modules differ (${changed[*]}): every stage"
   groups=()
-  for m in ${MODULES:-onnx_optax/rules.py onnx_optax/_checks.py onnx_optax/onnx.py \
+  for m in ${MODULES:-onnx_optax/rules onnx_optax/_checks.py onnx_optax/onnx.py \
     onnx_optax/conformance/tolerance.py onnx_optax/interop}; do
-    g=$(group "$m")
+    g=$(group "$m") || exit 99
     [[ " ${groups[*]} " == *" $g "* ]] || groups+=("$g")
   done
   for g in "${groups[@]}"; do "$g"; done
