@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 
 __all__ = [
   "Binding",
+  "bind_to_scalars",
   "Conformance",
   "Edge",
   "Field",
@@ -304,6 +305,12 @@ class Rule:
   def binding(self, kind: str) -> Binding | None:
     """The rule's counterpart of a ``kind`` (``"onnx"``, ``"torch"``, ``"keras"``), if any."""
     return next((b for b in self.bindings if b.kind == kind), None)
+
+
+def bind_to_scalars(rule: Rule, hyper: dict[str, Any]) -> tuple[Callable[..., Any], Callable[..., Any]]:
+  """The :attr:`Rule.bind` of a rule whose hyperparameters all reach its scalars: ``scalars(R, T,
+  **hyper)`` once per update, and the element-wise part as it is."""
+  return (lambda R, T: rule.scalars(R, T, **hyper), rule.elementwise)
 
 
 def _holds(flag: bool | Callable[[Mapping[str, Any]], bool], hyper: Mapping[str, Any]) -> bool:

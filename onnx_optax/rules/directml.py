@@ -166,10 +166,6 @@ def directml_adam(
   return _engine.transform(RULE, learning_rate, initial_count, state_dtype, hyper)
 
 
-def _bind(rule: registry.Rule, hyper: dict[str, Any]) -> tuple[Any, Any]:
-  return (lambda R, T: rule.scalars(R, T, **hyper), rule.elementwise)
-
-
 def _validate(hyper: dict[str, Any], name: Any) -> None:
   _checks.second_moment_decay_at_one(name("beta2"), hyper["beta2"], hyper["epsilon"])
 
@@ -187,7 +183,7 @@ RULE = registry.register(
     },
     scalars=directml_adam_scalars,
     elementwise=directml_adam_elementwise,
-    bind=_bind,
+    bind=registry.bind_to_scalars,
     minimum_count=1,
     policy=_engine.SPEC,
     validate=_validate,

@@ -149,10 +149,6 @@ def adagrad(
   return _engine.transform(RULE, learning_rate, initial_count, state_dtype, hyper)
 
 
-def _bind(rule: registry.Rule, hyper: dict[str, Any]) -> tuple[Any, Any]:
-  return (lambda R, T: rule.scalars(R, T, **hyper), rule.elementwise)
-
-
 RULE = registry.register(
   registry.Rule(
     name="adagrad",
@@ -166,7 +162,7 @@ RULE = registry.register(
     },
     scalars=adagrad_scalars,
     elementwise=adagrad_elementwise,
-    bind=_bind,
+    bind=registry.bind_to_scalars,
     minimum_count=0,
     policy=_engine.SPEC,
     params_for=("norm_coefficient",),

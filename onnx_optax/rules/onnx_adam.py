@@ -209,10 +209,6 @@ def adam(
   return _engine.transform(RULE, learning_rate, initial_count, state_dtype, hyper)
 
 
-def _bind(rule: registry.Rule, hyper: dict[str, Any]) -> tuple[Any, Any]:
-  return (lambda R, T: rule.scalars(R, T, **hyper), rule.elementwise)
-
-
 def _validate(hyper: dict[str, Any], name: Any) -> None:
   _checks.second_moment_decay_at_one(name("beta"), hyper["beta"], hyper["epsilon"])
 
@@ -232,7 +228,7 @@ RULE = registry.register(
     },
     scalars=adam_scalars,
     elementwise=adam_elementwise,
-    bind=_bind,
+    bind=registry.bind_to_scalars,
     minimum_count=0,
     policy=_engine.SPEC,
     params_for=("norm_coefficient", "norm_coefficient_post"),
