@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -493,3 +495,33 @@ def test_the_update_count_is_not_a_received_hyperparameter():
   U = tolerance.evaluate("adagrad", c, 0.5, T, X, G, [H], **hyper)[-1]
   r = float(np.float32(0.5)) / (1 + T * float(np.float32(0.5)))
   assert float(U.v[0]) == pytest.approx(-r, rel=1e-13, abs=0)
+
+
+@pytest.mark.parametrize(
+  "rule", ["adam", "momentum_nesterov", "ort_adamw_mode1", "pytorch_adam", "keras_adam"]
+)
+def test_bounds_in_chunks_are_the_whole_arrays_bounds(rule, monkeypatch):
+  """``check.tolerances`` bounds a large case ``CHUNK`` elements at a time: every bound the same, to
+  the bit, as one evaluation of the whole arrays (three leaves of 3,000 elements; chunks of 1,000,
+  and of 7, which divides neither a leaf nor the whole). A chunk that took another chunk's gradient
+  or state, or lost the tail, fails here (planted: the first chunk's gradient in every chunk, the
+  last chunk dropped)."""
+  from onnx_optax.conformance import check
+
+  case = next(c for c in grid_lib.cases(rule, "float32", large=False) if c.gradient == "normal")
+  case = dataclasses.replace(case, shapes=((3000,), (20, 150), (3000,)))
+  X, G, state = case.inputs()
+
+  def bounds():
+    return check.tolerances(
+      case.rule, case.dtype, "cpu", case.learning_rate, case.T, X, G, state, case.hyper, case.state_dtype
+    )
+
+  monkeypatch.setattr(check, "CHUNK", 10**9)
+  whole = bounds()
+  for chunk in (1000, 7):
+    monkeypatch.setattr(check, "CHUNK", chunk)
+    for leaf, leaf_whole in zip(bounds(), whole, strict=True):
+      for got, want in zip(leaf, leaf_whole, strict=True):
+        assert got.shape == want.shape
+        np.testing.assert_array_equal(got.view(np.uint64), want.view(np.uint64))
