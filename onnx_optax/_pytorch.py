@@ -165,7 +165,14 @@ def lerp(start: Array, end: Array, weight: Any, *, small: bool) -> Array:
 
 
 def scalars_in(s: tuple, dtype: Any) -> tuple:
-  """The float scalars of a twin rounded once to ``dtype`` (bool, integer and None fields kept)."""
+  """The float scalars of a twin rounded once to ``dtype`` (bool, integer and None fields kept).
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> s = scalars_in((0.1, jnp.asarray(True), jnp.asarray(3, jnp.int32), None), jnp.bfloat16)
+    >>> [None if v is None else str(v.dtype) for v in s]
+    ['bfloat16', 'bool', 'int32', None]
+  """
 
   def one(v):
     kind = getattr(v, "dtype", None)

@@ -146,3 +146,33 @@ def test_first_update_derivatives_are_finite_and_right():
     assert float(d_beta) == pytest.approx(
       0.1 * V_new / H_sqrt**2 * (0.6 - 0.64) / (2 * H_new**0.5), rel=1e-12
     )
+
+
+def _custom_jvp_calls(jaxpr) -> int:
+  """The ``custom_jvp_call`` equations of a jaxpr, in its sub-jaxprs too."""
+  count = 0
+  for eqn in jaxpr.eqns:
+    count += eqn.primitive.name == "custom_jvp_call"
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (list, tuple)) else [param]:
+        inner = getattr(sub, "jaxpr", sub)
+        if hasattr(inner, "eqns"):
+          count += _custom_jvp_calls(inner)
+  return count
+
+
+@pytest.mark.parametrize("name", ["adam", "adagrad", "directml_adam"])
+def test_an_update_traces_as_many_custom_jvps_for_three_leaves_as_for_one(name):
+  """The leaves of an update are one ``custom_jvp`` (``_engine``), inside which the square root is
+  plain (``_numerics.plain_sqrt``): a tree of many leaves traces and lowers no more of them than
+  one leaf (the scalars' ``1 - beta^T`` have their own). Planted, ``plain_sqrt``'s default
+  ``False`` (the safe square root's ``custom_jvp`` in every leaf) fails this."""
+  import onnx_optax
+
+  def calls(params):
+    tx = getattr(onnx_optax, name)(learning_rate=0.1)
+    return _custom_jvp_calls(jax.make_jaxpr(tx.update)(params, tx.init(params), params).jaxpr)
+
+  one = calls({"a": jnp.ones(3)})
+  assert one >= 1
+  assert calls({"a": jnp.ones(3), "b": jnp.ones((2, 2)), "c": jnp.ones(())}) == one

@@ -202,3 +202,15 @@ def test_more_test_configurations_set_what_they_are_named_after(rule):
     for key, value in _edge_parts(suffix):
       if key in rule.hyperparameters and value is None:
         assert config.hyper.get(key) not in (None, 0, False), f"{rule.name}_{suffix}: {key} not set"
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.name)
+def test_tiny_gradient_cases_set_their_coefficients_to_zero(rule):
+  """:attr:`~onnx_optax.registry.Conformance.tiny_gradient` sets to 0 each coefficient whose term
+  (``coefficient * X``) would dwarf a gradient of epsilon's size, so that the grid's tiny-gradient
+  cases do run a tiny gradient through the rule (a nonzero value there, planted: PyTorch SGD's
+  ``weight_decay`` 1.0, left every report row passing)."""
+  assert rule.conformance is not None
+  for name, value in rule.conformance.tiny_gradient.items():
+    assert name in rule.hyperparameters, f"{rule.name}: tiny_gradient names {name!r}"
+    assert value == 0.0 and not isinstance(value, bool), f"{rule.name}: tiny_gradient {name}={value!r}"
