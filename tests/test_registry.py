@@ -15,6 +15,7 @@ import ast
 import inspect
 import pathlib
 
+import jax
 import pytest
 
 import onnx_optax
@@ -214,3 +215,83 @@ def test_tiny_gradient_cases_set_their_coefficients_to_zero(rule):
   for name, value in rule.conformance.tiny_gradient.items():
     assert name in rule.hyperparameters, f"{rule.name}: tiny_gradient names {name!r}"
     assert value == 0.0 and not isinstance(value, bool), f"{rule.name}: tiny_gradient {name}={value!r}"
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.name)
+def test_float_hyperparameters_are_not_static(rule):
+  """A hyperparameter whose default is a float selects no formula (a 0 or a 1 is told apart while
+  the update traces, ``_numerics.is_static``), so it is not declared static: it can be injected
+  (``optax.inject_hyperparams``) and traced. Planted, ``Hyperparameter.static`` defaulting to True
+  left every other test passing."""
+  defaults = inspect.signature(rule.transform).parameters
+  for name, declared in rule.hyperparameters.items():
+    if isinstance(defaults[name].default, float):
+      assert not declared.static, f"{rule.name}: {name} (default {defaults[name].default}) declared static"
+
+
+def test_declarations_are_immutable():
+  """A rule's declarations (its fields, hyperparameters, policy, bindings and conformance grid)
+  cannot be changed after registration: every layer reads them, and a layer that wrote one would
+  change what the others read. Planted, each ``frozen=False`` left every other test passing."""
+  import dataclasses
+
+  for rule in RULES:
+    assert rule.conformance is not None
+    declared = [
+      *rule.fields,
+      *rule.hyperparameters.values(),
+      rule.policy,
+      *rule.bindings,
+      rule.conformance,
+      rule.conformance.tests,
+    ]
+    for thing in declared:
+      field = dataclasses.fields(thing)[0].name
+      with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(thing, field, getattr(thing, field))
+
+
+@pytest.mark.parametrize(
+  "rule", [r for r in RULES if any(isinstance(f.initial, str) for f in r.fields)], ids=lambda r: r.name
+)
+def test_a_state_starts_at_the_value_its_hyperparameter_gives(rule):
+  """A state field whose initial value is a hyperparameter (PyTorch Adagrad's
+  ``initial_accumulator_value``, where ``torch.optim.Adagrad`` starts its ``sum``) starts at that
+  value, 0 and 1 included. Planted, the engine's zero test ``value == 0`` as ``value == 1``, as
+  ``value != 0``, or its ``and`` as ``or`` (states of ones or of 0.25 started at zeros) left every
+  other test passing."""
+  import jax.numpy as jnp
+  import numpy as np
+
+  for field in rule.fields:
+    if isinstance(field.initial, str):
+      for value in (0.0, 1.0, 0.25):
+        state = rule.transform(0.1, **{field.initial: value}).init({"a": jnp.ones(3), "b": jnp.ones(())})
+        for leaf in jax.tree.leaves(getattr(state, field.name)):
+          np.testing.assert_array_equal(np.asarray(leaf), np.full(leaf.shape, value, np.float32))
+
+
+def test_a_twin_runs_a_decay_that_stalls_where_its_framework_does_and_a_spec_rule_refuses_it():
+  """The policies' ``refuses_stalling_decays``: ``beta2 = 0.999`` rounds to 1 in bfloat16. A spec
+  rule with its state in bfloat16 would silently run another algorithm and refuses it at ``init``;
+  PyTorch's Adam runs it on bfloat16 parameters (its state in bfloat16), and its twin does too, to
+  PyTorch's own state after a step (no twin declares a ``decay``: PyTorch's ``betas`` are a static
+  pair, so the twins' policy has nothing to refuse, whatever its flag says)."""
+  import jax.numpy as jnp
+  import numpy as np
+  import torch
+
+  import onnx_optax
+
+  p = torch.ones(3, dtype=torch.bfloat16, requires_grad=True)
+  p.grad = torch.ones(3, dtype=torch.bfloat16)
+  opt = torch.optim.Adam([p], lr=1e-3)
+  opt.step()
+  params = {"a": jnp.ones(3, jnp.bfloat16)}
+  tx = onnx_optax.pytorch_adam(1e-3)
+  _, state = tx.update(params, tx.init(params), params)
+  for mine, theirs in ((state.exp_avg["a"], "exp_avg"), (state.exp_avg_sq["a"], "exp_avg_sq")):
+    want = opt.state[p][theirs].float().numpy()
+    np.testing.assert_array_equal(np.asarray(mine, np.float32), want)
+  with pytest.raises(ValueError, match=r"beta=0.999 rounds to 1.0 in bfloat16"):
+    onnx_optax.adam(1e-3, beta=0.999).init(params)
