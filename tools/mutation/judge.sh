@@ -21,7 +21,9 @@
 #        _pytorch.py) also their bitwise tests against PyTorch's order
 #        (tests/test_float32_carry.py; Keras's: tests/test_keras_twin.py);
 #     2. the fast tests ($FAST_TESTS, the most sensitive first) and
-#        tests/test_numerics.py;
+#        tests/test_numerics.py; for _engine.py and _numerics.py also the
+#        meta-gradients through a learning rate and a zero second moment
+#        (tests/test_metagradients.py: the leaves' custom_jvp rule);
 #     3. the conformance command on the CPU, every rule and dtype, without
 #        the 10^6-element cases (--no-large) and ONNX's backend cases
 #        (--no-onnx), which compare with ONNX's references, not with
@@ -98,8 +100,16 @@ core() {
   esac
   # shellcheck disable=SC2046
   "${PYTEST[@]}" "${KILLS[@]}" "${twins[@]}" $(doctests "${CORE[@]}") || caught 1
+  # The derivative of the leaves' custom_jvp (the engine's rule, the safe square root's), as the
+  # meta-gradients see it: through a learning rate, and through a zero second moment.
+  local derivatives=()
+  case ${MUTATED:-} in
+    onnx_optax/_engine.py | onnx_optax/_numerics.py | "")
+      derivatives=(tests/test_metagradients.py::test_metagradient_matches_central_difference
+        tests/test_metagradients.py::test_zero_H_metagradient_is_finite) ;;
+  esac
   # shellcheck disable=SC2086
-  "${PYTEST[@]}" $FAST_TESTS tests/test_numerics.py || caught 2
+  "${PYTEST[@]}" $FAST_TESTS tests/test_numerics.py "${derivatives[@]}" || caught 2
   # shellcheck disable=SC2086
   "${CONFORMANCE[@]}" ${CONFORMANCE_ARGS:-} || caught 3
 }
