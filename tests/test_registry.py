@@ -295,3 +295,24 @@ def test_a_twin_runs_a_decay_that_stalls_where_its_framework_does_and_a_spec_rul
     np.testing.assert_array_equal(np.asarray(mine, np.float32), want)
   with pytest.raises(ValueError, match=r"beta=0.999 rounds to 1.0 in bfloat16"):
     onnx_optax.adam(1e-3, beta=0.999).init(params)
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.name)
+def test_a_field_declared_a_second_moment_is_never_negative(rule):
+  """:attr:`~onnx_optax.registry.Field.second_moment`: a running mean or sum of squares, never
+  negative (the conformance grid and the tests draw such a state non-negative). After updates with
+  gradients of both signs, from the state ``init`` gives, each field declared so is still >= 0. Planted,
+  ``Field.second_moment`` defaulting to True (a momentum buffer declared a second moment) left every
+  other test passing."""
+  import jax.numpy as jnp
+  import numpy as np
+
+  assert rule.conformance is not None
+  tx = rule.transform(0.1, **rule.conformance.hyper)
+  params = {"a": jnp.ones(4)}
+  state = tx.init(params)
+  for grads in (jnp.array([-1.0, -2.0, 0.5, -0.25]), jnp.array([-3.0, 1.0, -0.5, -2.0])):
+    _, state = tx.update({"a": grads}, state, params)
+  for field in rule.fields:
+    if field.second_moment:
+      assert np.all(np.asarray(getattr(state, field.name)["a"]) >= 0), f"{rule.name}: {field.name}"
