@@ -316,3 +316,32 @@ def test_a_field_declared_a_second_moment_is_never_negative(rule):
   for field in rule.fields:
     if field.second_moment:
       assert np.all(np.asarray(getattr(state, field.name)["a"]) >= 0), f"{rule.name}: {field.name}"
+
+
+@pytest.mark.parametrize(
+  "rule", [r for r in RULES if any(h.decay for h in r.hyperparameters.values())], ids=lambda r: r.name
+)
+def test_a_stalling_decays_refusal_offers_1_only_where_1_is_accepted(rule):
+  """A decay rate that rounds to 1 in bfloat16 is refused at ``init``; the refusal offers
+  ``name=1.0`` exactly where the rule accepts 1 (:attr:`~onnx_optax.registry.Hyperparameter.may_be_one`),
+  and that advice, followed literally, works. Planted, ``may_be_one`` defaulting to True (Adam's
+  ``alpha=1.0`` offered, then refused) left every other test passing."""
+  import re
+
+  import jax.numpy as jnp
+
+  assert rule.conformance is not None
+  params = {"a": jnp.ones(3, jnp.bfloat16)}
+  for name, declared in rule.hyperparameters.items():
+    if not declared.decay:
+      continue
+    hyper = {**rule.conformance.hyper, name: 0.999}
+    with pytest.raises(ValueError, match=rf"{name}=0.999 rounds to 1.0 in bfloat16") as refused:
+      rule.transform(0.1, **hyper).init(params)
+    offered = re.search(rf"pass {name}=1\.0", str(refused.value)) is not None
+    try:
+      rule.transform(0.1, **{**hyper, name: 1.0}).init(params)
+      accepted = True
+    except ValueError:
+      accepted = False
+    assert offered == accepted, (rule.name, name, str(refused.value))
