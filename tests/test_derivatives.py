@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+import onnx_optax
 from onnx_optax import rules
 
 
@@ -167,7 +168,6 @@ def test_an_update_traces_as_many_custom_jvps_for_three_leaves_as_for_one(name):
   plain (``_numerics.plain_sqrt``): a tree of many leaves traces and lowers no more of them than
   one leaf (the scalars' ``1 - beta^T`` have their own). Planted, ``plain_sqrt``'s default
   ``False`` (the safe square root's ``custom_jvp`` in every leaf) fails this."""
-  import onnx_optax
 
   def calls(params):
     tx = getattr(onnx_optax, name)(learning_rate=0.1)
