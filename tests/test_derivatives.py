@@ -149,16 +149,16 @@ def test_first_update_derivatives_are_finite_and_right():
     )
 
 
-def _custom_jvp_calls(jaxpr) -> int:
-  """The ``custom_jvp_call`` equations of a jaxpr, in its sub-jaxprs too."""
+def _equations(jaxpr, primitive: str | None = None) -> int:
+  """The equations of a jaxpr (those of ``primitive`` only, if given), in its sub-jaxprs too."""
   count = 0
   for eqn in jaxpr.eqns:
-    count += eqn.primitive.name == "custom_jvp_call"
+    count += primitive is None or eqn.primitive.name == primitive
     for param in eqn.params.values():
       for sub in param if isinstance(param, (list, tuple)) else [param]:
         inner = getattr(sub, "jaxpr", sub)
         if hasattr(inner, "eqns"):
-          count += _custom_jvp_calls(inner)
+          count += _equations(inner, primitive)
   return count
 
 
@@ -171,8 +171,28 @@ def test_an_update_traces_as_many_custom_jvps_for_three_leaves_as_for_one(name):
 
   def calls(params):
     tx = getattr(onnx_optax, name)(learning_rate=0.1)
-    return _custom_jvp_calls(jax.make_jaxpr(tx.update)(params, tx.init(params), params).jaxpr)
+    return _equations(jax.make_jaxpr(tx.update)(params, tx.init(params), params).jaxpr, "custom_jvp_call")
 
   one = calls({"a": jnp.ones(3)})
   assert one >= 1
   assert calls({"a": jnp.ones(3), "b": jnp.ones((2, 2)), "c": jnp.ones(())}) == one
+
+
+@pytest.mark.parametrize("name", ["adam", "adagrad", "pytorch_adam"])
+def test_a_derivative_through_the_learning_rate_alone_leaves_the_gradients_constant(name):
+  """The leaves' JVP rule differentiates only the inputs whose tangent is not a symbolic zero: the
+  derivative of an update through its learning rate alone traces fewer operations than through
+  the learning rate and the gradients, whose terms it does not compute as products with zero
+  tangents. Planted, the rule's ``symbolic_zeros=False`` (every input differentiated, a zero
+  tangent materialized for each one held constant) gives both the same count and fails this."""
+  params = {"a": jnp.ones(3), "b": jnp.ones((2, 2))}
+  grads = {"a": jnp.full(3, 0.5), "b": jnp.full((2, 2), -0.25)}
+
+  def update(lr, g):
+    tx = getattr(onnx_optax, name)(learning_rate=lr)
+    return tx.update(g, tx.init(params), params)[0]
+
+  through_lr = jax.make_jaxpr(lambda lr: jax.jvp(lambda r: update(r, grads), (lr,), (1.0,)))(0.1)
+  through_both = jax.make_jaxpr(lambda lr: jax.jvp(update, (lr, grads), (1.0, grads)))(0.1)
+  alone, both = _equations(through_lr.jaxpr), _equations(through_both.jaxpr)
+  assert alone < both

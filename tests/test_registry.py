@@ -311,3 +311,27 @@ def test_a_stalling_decays_refusal_offers_1_only_where_1_is_accepted(rule):
     except ValueError:
       accepted = False
     assert offered == accepted, (rule.name, name, str(refused.value))
+
+
+@pytest.mark.parametrize(
+  "rule", [r for r in RULES if r.policy.name == "spec" and not r.always_reads_params], ids=lambda r: r.name
+)
+def test_a_spec_rule_leaves_parameters_it_does_not_need_unread(rule):
+  """The spec rules read ``X`` only where a coefficient multiplies it (``norm_coefficient``,
+  ``weight_decay``; docs/spec.md, "Optax transforms"): with each such coefficient the Python
+  number 0, the parameters handed to ``update`` do not reach the update, not even as ``0 * X``
+  (NaN where ``X`` is infinite). Planted, the
+  spec policy's ``params_when_given=True`` (``X`` handed to every rule whenever given) left every
+  other test passing."""
+  assert rule.conformance is not None
+  hyper = {**rule.conformance.hyper, **{h: 0.0 for h in rule.params_for}}
+  tx = rule.transform(0.1, **hyper)
+  params = {"a": jnp.array([1.0, -2.0, 0.5]), "b": jnp.array([3.0, -1.0])}
+  grads = {"a": jnp.array([0.25, -0.5, 1.0]), "b": jnp.array([-0.75, 2.0])}
+  state = tx.init(params)
+  unread, _ = tx.update(grads, state)
+  infinite = jax.tree.map(lambda x: jnp.full_like(x, jnp.inf) * jnp.sign(x), params)
+  given, _ = tx.update(grads, state, infinite)
+  for path, u in jax.tree_util.tree_leaves_with_path(given):
+    assert np.all(np.isfinite(np.asarray(u))), (rule.name, jax.tree_util.keystr(path), u)
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), unread, given)

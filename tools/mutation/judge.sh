@@ -18,8 +18,8 @@
 #        reference, their derivatives, the keyword-only table, the input
 #        checks' edges, the ONNX calls, the registry's declarations) and the
 #        doctests; for the twins' modules (rules/torch_*.py, rules/keras.py,
-#        _pytorch.py) also their bitwise tests against PyTorch's order
-#        (tests/test_float32_carry.py; Keras's: tests/test_keras_twin.py);
+#        _pytorch.py) and the engine also their bitwise tests against their
+#        frameworks (tests/test_float32_carry.py; Keras's: tests/test_keras_twin.py);
 #     2. the fast tests ($FAST_TESTS, the most sensitive first) and
 #        tests/test_numerics.py; for _engine.py and _numerics.py also the
 #        meta-gradients through a learning rate and a zero second moment
@@ -96,7 +96,8 @@ core() {
   case ${MUTATED:-} in
     onnx_optax/rules/keras.py) twins=(tests/test_keras_twin.py) ;;
     onnx_optax/rules/torch_*.py | onnx_optax/_pytorch.py) twins=(tests/test_float32_carry.py) ;;
-    "") twins=(tests/test_float32_carry.py tests/test_keras_twin.py) ;;
+    # The engine maps the twins too (their policy: no casts, X whenever given).
+    onnx_optax/_engine.py | "") twins=(tests/test_float32_carry.py tests/test_keras_twin.py) ;;
   esac
   # shellcheck disable=SC2046
   "${PYTEST[@]}" "${KILLS[@]}" "${twins[@]}" $(doctests "${CORE[@]}") || caught 1
