@@ -12,6 +12,7 @@ equal to N + M + K PyTorch steps, to 1e-12 in float64.
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -646,3 +647,34 @@ def test_a_piece_that_lacks_a_shard_is_not_put():
   whole = _common.HostPiece(np.arange(4.0), (0,), (4,))
   assert _common.missing_region(whole, jnp.zeros(4)) is None
   np.testing.assert_array_equal(_common.put_like(whole, jnp.zeros(4)), np.arange(4.0))
+
+
+@pytest.mark.parametrize("saved_by, read_as", [("Adam", "AdamW"), ("AdamW", "Adam")])
+def test_a_file_read_as_the_other_adam_continues_as_that_class_loads_it(saved_by, read_as):
+  """``torch.optim.AdamW.load_state_dict`` of an Adam's file runs AdamW (its ``__setstate__`` sets
+  ``decoupled_weight_decay`` True in every group), and ``torch.optim.Adam``'s of an AdamW's file
+  keeps the file's True: ``optimizer=`` continues as that class would. The expectation is PyTorch's
+  run: the file loaded into the named class, then K more steps."""
+  model = _model()
+  opt = _optimizer(saved_by, model, named=False)
+  _torch_steps(model, opt, N)
+  saved = opt.state_dict()
+  values = {n: p.detach().clone() for n, p in model.named_parameters()}
+  ref = _model(seed=1)
+  with torch.no_grad():
+    for name, p in ref.named_parameters():
+      p.copy_(values[name])
+  groups = dict(ref.named_parameters())
+  theirs = getattr(torch.optim, read_as)(
+    [{"params": [groups[n] for n in ORDER[:2]]}, {"params": [groups[n] for n in ORDER[2:]]}], lr=0.5
+  )
+  theirs.load_state_dict(copy.deepcopy(saved))  # its steps write the loaded moments in place
+  _torch_steps(ref, theirs, K)
+  with jax.enable_x64(True):
+    params = [jnp.asarray(values[n].numpy()) for n in ORDER]
+    tx, state = from_torch_state_dict(saved, params, optimizer=read_as)
+    params, _ = _jax_steps(tx, state, params, _model(seed=2), K)
+  for name, ours in zip(ORDER, params):
+    np.testing.assert_allclose(
+      np.asarray(ours), dict(ref.named_parameters())[name].detach().numpy(), rtol=1e-12, err_msg=name
+    )

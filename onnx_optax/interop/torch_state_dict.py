@@ -113,7 +113,10 @@ def from_torch_state_dict(
     optimizer: ``"SGD"``, ``"Adagrad"``, ``"Adam"`` or ``"AdamW"`` (or the
       ``torch.optim`` class); None to infer it from the param groups' keys,
       which tell them apart except an ``Adam`` from an ``AdamW`` of a
-      PyTorch without ``decoupled_weight_decay``.
+      PyTorch without ``decoupled_weight_decay``. Given, the run continues as
+      that class's ``load_state_dict`` would: ``"AdamW"`` decouples the decay of
+      an Adam's file too (``torch.optim.AdamW`` sets the flag in every group it
+      loads), ``"Adam"`` keeps the file's flag.
     learning_rate: as for :func:`~onnx_optax.interop.from_torch` (a
       scheduler's groups carry ``initial_lr``: pass the rate or schedule).
     param_names: the names of the parameters of a state dict keyed by
@@ -579,7 +582,9 @@ def _groups(kind: str, groups: list[dict], stand_ins: dict, names: list | None) 
   """The param groups with stand-ins for ``params`` (and the names, when there are names).
 
   A PyTorch older than ``decoupled_weight_decay`` told Adam from AdamW by the
-  class alone: the given kind says it then.
+  class alone: the given kind says it then. And ``torch.optim.AdamW`` sets it True in every
+  group it loads (its ``__setstate__``), an Adam's file included, where ``torch.optim.Adam``
+  keeps the file's: ``optimizer="AdamW"`` continues as AdamW's ``load_state_dict`` would.
   """
   out, k = [], 0
   for group in groups:
@@ -588,8 +593,10 @@ def _groups(kind: str, groups: list[dict], stand_ins: dict, names: list | None) 
     # changes the arithmetic, and maximize did not exist).
     older = {key: value for key, value in _OLDER_DEFAULTS.items() if key in _torch_optim.KEYS[kind]}
     view = {**older, **group, "params": members}
-    if kind in ("Adam", "AdamW"):
-      view.setdefault("decoupled_weight_decay", kind == "AdamW")
+    if kind == "AdamW":
+      view["decoupled_weight_decay"] = True
+    elif kind == "Adam":
+      view.setdefault("decoupled_weight_decay", False)
     if names is not None:
       view["param_names"] = names[k : k + len(members)]
     out.append(view)
