@@ -319,6 +319,43 @@ def test_pytorch_root_is_off_finds_a_root_one_ulp_off():
   assert pytorch_root_is_off(torch.from_numpy(np.array([4.0, 0.25], np.float32))).tolist() == [False, False]
 
 
+def _lockstep(config, steps: int):
+  """PyTorch's run (its default implementation) and, at each step ``k`` from the second on, the
+  twin's update from PyTorch's parameters and state (mapped as ``from_torch`` maps them, under
+  x64 so that the step-dependent scalars are PyTorch's float64 ones): yields ``(k, X, U,
+  new_state, opt, ps)`` once PyTorch has taken that step too."""
+  torch.set_num_threads(1)
+  params, grads = carried.data(steps, SHAPES)
+  opt, ps = carried.torch_optimizer(config, params, "default")
+  carried.torch_run(config, opt, ps, grads[:1])  # PyTorch's state exists from its first step on.
+  with jax.enable_x64(True):
+    tx, _ = carried.twins(config, opt, ps)
+    step = jax.jit(lambda x, state, g: tx.update(g, state, x))
+    for k in range(1, steps):
+      _, state = carried.twins(config, opt, ps)
+      X = [jnp.asarray(x) for x in carried._state_arrays_params(ps)]
+      U, new_state = step(X, state, [jnp.asarray(g).astype(x.dtype) for g, x in zip(grads[k], X)])
+      carried.torch_run(config, opt, ps, [grads[k]])
+      yield k, X, U, new_state, opt, ps
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+  return t.view(torch.int16 if t.dtype == torch.bfloat16 else torch.int32)
+
+
+def _state_differs(k: int, keys: tuple[str, ...], new_state, opt, ps) -> list[str]:
+  """Where the twin's new state is not PyTorch's to the bit, a line per tensor."""
+  wrong = []
+  for i, p in enumerate(ps):
+    for key, ours in zip(keys, new_state[1:]):
+      theirs = opt.state[p][key]
+      ours_i = torch.tensor(np.asarray(ours[i].astype(jnp.float32))).to(theirs.dtype)
+      differ = int((_bits(ours_i) != _bits(theirs)).sum())
+      if differ:
+        wrong.append(f"step {k}, leaf {i}: {key} ({theirs.dtype}) differs in {differ} of {p.numel()}")
+  return wrong
+
+
 @pytest.mark.parametrize("config", carried.CONFIGS, ids=lambda c: c.name)
 def test_each_step_is_pytorchs_where_its_root_is_correctly_rounded(config):
   """Lockstep along PyTorch's float32 run (its default implementation): at every step the twin,
@@ -331,37 +368,23 @@ def test_each_step_is_pytorchs_where_its_root_is_correctly_rounded(config):
   * where the step shrinks a parameter below half its magnitude, out of reach of ``X + U``
     (``_pytorch.in_place``): there ``U`` is ``X_new - X`` rounded once.
   """
-  torch.set_num_threads(1)
   keys, root = _STATE_KEYS[config.kind]
-  params, grads = carried.data(LOCKSTEP_STEPS, SHAPES)
-  opt, ps = carried.torch_optimizer(config, params, "default")
-  carried.torch_run(config, opt, ps, grads[:1])  # PyTorch's state exists from its first step on.
   excused = checked = 0
   wrong: list[str] = []
-  with jax.enable_x64(True):
-    tx, _ = carried.twins(config, opt, ps)
-    step = jax.jit(lambda x, state, g: tx.update(g, state, x))
-    for k in range(1, LOCKSTEP_STEPS):
-      _, state = carried.twins(config, opt, ps)
-      X = [p.detach().numpy().copy() for p in ps]
-      U, new_state = step([jnp.asarray(x) for x in X], state, [jnp.asarray(g) for g in grads[k]])
-      carried.torch_run(config, opt, ps, [grads[k]])
-      for i, p in enumerate(ps):
-        for key, ours in zip(keys, new_state[1:]):
-          theirs = opt.state[p][key].numpy()
-          if not np.array_equal(np.asarray(ours[i]).view(np.uint32), theirs.view(np.uint32)):
-            wrong.append(f"step {k}, leaf {i}: {key} differs in {int(np.sum(np.asarray(ours[i]) != theirs))}")
-        x, u, theirs = X[i], np.asarray(U[i]), p.detach().numpy()
-        difference = theirs - x  # float32, rounded once
-        reachable = difference.astype(np.float64) == theirs.astype(np.float64) - x.astype(np.float64)
-        same = ((x + u).view(np.uint32) == theirs.view(np.uint32)) | (~reachable & (u == difference))
-        off = pytorch_root_is_off(opt.state[p][root]) if root else np.zeros(x.shape, bool)
-        excused, checked = excused + int(off.sum()), checked + off.size
-        for j in np.flatnonzero(~same & ~off)[:3]:
-          wrong.append(
-            f"step {k}, leaf {i}, element {j}: X {x.flat[j]!r}, PyTorch {theirs.flat[j]!r}, "
-            f"X + U {(x + u).flat[j]!r}"
-          )
+  for k, X, U, new_state, opt, ps in _lockstep(config, LOCKSTEP_STEPS):
+    wrong += _state_differs(k, keys, new_state, opt, ps)
+    for i, p in enumerate(ps):
+      x, u, theirs = np.asarray(X[i]), np.asarray(U[i]), p.detach().numpy()
+      difference = theirs - x  # float32, rounded once
+      reachable = difference.astype(np.float64) == theirs.astype(np.float64) - x.astype(np.float64)
+      same = ((x + u).view(np.uint32) == theirs.view(np.uint32)) | (~reachable & (u == difference))
+      off = pytorch_root_is_off(opt.state[p][root]) if root else np.zeros(x.shape, bool)
+      excused, checked = excused + int(off.sum()), checked + off.size
+      for j in np.flatnonzero(~same & ~off)[:3]:
+        wrong.append(
+          f"step {k}, leaf {i}, element {j}: X {x.flat[j]!r}, PyTorch {theirs.flat[j]!r}, "
+          f"X + U {(x + u).flat[j]!r}"
+        )
   if root:
     print(f"{config.name}: PyTorch's square root on this CPU was one rounding off in {excused} of {checked}")
   assert not wrong, "\n".join(wrong[:20])
@@ -384,10 +407,6 @@ BF16_LOCKSTEP = [
 BF16_LOCKSTEP_STEPS = 60
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-  return t.view(torch.int16 if t.dtype == torch.bfloat16 else torch.int32)
-
-
 @pytest.mark.parametrize("config", BF16_LOCKSTEP, ids=lambda c: c.name)
 def test_each_bfloat16_step_stores_pytorchs_state(config):
   """Lockstep along PyTorch's run with bfloat16 parameters: at every step the twin, given
@@ -397,27 +416,10 @@ def test_each_bfloat16_step_stores_pytorchs_state(config):
   engine casts to float32 (its bfloat16 state kept in float32 between two of PyTorch's stores,
   rounded once at the end) fails it in the bfloat16 states (seen: 49 of 512 elements of
   ``exp_avg_sq`` at the first step)."""
-  torch.set_num_threads(1)
   keys, _ = _STATE_KEYS[config.kind]
-  params, grads = carried.data(BF16_LOCKSTEP_STEPS, SHAPES)
-  opt, ps = carried.torch_optimizer(config, params, "default")
-  carried.torch_run(config, opt, ps, grads[:1])
   wrong: list[str] = []
-  with jax.enable_x64(True):
-    tx, _ = carried.twins(config, opt, ps)
-    step = jax.jit(lambda x, state, g: tx.update(g, state, x))
-    for k in range(1, BF16_LOCKSTEP_STEPS):
-      _, state = carried.twins(config, opt, ps)
-      X = [jnp.asarray(x) for x in carried._state_arrays_params(ps)]
-      _, new_state = step(X, state, [jnp.asarray(g).astype(x.dtype) for g, x in zip(grads[k], X)])
-      carried.torch_run(config, opt, ps, [grads[k]])
-      for i, p in enumerate(ps):
-        for key, ours in zip(keys, new_state[1:]):
-          theirs = opt.state[p][key]
-          ours_i = torch.tensor(np.asarray(ours[i].astype(jnp.float32))).to(theirs.dtype)
-          differ = int((_bits(ours_i) != _bits(theirs)).sum())
-          if differ:
-            wrong.append(f"step {k}, leaf {i}: {key} ({theirs.dtype}) differs in {differ} of {p.numel()}")
+  for k, _, _, new_state, opt, ps in _lockstep(config, BF16_LOCKSTEP_STEPS):
+    wrong += _state_differs(k, keys, new_state, opt, ps)
   assert not wrong, "\n".join(wrong[:20])
 
 
