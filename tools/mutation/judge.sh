@@ -20,9 +20,10 @@
 #        doctests; for the twins' modules (rules/torch_*.py, rules/keras.py,
 #        _pytorch.py) and the engine also their bitwise tests against their
 #        frameworks (tests/test_float32_carry.py; Keras's: tests/test_keras_twin.py);
-#     2. the fast tests ($FAST_TESTS, the most sensitive first) and
-#        tests/test_numerics.py; for _engine.py and _numerics.py also the
-#        meta-gradients through a learning rate and a zero second moment
+#     2. the fast tests ($FAST_TESTS, the most sensitive first),
+#        tests/test_numerics.py and every rule injected ($INJECTION); for
+#        _engine.py and _numerics.py also the meta-gradients through a
+#        learning rate and a zero second moment
 #        (tests/test_metagradients.py: the leaves' custom_jvp rule);
 #     3. the conformance command on the CPU, every rule and dtype, without
 #        the 10^6-element cases (--no-large) and ONNX's backend cases
@@ -78,6 +79,9 @@ caught() { echo "JUDGE: caught in stage $1"; exit "$1"; }
 # The fast tests that make every term of the core modules and of the checks count.
 KILLS=(tests/test_rule_values.py tests/test_derivatives.py tests/test_signatures.py tests/test_input_checks.py
   tests/test_onnx_calls.py tests/test_registry.py)
+# Every rule with its hyperparameters injected (optax.inject_hyperparams, eager and jitted: traced
+# hyperparameters take the rules' array paths).
+INJECTION=(tests/test_optax_integration.py::test_inject_hyperparams_matches_plain_rule_and_reference)
 # The keyword-only signatures of every module, in one table.
 KEYWORDS=(tests/test_signatures.py::test_hyperparameters_are_keyword_only)
 CORE=(onnx_optax/rules/ onnx_optax/_engine.py onnx_optax/_numerics.py onnx_optax/_pytorch.py
@@ -110,7 +114,7 @@ core() {
         tests/test_metagradients.py::test_zero_H_metagradient_is_finite) ;;
   esac
   # shellcheck disable=SC2086
-  "${PYTEST[@]}" $FAST_TESTS tests/test_numerics.py "${derivatives[@]}" || caught 2
+  "${PYTEST[@]}" $FAST_TESTS tests/test_numerics.py "${INJECTION[@]}" "${derivatives[@]}" || caught 2
   # shellcheck disable=SC2086
   "${CONFORMANCE[@]}" ${CONFORMANCE_ARGS:-} || caught 3
 }
