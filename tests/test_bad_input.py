@@ -573,3 +573,20 @@ def test_keras_without_its_backend_says_which_to_set():
   env = {k: v for k, v in __import__("os").environ.items() if k != "KERAS_BACKEND"}
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
   assert "failed to import its backend 'tensorflow'" in out.stdout and "KERAS_BACKEND=jax" in out.stdout, out
+
+
+@pytest.mark.parametrize("make", [onnx_optax.pytorch_adam, onnx_optax.pytorch_adamw])
+@pytest.mark.parametrize("i", [0, 1])
+def test_pytorch_betas_must_be_python_numbers(make, i):
+  """PyTorch's ``betas`` are Python numbers (its ``1 - beta`` and its ``lerp`` branch are Python
+  float arithmetic): a JAX array among them, concrete or traced, is refused naming ``betas[i]``,
+  and the advice, a Python number, works. Planted, the loop over the pair run zero times let
+  a concrete array through (read with ``float()``)."""
+  betas = [0.9, 0.999]
+  betas[i] = jnp.float32(betas[i])
+  with _raises(TypeError, f"betas[{i}] must be a Python number"):
+    make(0.1, betas=tuple(betas))
+  betas[i] = float(betas[i])
+  tx = make(0.1, betas=tuple(betas))
+  updates, _ = tx.update(jnp.ones(2), tx.init(jnp.ones(2)), jnp.ones(2))
+  assert np.all(np.isfinite(np.asarray(updates)))
