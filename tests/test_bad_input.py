@@ -590,3 +590,11 @@ def test_pytorch_betas_must_be_python_numbers(make, i):
   tx = make(0.1, betas=tuple(betas))
   updates, _ = tx.update(jnp.ones(2), tx.init(jnp.ones(2)), jnp.ones(2))
   assert np.all(np.isfinite(np.asarray(updates)))
+
+
+@pytest.mark.parametrize("betas", [(0.9, 0.999, 0.5), (0.9,), 0.9], ids=["three", "one", "number"])
+def test_pytorch_betas_must_be_a_pair(betas):
+  """``betas`` is a pair: three numbers are refused, not truncated to the first two (planted,
+  the pair test's ``or`` as ``and`` let them through), nor is one number read as a pair."""
+  with _raises(TypeError, "betas must be a pair (beta1, beta2)"):
+    onnx_optax.pytorch_adam(0.1, betas=betas)

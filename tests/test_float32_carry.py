@@ -423,6 +423,19 @@ def test_each_bfloat16_step_stores_pytorchs_state(config):
   assert not wrong, "\n".join(wrong[:20])
 
 
+def test_first_moment_at_beta1_one_half_takes_pytorchs_lerp_branch():
+  """PyTorch's ``lerp(end, weight)`` computes ``self + weight * (end - self)`` for ``weight < 0.5``
+  and ``end - (end - self) * (1 - weight)`` from 0.5 on: at ``betas[0] = 0.5`` (weight 0.5) the
+  second, whose roundings differ. Lockstep along torch.optim.Adam's float32 run: its ``exp_avg``
+  to the bit at every step. Planted, the first branch taken at 0.5 (``< 0.5`` as ``<= 0.5``) fails
+  this."""
+  config = carried.Config("Adam betas[0] = 0.5", "Adam", dict(lr=1e-3, betas=(0.5, 0.999)))
+  wrong: list[str] = []
+  for k, _, _, new_state, opt, ps in _lockstep(config, 6):
+    wrong += _state_differs(k, ("exp_avg", "exp_avg_sq"), new_state, opt, ps)
+  assert not wrong, "\n".join(wrong[:20])
+
+
 def test_parameters_are_needed_where_the_step_reads_them():
   """SGD's update is written in place and AdamW's decay reads the parameters: without
   ``params`` they refuse, naming the fix; Adam and Adagrad without decay need none (their

@@ -21,10 +21,9 @@
 #        _pytorch.py) and the engine also their bitwise tests against their
 #        frameworks (tests/test_float32_carry.py; Keras's: tests/test_keras_twin.py);
 #     2. the fast tests ($FAST_TESTS, the most sensitive first),
-#        tests/test_numerics.py and every rule injected ($INJECTION); for
-#        _engine.py and _numerics.py also the meta-gradients through a
-#        learning rate and a zero second moment
-#        (tests/test_metagradients.py: the leaves' custom_jvp rule);
+#        tests/test_numerics.py, every rule injected ($INJECTION) and the
+#        meta-gradients through a learning rate and a zero second moment
+#        ($DERIVATIVES);
 #     3. the conformance command on the CPU, every rule and dtype, without
 #        the 10^6-element cases (--no-large) and ONNX's backend cases
 #        (--no-onnx), which compare with ONNX's references, not with
@@ -82,6 +81,11 @@ KILLS=(tests/test_rule_values.py tests/test_derivatives.py tests/test_signatures
 # Every rule with its hyperparameters injected (optax.inject_hyperparams, eager and jitted: traced
 # hyperparameters take the rules' array paths).
 INJECTION=(tests/test_optax_integration.py::test_inject_hyperparams_matches_plain_rule_and_reference)
+# The derivative of an update as the meta-gradients see it (the engine's custom_jvp rule, the safe
+# square root's, a rule's hyperparameters closed over or carried as operands): through a learning
+# rate, and through a zero second moment.
+DERIVATIVES=(tests/test_metagradients.py::test_metagradient_matches_central_difference
+  tests/test_metagradients.py::test_zero_H_metagradient_is_finite)
 # The keyword-only signatures of every module, in one table.
 KEYWORDS=(tests/test_signatures.py::test_hyperparameters_are_keyword_only)
 CORE=(onnx_optax/rules/ onnx_optax/_engine.py onnx_optax/_numerics.py onnx_optax/_pytorch.py
@@ -105,16 +109,8 @@ core() {
   esac
   # shellcheck disable=SC2046
   "${PYTEST[@]}" "${KILLS[@]}" "${twins[@]}" $(doctests "${CORE[@]}") || caught 1
-  # The derivative of the leaves' custom_jvp (the engine's rule, the safe square root's), as the
-  # meta-gradients see it: through a learning rate, and through a zero second moment.
-  local derivatives=()
-  case ${MUTATED:-} in
-    onnx_optax/_engine.py | onnx_optax/_numerics.py | "")
-      derivatives=(tests/test_metagradients.py::test_metagradient_matches_central_difference
-        tests/test_metagradients.py::test_zero_H_metagradient_is_finite) ;;
-  esac
   # shellcheck disable=SC2086
-  "${PYTEST[@]}" $FAST_TESTS tests/test_numerics.py "${INJECTION[@]}" "${derivatives[@]}" || caught 2
+  "${PYTEST[@]}" $FAST_TESTS tests/test_numerics.py "${INJECTION[@]}" "${DERIVATIVES[@]}" || caught 2
   # shellcheck disable=SC2086
   "${CONFORMANCE[@]}" ${CONFORMANCE_ARGS:-} || caught 3
 }
