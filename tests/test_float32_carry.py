@@ -356,6 +356,16 @@ def _state_differs(k: int, keys: tuple[str, ...], new_state, opt, ps) -> list[st
   return wrong
 
 
+def _states_off_pytorchs(config, steps: int) -> list[str]:
+  """:func:`_state_differs` at every step of :func:`_lockstep`."""
+  keys, _ = _STATE_KEYS[config.kind]
+  return [
+    line
+    for k, _, _, new_state, opt, ps in _lockstep(config, steps)
+    for line in _state_differs(k, keys, new_state, opt, ps)
+  ]
+
+
 @pytest.mark.parametrize("config", carried.CONFIGS, ids=lambda c: c.name)
 def test_each_step_is_pytorchs_where_its_root_is_correctly_rounded(config):
   """Lockstep along PyTorch's float32 run (its default implementation): at every step the twin,
@@ -416,10 +426,7 @@ def test_each_bfloat16_step_stores_pytorchs_state(config):
   engine casts to float32 (its bfloat16 state kept in float32 between two of PyTorch's stores,
   rounded once at the end) fails it in the bfloat16 states (seen: 49 of 512 elements of
   ``exp_avg_sq`` at the first step)."""
-  keys, _ = _STATE_KEYS[config.kind]
-  wrong: list[str] = []
-  for k, _, _, new_state, opt, ps in _lockstep(config, BF16_LOCKSTEP_STEPS):
-    wrong += _state_differs(k, keys, new_state, opt, ps)
+  wrong = _states_off_pytorchs(config, BF16_LOCKSTEP_STEPS)
   assert not wrong, "\n".join(wrong[:20])
 
 
@@ -430,9 +437,7 @@ def test_first_moment_at_beta1_one_half_takes_pytorchs_lerp_branch():
   to the bit at every step. Planted, the first branch taken at 0.5 (``< 0.5`` as ``<= 0.5``) fails
   this."""
   config = carried.Config("Adam betas[0] = 0.5", "Adam", dict(lr=1e-3, betas=(0.5, 0.999)))
-  wrong: list[str] = []
-  for k, _, _, new_state, opt, ps in _lockstep(config, 6):
-    wrong += _state_differs(k, ("exp_avg", "exp_avg_sq"), new_state, opt, ps)
+  wrong = _states_off_pytorchs(config, 6)
   assert not wrong, "\n".join(wrong[:20])
 
 

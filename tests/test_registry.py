@@ -336,9 +336,8 @@ def test_a_spec_rule_leaves_parameters_it_does_not_need_unread(rule):
   """The spec rules read ``X`` only where a coefficient multiplies it (``norm_coefficient``,
   ``weight_decay``; docs/spec.md, "Optax transforms"): with each such coefficient the Python
   number 0, the parameters handed to ``update`` do not reach the update, not even as ``0 * X``
-  (NaN where ``X`` is infinite). Planted, the
-  spec policy's ``params_when_given=True`` (``X`` handed to every rule whenever given) left every
-  other test passing."""
+  (NaN where ``X`` is infinite). Planted, the spec policy's ``params_when_given=True`` (``X``
+  handed to every rule whenever given) left every other test passing."""
   assert rule.conformance is not None
   hyper = {**rule.conformance.hyper, **{h: 0.0 for h in rule.params_for}}
   tx = rule.transform(0.1, **hyper)
