@@ -598,3 +598,21 @@ def test_pytorch_betas_must_be_a_pair(betas):
   the pair test's ``or`` as ``and`` let them through), nor is one number read as a pair."""
   with _raises(TypeError, "betas must be a pair (beta1, beta2)"):
     onnx_optax.pytorch_adam(0.1, betas=betas)
+
+
+@pytest.mark.parametrize(
+  "adam_mode, correct_bias",
+  [(True, True), (1.0, True), (2, True), ("1", True), (1, 2), (1, 0.5), (0, False)],
+  ids=["mode-bool", "mode-float", "mode-2", "mode-str", "bias-2", "bias-float", "mode0-uncorrected"],
+)
+def test_ort_adamw_scalars_refuse_what_the_transform_refuses(adam_mode, correct_bias):
+  """The function-level ``rules.ort_adamw_scalars`` (called without a transform's checks before it)
+  refuses every ``adam_mode`` / ``correct_bias`` that :func:`onnx_optax.ort_adamw` refuses: a bool
+  or a float is not ONNX Runtime's int attribute, even when it equals 0 or 1."""
+  hyper = dict(alpha=0.9, beta=0.999, epsilon=1e-8, weight_decay=0.01)
+  with pytest.raises((TypeError, ValueError), match="adam_mode|correct_bias"):
+    onnx_optax.ort_adamw(0.1, **hyper, adam_mode=adam_mode, correct_bias=correct_bias)
+  with pytest.raises(ValueError, match="adam_mode|correct_bias"):
+    onnx_optax.rules.ort_adamw_scalars(
+      np.float32(0.1), 1, **hyper, adam_mode=adam_mode, correct_bias=correct_bias
+    )

@@ -810,6 +810,27 @@ def test_the_operator_calls_defaults_are_ort_schemas():
   assert defaults == ORT_DEFAULTS
 
 
+def test_the_transforms_defaults_are_ort_schemas_and_training_loop():
+  """``onnx_optax.ort_adamw``'s defaults are the schema's (a transform made without them runs the
+  node without attributes, whose defaults ONNX Runtime itself checks above), and it starts at
+  ``step = 1``, as ONNX Runtime's training loop feeds it. ``SGDOptimizerV2`` has no step, so
+  ``ort_sgd`` counts as Optax does: ``optax.scale_by_schedule``'s count, 0 at ``init``."""
+  import inspect
+
+  parameters = inspect.signature(onnx_optax.ort_adamw).parameters
+  defaults = {name: parameters[name].default for name in ORT_DEFAULTS}
+  assert defaults == ORT_DEFAULTS
+  assert parameters["initial_count"].default == 1
+  params = jnp.ones(3)
+  ours, theirs = onnx_optax.ort_sgd(0.1), optax.scale_by_schedule(lambda count: 0.1)
+  state, optax_state = ours.init(params), theirs.init(params)
+  for _ in range(2):
+    assert int(state.count) == int(optax_state.count)
+    _, state = ours.update(params, state)
+    _, optax_state = theirs.update(params, optax_state)
+  assert int(state.count) == int(optax_state.count) == 2
+
+
 def test_a_concrete_true_update_signal_costs_no_select():
   """``update_signal=True`` known at trace time is the plain update: none of the per-tensor
   ``select`` that a traced signal adds (one per output tensor) in the program."""

@@ -150,6 +150,13 @@ def test_declaration_agrees_with_the_transform(rule):
     assert set(hyper) <= set(rule.hyperparameters), hyper
   for field in rule.fields:
     assert not isinstance(field.initial, str) or field.initial in rule.hyperparameters
+  # A variant's own test configuration runs the variant (its hyperparameters among the configuration's),
+  # and no two variants of a rule are the same configuration in the suite.
+  for variant in rule.variants:
+    if variant.tests is not None:
+      assert {k: variant.tests.hyper.get(k) for k in variant.hyper} == dict(variant.hyper), variant.suffix
+  suite = [{**rule.conformance.hyper, **v.hyper} for v in rule.variants]
+  assert all(a != b for i, a in enumerate(suite) for b in suite[i + 1 :]), rule.name
 
 
 def test_a_name_is_registered_once():
