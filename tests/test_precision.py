@@ -143,6 +143,10 @@ def test_an_onnx_call_refuses_a_16_bit_R():
   "make, name",
   [
     (lambda sd: onnx_optax.directml_adam(1e-3, state_dtype=sd), "beta2"),
+    # The first moments' rates (beta2 at 0.9, which bfloat16 does not round to 1).
+    (lambda sd: onnx_optax.directml_adam(1e-3, beta1=0.999, beta2=0.9, state_dtype=sd), "beta1"),
+    (lambda sd: onnx_optax.adam(1e-3, alpha=0.999, beta=0.9, state_dtype=sd), "alpha"),
+    (lambda sd: onnx_optax.ort_adamw(1e-3, alpha=0.999, beta=0.9, state_dtype=sd), "alpha"),
     (lambda sd: onnx_optax.adam(1e-3, state_dtype=sd), "beta"),
     (lambda sd: onnx_optax.ort_adamw(1e-3, state_dtype=sd), "beta"),
     (
