@@ -607,12 +607,13 @@ def test_pytorch_betas_must_be_a_pair(betas):
 )
 def test_ort_adamw_scalars_refuse_what_the_transform_refuses(adam_mode, correct_bias):
   """The function-level ``rules.ort_adamw_scalars`` (called without a transform's checks before it)
-  refuses every ``adam_mode`` / ``correct_bias`` that :func:`onnx_optax.ort_adamw` refuses: a bool
-  or a float is not ONNX Runtime's int attribute, even when it equals 0 or 1."""
+  refuses every ``adam_mode`` / ``correct_bias`` that :func:`onnx_optax.ort_adamw` refuses, with the
+  same message: a bool or a float is not ONNX Runtime's int attribute, even when it equals 0 or 1."""
   hyper = dict(alpha=0.9, beta=0.999, epsilon=1e-8, weight_decay=0.01)
-  with pytest.raises((TypeError, ValueError), match="adam_mode|correct_bias"):
+  with pytest.raises((TypeError, ValueError), match="adam_mode|correct_bias") as transform:
     onnx_optax.ort_adamw(0.1, **hyper, adam_mode=adam_mode, correct_bias=correct_bias)
-  with pytest.raises(ValueError, match="adam_mode|correct_bias"):
+  with pytest.raises((TypeError, ValueError), match="adam_mode|correct_bias") as function:
     onnx_optax.rules.ort_adamw_scalars(
       np.float32(0.1), 1, **hyper, adam_mode=adam_mode, correct_bias=correct_bias
     )
+  assert (type(function.value), str(function.value)) == (type(transform.value), str(transform.value))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numbers
 from typing import Any, NamedTuple
 
 import jax.numpy as jnp
@@ -70,17 +69,12 @@ class OrtAdamWScalars(NamedTuple):
 
 
 def _check_adam_mode(adam_mode: Any, correct_bias: Any) -> None:
-  """``adam_mode`` in {0, 1}; ``correct_bias`` in {0, 1} and 1 in mode 0, as ONNX Runtime enforces."""
-  integer = isinstance(adam_mode, numbers.Integral) and not isinstance(adam_mode, bool)
-  if not integer or adam_mode not in ADAM_MODES:
-    raise ValueError(f"adam_mode must be 0 (PyTorch's AdamW) or 1 (Hugging Face's AdamW), got {adam_mode!r}")
-  if not isinstance(correct_bias, numbers.Integral) or correct_bias not in (0, 1):
-    raise ValueError(f"correct_bias must be a bool (or 0 / 1), got {correct_bias!r}")
-  if adam_mode == 0 and not correct_bias:
-    raise ValueError(
-      "correct_bias=False with adam_mode=0: ONNX Runtime's AdamWOptimizer refuses this pair "
-      "(mode 0 is PyTorch's AdamW, which always corrects the bias); use adam_mode=1 for no correction"
-    )
+  """``adam_mode`` in {0, 1}; ``correct_bias`` in {0, 1} and 1 in mode 0, as ONNX Runtime enforces.
+
+  The function-level API has no transform before it, so it runs the transform's own checks.
+  """
+  mode, correct = _adam_mode("adam_mode", adam_mode), _checks.flag("correct_bias", correct_bias)
+  _refuse_mode0_without_correction(mode, correct, str)
 
 
 def ort_adamw_scalars(
@@ -347,13 +341,17 @@ def _adam_mode(name: str, value: Any) -> int:
   return mode
 
 
-def _validate(hyper: dict[str, Any], name: Any) -> None:
-  if hyper["adam_mode"] == 0 and not hyper["correct_bias"]:
+def _refuse_mode0_without_correction(adam_mode: int, correct_bias: bool, name: Any) -> None:
+  if adam_mode == 0 and not correct_bias:
     raise ValueError(
       f"{name('correct_bias')}=False with {name('adam_mode')}=0: ONNX Runtime's AdamWOptimizer refuses "
       "this pair (mode 0 is PyTorch's AdamW, which always corrects the bias); use adam_mode=1 for no "
       "correction"
     )
+
+
+def _validate(hyper: dict[str, Any], name: Any) -> None:
+  _refuse_mode0_without_correction(hyper["adam_mode"], hyper["correct_bias"], name)
   _checks.second_moment_decay_at_one(
     name("beta"),
     hyper["beta"],
