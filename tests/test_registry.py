@@ -157,6 +157,8 @@ def test_declaration_agrees_with_the_transform(rule):
       assert {k: variant.tests.hyper.get(k) for k in variant.hyper} == dict(variant.hyper), variant.suffix
   suite = [{**rule.conformance.hyper, **v.hyper} for v in rule.variants]
   assert all(a != b for i, a in enumerate(suite) for b in suite[i + 1 :]), rule.name
+  # The rule's own test configuration runs: the rule's, or that of a variant that derives its own from it.
+  assert not rule.variants or any(v.tests is None for v in rule.variants), rule.name
 
 
 def test_a_name_is_registered_once():

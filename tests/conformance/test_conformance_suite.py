@@ -14,6 +14,7 @@ import importlib
 import numpy as np
 import pytest
 
+from onnx_optax import registry
 from onnx_optax.conformance import cases as grid
 from onnx_optax.conformance import check, devices, report, tolerance
 
@@ -204,6 +205,17 @@ def test_grid_covers_the_edges():
       assert tolerance.promote(
         grid.numpy_dtype(dtype), grid.numpy_dtype(narrow.state_dtype)
       ) != grid.numpy_dtype(narrow.state_dtype), (rule, dtype)
+
+
+def test_every_declared_edge_is_a_case():
+  """Each edge a rule declares is a case of the grid for at least one of its suite rules (an edge
+  whose ``"only"`` matches none of the rule's variants would silently never run). Planted, ONNX
+  Runtime AdamW's ``correct_bias=0,T=0`` edge restricted to ``adam_mode=2`` left every other test
+  passing."""
+  run = {(s.rule.name, c.name) for s in grid.suite_rules().values() for c in grid.cases(s.name, "float32")}
+  for rule in registry.rules():
+    assert rule.conformance is not None
+    assert [e.name for e in rule.conformance.edges if (rule.name, e.name) not in run] == [], rule.name
 
 
 def test_small_X_beside_large_at_every_T():
