@@ -21,9 +21,10 @@
 #        _pytorch.py) and the engine also their bitwise tests against their
 #        frameworks (tests/test_float32_carry.py; Keras's: tests/test_keras_twin.py);
 #     2. the fast tests ($FAST_TESTS, the most sensitive first),
-#        tests/test_numerics.py, every rule injected ($INJECTION) and the
+#        tests/test_numerics.py, every rule injected ($INJECTION), the
 #        meta-gradients through a learning rate and a zero second moment
-#        ($DERIVATIVES);
+#        ($DERIVATIVES) and the declarations checked against outside
+#        sources ($DECLARED);
 #     3. the conformance command on the CPU, every rule and dtype, without
 #        the 10^6-element cases (--no-large) and ONNX's backend cases
 #        (--no-onnx), which compare with ONNX's references, not with
@@ -86,6 +87,12 @@ INJECTION=(tests/test_optax_integration.py::test_inject_hyperparams_matches_plai
 # rate, and through a zero second moment.
 DERIVATIVES=(tests/test_metagradients.py::test_metagradient_matches_central_difference
   tests/test_metagradients.py::test_zero_H_metagradient_is_finite)
+# What a rule declares besides its formula, against an outside source: the decay rates that a
+# 16-bit state would store as 1 (named by hand, not read from the declaration), ONNX Runtime's
+# defaults and Optax's count, and every declared edge a case of the grid.
+DECLARED=(tests/test_precision.py::test_a_state_dtype_in_which_a_decay_rounds_to_1_is_refused
+  tests/test_onnx_ort.py::test_the_transforms_defaults_are_ort_schemas_and_training_loop
+  tests/conformance/test_conformance_suite.py::test_every_declared_edge_is_a_case)
 # The keyword-only signatures of every module, in one table.
 KEYWORDS=(tests/test_signatures.py::test_hyperparameters_are_keyword_only)
 CORE=(onnx_optax/rules/ onnx_optax/_engine.py onnx_optax/_numerics.py onnx_optax/_pytorch.py
@@ -110,7 +117,8 @@ core() {
   # shellcheck disable=SC2046
   "${PYTEST[@]}" "${KILLS[@]}" "${twins[@]}" $(doctests "${CORE[@]}") || caught 1
   # shellcheck disable=SC2086
-  "${PYTEST[@]}" $FAST_TESTS tests/test_numerics.py "${INJECTION[@]}" "${DERIVATIVES[@]}" || caught 2
+  "${PYTEST[@]}" $FAST_TESTS tests/test_numerics.py "${INJECTION[@]}" "${DERIVATIVES[@]}" \
+    "${DECLARED[@]}" || caught 2
   # shellcheck disable=SC2086
   "${CONFORMANCE[@]}" ${CONFORMANCE_ARGS:-} || caught 3
 }
