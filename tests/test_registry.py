@@ -320,22 +320,26 @@ def test_a_stalling_decays_refusal_offers_1_only_where_1_is_accepted(rule):
   """A decay rate that rounds to 1 in bfloat16 is refused at ``init``; the refusal offers
   ``name=1.0`` exactly where the rule accepts 1 (:attr:`~onnx_optax.registry.Hyperparameter.may_be_one`),
   and that advice, followed literally, works. Planted, ``may_be_one`` defaulting to True (Adam's
-  ``alpha=1.0`` offered, then refused) left every other test passing."""
+  ``alpha=1.0`` offered, then refused) left every other test passing, and so did ONNX Runtime
+  AdamW's ``may_be_one`` for ``adam_mode == 2`` while only mode 0 was checked here."""
   assert rule.conformance is not None
   params = {"a": jnp.ones(3, jnp.bfloat16)}
-  for name, declared in rule.hyperparameters.items():
-    if not declared.decay:
-      continue
-    hyper = {**rule.conformance.hyper, name: 0.999}
-    with pytest.raises(ValueError, match=rf"{name}=0.999 rounds to 1.0 in bfloat16") as refused:
-      rule.transform(0.1, **hyper).init(params)
-    offered = re.search(rf"pass {name}=1\.0", str(refused.value)) is not None
-    try:
-      rule.transform(0.1, **{**hyper, name: 1.0}).init(params)
-      accepted = True
-    except ValueError:
-      accepted = False
-    assert offered == accepted, (rule.name, name, str(refused.value))
+  # In each of the suite's configurations: whether 1 is accepted may depend on a mode (ONNX
+  # Runtime AdamW's beta = 1 only with adam_mode=1).
+  for base in [{**rule.conformance.hyper, **v.hyper} for v in rule.variants] or [rule.conformance.hyper]:
+    for name, declared in rule.hyperparameters.items():
+      if not declared.decay:
+        continue
+      hyper = {**base, name: 0.999}
+      with pytest.raises(ValueError, match=rf"{name}=0.999 rounds to 1.0 in bfloat16") as refused:
+        rule.transform(0.1, **hyper).init(params)
+      offered = re.search(rf"pass {name}=1\.0", str(refused.value)) is not None
+      try:
+        rule.transform(0.1, **{**hyper, name: 1.0}).init(params)
+        accepted = True
+      except ValueError:
+        accepted = False
+      assert offered == accepted, (rule.name, base, name, str(refused.value))
 
 
 @pytest.mark.parametrize(
