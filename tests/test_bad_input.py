@@ -617,3 +617,18 @@ def test_ort_adamw_scalars_refuse_what_the_transform_refuses(adam_mode, correct_
       np.float32(0.1), 1, **hyper, adam_mode=adam_mode, correct_bias=correct_bias
     )
   assert (type(function.value), str(function.value)) == (type(transform.value), str(transform.value))
+
+
+@pytest.mark.parametrize("adam_mode", [True, 1.0, 2, "1"], ids=["bool", "float", "2", "str"])
+def test_ort_adamw_elementwise_refuses_the_modes_the_transform_refuses(adam_mode):
+  """``rules.ort_adamw_elementwise`` takes ``adam_mode`` too, and refuses it as the transform does
+  (before, its own range test accepted ``True`` and ``1.0``)."""
+  with pytest.raises((TypeError, ValueError)) as transform:
+    onnx_optax.ort_adamw(0.1, adam_mode=adam_mode)
+  s = onnx_optax.rules.ort_adamw_scalars(
+    np.float32(0.1), 1, alpha=0.9, beta=0.999, epsilon=1e-8, weight_decay=0.0, adam_mode=1, correct_bias=True
+  )
+  x = jnp.ones(2)
+  with pytest.raises((TypeError, ValueError)) as function:
+    onnx_optax.rules.ort_adamw_elementwise(s, x, x, x, x, adam_mode=adam_mode)
+  assert (type(function.value), str(function.value)) == (type(transform.value), str(transform.value))

@@ -24,6 +24,7 @@ import pytest
 
 import onnx_optax
 from onnx_optax import _checks, registry
+from onnx_optax.conformance import cases as grid
 
 PACKAGE = pathlib.Path(onnx_optax.__file__).resolve().parent
 SOURCES = sorted(PACKAGE.rglob("*.py"))
@@ -155,10 +156,15 @@ def test_declaration_agrees_with_the_transform(rule):
   for variant in rule.variants:
     if variant.tests is not None:
       assert {k: variant.tests.hyper.get(k) for k in variant.hyper} == dict(variant.hyper), variant.suffix
-  suite = [{**rule.conformance.hyper, **v.hyper} for v in rule.variants]
+  suite = _suite_configurations(rule)
   assert all(a != b for i, a in enumerate(suite) for b in suite[i + 1 :]), rule.name
   # The rule's own test configuration runs: the rule's, or that of a variant that derives its own from it.
   assert not rule.variants or any(v.tests is None for v in rule.variants), rule.name
+
+
+def _suite_configurations(rule: registry.Rule) -> list[dict]:
+  """The hyperparameters the conformance grid runs the rule with: one per variant, else the rule's."""
+  return [dict(s.hyper) for s in grid.suite_rules().values() if s.rule is rule]
 
 
 def test_a_name_is_registered_once():
@@ -326,7 +332,7 @@ def test_a_stalling_decays_refusal_offers_1_only_where_1_is_accepted(rule):
   params = {"a": jnp.ones(3, jnp.bfloat16)}
   # In each of the suite's configurations: whether 1 is accepted may depend on a mode (ONNX
   # Runtime AdamW's beta = 1 only with adam_mode=1).
-  for base in [{**rule.conformance.hyper, **v.hyper} for v in rule.variants] or [rule.conformance.hyper]:
+  for base in _suite_configurations(rule):
     for name, declared in rule.hyperparameters.items():
       if not declared.decay:
         continue

@@ -161,8 +161,7 @@ def ort_adamw_elementwise(
   a factor of two of each other (Sterbenz), within one ulp of
   ``max(|X|, |W_new|)`` in general.
   """
-  if adam_mode not in ADAM_MODES:
-    raise ValueError(f"adam_mode must be 0 or 1, got {adam_mode!r}")
+  adam_mode = _adam_mode("adam_mode", adam_mode)
   decays = s.weight_decay is not None
   if decays and X is None:
     raise ValueError("weight_decay multiplies W: the parameters must be read")
