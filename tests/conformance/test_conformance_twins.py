@@ -307,6 +307,27 @@ def test_rounding_order_variant_is_caught_by_pytorchs_float32_order(monkeypatch,
   print(f"{name}: {caught.rule} {caught.name} is not PyTorch's float32 order: {caught.order}")
 
 
+def test_adamw_without_decay_returns_the_addend_not_an_in_place_write(monkeypatch):
+  """AdamW at ``weight_decay=0`` multiplies the parameters by 1 (exact) and ends in ``addcdiv_``:
+  its update is the addend ``q``, as Adam's, not ``X_new - X``. A variant that writes it in place
+  lands on the same ``X + U`` but its ``U`` carries ``X``'s rounding, which the bound model of the
+  float32 ``weight_decay=0`` case does not allow (a model that charged the in-place write there
+  let it pass)."""
+  _plant(
+    monkeypatch,
+    ("pytorch_adamw",),
+    {
+      "elementwise": (
+        _adam.elementwise,
+        "  U = _pytorch.added(x, q, X, dt, G)",
+        "  U = _pytorch.in_place(x + q, X) if x is not None else _pytorch.added(x, q, X, dt, G)",
+      )
+    },
+  )
+  failed = {r.name: r.worst for r in _results("pytorch_adamw", "float32", stop=False) if not r.passed}
+  assert "weight_decay=0" in failed, f"the in-place variant passes: {failed}"
+
+
 def test_unchanged_recompilations_pass(monkeypatch):
   """The variants' mechanism alone (the twin's source recompiled, no line changed) passes the
   float32 cases of its twin, compared to the bit (the first eight: every case runs unchanged

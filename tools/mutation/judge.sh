@@ -31,7 +31,9 @@
 #        onnx_optax.reference, and cost a minute of loading.
 #   _checks.py:  1. tests/test_bad_input.py and its doctests;
 #                2. $KILLS, the transforms', DirectML's and
-#                   the ONNX interface's tests.
+#                   the ONNX interface's tests, and the dtype checks'
+#                   ($PRECISION: 16-bit hyperparameters, decays that round
+#                   to 1).
 #   onnx.py, _onnx_runtime.py, directml.py:
 #                1. tests/test_onnx_interface.py, tests/test_onnx_ort.py,
 #                   tests/test_directml.py and the doctests;
@@ -93,6 +95,13 @@ DERIVATIVES=(tests/test_metagradients.py::test_metagradient_matches_central_diff
 DECLARED=(tests/test_precision.py::test_a_state_dtype_in_which_a_decay_rounds_to_1_is_refused
   tests/test_onnx_ort.py::test_the_transforms_defaults_are_ort_schemas_and_training_loop
   tests/conformance/test_conformance_suite.py::test_every_declared_edge_is_a_case)
+# The checks of dtypes (_checks.wide_enough, decays_representable): a hyperparameter rounded to 16 bits
+# before the rule sees it, a decay rate that a 16-bit dtype rounds to 1, eager and traced.
+PRECISION=(tests/test_precision.py::test_injected_16_bit_hyperparameters_are_refused_and_the_fix_is_the_plain_transform
+  tests/test_precision.py::test_a_schedule_of_16_bit_values_is_refused
+  tests/test_precision.py::test_an_onnx_call_refuses_a_16_bit_R
+  tests/test_precision.py::test_a_state_dtype_in_which_a_decay_rounds_to_1_is_refused
+  tests/test_precision.py::test_a_traced_decay_is_checked_when_the_program_runs)
 # The keyword-only signatures of every module, in one table.
 KEYWORDS=(tests/test_signatures.py::test_hyperparameters_are_keyword_only)
 CORE=(onnx_optax/rules/ onnx_optax/_engine.py onnx_optax/_numerics.py onnx_optax/_pytorch.py
@@ -126,7 +135,7 @@ checks() {
   # shellcheck disable=SC2046
   "${PYTEST[@]}" tests/test_bad_input.py $(doctests onnx_optax/_checks.py) || caught 1
   "${PYTEST[@]}" "${KILLS[@]}" tests/test_transforms.py tests/test_directml.py \
-    tests/test_onnx_interface.py tests/test_onnx_ort.py || caught 2
+    tests/test_onnx_interface.py tests/test_onnx_ort.py "${PRECISION[@]}" || caught 2
 }
 onnx_interface() {
   # shellcheck disable=SC2046
