@@ -632,3 +632,20 @@ def test_ort_adamw_elementwise_refuses_the_modes_the_transform_refuses(adam_mode
   with pytest.raises((TypeError, ValueError)) as function:
     onnx_optax.rules.ort_adamw_elementwise(s, x, x, x, x, adam_mode=adam_mode)
   assert (type(function.value), str(function.value)) == (type(transform.value), str(transform.value))
+
+
+@pytest.mark.parametrize(
+  "value",
+  [np.float32(1.0), jnp.asarray(1.0), np.array([1]), jnp.asarray([1, 1])],
+  ids=["float32-scalar", "jax-float-scalar", "int-shape-1", "int-shape-2"],
+)
+def test_a_formula_selecting_int_is_an_integer_scalar(value):
+  """``adam_mode`` and the 0 / 1 flags accept an integer scalar array (``optax.inject_hyperparams``
+  hands ints in as arrays), never a float array, even one that holds 1.0, nor an integer array of
+  another shape: both would be read by ``int()`` (a float truncated, a shape dropped). Planted,
+  the check's shape-and-dtype ``and`` as ``or`` accepted all four."""
+  with _raises(TypeError, "adam_mode must be the int 0 or 1"):
+    onnx_optax.ort_adamw(0.1, adam_mode=value)
+  with _raises(TypeError, "correct_bias must be a bool (or the ONNX attribute's 0 / 1)"):
+    onnx_optax.ort_adamw(0.1, adam_mode=1, correct_bias=value)
+  assert onnx_optax.ort_adamw(0.1, adam_mode=np.int32(1), correct_bias=jnp.asarray(1)) is not None

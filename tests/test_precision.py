@@ -223,3 +223,20 @@ def test_a_traced_decay_is_checked_when_the_program_runs():
   state = jax.jit(inj(0.1, state_dtype=jnp.float32).init)(params)
   assert state.inner_state.v[0].dtype == jnp.float32
   jax.block_until_ready(jax.jit(inj(0.1, beta2=0.9).init)(params))
+
+
+def test_a_float32_program_has_no_decay_callback():
+  """The host callback that checks a traced decay is added only where a 16-bit dtype could round it
+  to 1: a jitted float32 init (injected hyperparameters, traced decays) has none, while a bfloat16
+  one has it. Planted, ``nmant < float32's`` as ``<=`` put a callback, a host round trip per
+  init, in every float32 program."""
+  inj = optax.inject_hyperparams(
+    onnx_optax.directml_adam, hyperparam_dtype=jnp.float32, static_args=("state_dtype",)
+  )
+
+  def callbacks(dtype, **kw):
+    jaxpr = jax.make_jaxpr(inj(0.1, **kw).init)([jnp.ones(2, dtype)])
+    return str(jaxpr).count("callback")
+
+  assert callbacks(jnp.float32) == 0
+  assert callbacks(jnp.bfloat16, beta2=0.9) > 0

@@ -187,16 +187,31 @@ def _model_and_expectation(case, context_of):
   want = check.expected(case.rule, R, case.T, X, G, state, hyper)
   want_u = check.expected_update(case.rule, R, case.T, X, G, state, hyper)
   state_dtype = case.state_dtype and numpy_dtype(case.state_dtype)
-  context = context_of(numpy_dtype(case.dtype), state_dtype, received_in)
+  context = context_of(case, numpy_dtype(case.dtype), state_dtype, received_in)
   for leaf, (x, g) in enumerate(zip(X, G)):
     s = [block[leaf] for block in state]
     got = tolerance.evaluate(case.base_rule, context, case.learning_rate, case.T, x, g, s, **case.hyper)
     yield [b.v for b in got], [*want[leaf], want_u[leaf]], np.abs(np.asarray(x, np.float64))
 
 
+def _with_exact_scalars(case, dtype, state_dtype, received_in):
+  """The implementation's context as the runner builds it, its per-update scalars read from the
+  formulas the runner measures (:mod:`onnx_optax.conformance.scalars`) evaluated exactly, error 0:
+  the values those formulas give are the spec's (a formula with ``1 + beta**T`` for ``1 -
+  beta**T`` only widened the tolerance, and passed every other check)."""
+  from onnx_optax.conformance import scalars
+
+  R, hyper = devices.received(case.learning_rate, case.hyper, received_in)
+  R = R if case.schedule_steps is None else case.learning_rate  # A schedule's R is computed.
+  exact = scalars.exact(case.rule, R, case.T, hyper)
+  measured = {name: tolerance.Bounded(float(v), 0.0) for name, v in exact.items()}
+  return tolerance.implementation_context(dtype, "cpu", state_dtype, None, received_in, scalars=measured)
+
+
 CONTEXTS = {
-  "implementation": lambda d, s, r: tolerance.implementation_context(d, "cpu", s, None, r),
-  "expectation": lambda d, s, r: tolerance.reference_context(received_dtype=r),
+  "implementation": lambda case, d, s, r: tolerance.implementation_context(d, "cpu", s, None, r),
+  "implementation, the measured scalars' formulas": _with_exact_scalars,
+  "expectation": lambda case, d, s, r: tolerance.reference_context(received_dtype=r),
 }
 
 

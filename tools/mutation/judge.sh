@@ -101,7 +101,8 @@ PRECISION=(tests/test_precision.py::test_injected_16_bit_hyperparameters_are_ref
   tests/test_precision.py::test_a_schedule_of_16_bit_values_is_refused
   tests/test_precision.py::test_an_onnx_call_refuses_a_16_bit_R
   tests/test_precision.py::test_a_state_dtype_in_which_a_decay_rounds_to_1_is_refused
-  tests/test_precision.py::test_a_traced_decay_is_checked_when_the_program_runs)
+  tests/test_precision.py::test_a_traced_decay_is_checked_when_the_program_runs
+  tests/test_precision.py::test_a_float32_program_has_no_decay_callback)
 # The keyword-only signatures of every module, in one table.
 KEYWORDS=(tests/test_signatures.py::test_hyperparameters_are_keyword_only)
 CORE=(onnx_optax/rules/ onnx_optax/_engine.py onnx_optax/_numerics.py onnx_optax/_pytorch.py
