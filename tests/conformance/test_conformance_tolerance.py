@@ -262,10 +262,14 @@ def test_twin_model_tracks_the_framework_values(rule, dtype, context):
   """The twins' bounds follow their frameworks' formulas: every twin case (and each at ``T = 0``,
   1 and the int32 maximum), the model's tracked values agree with ``reference.pytorch_*`` and,
   for Keras's Adam, ``reference.directml_adam`` at ``T + 1``. Planted: the bound's
-  ``bias_correction2`` at ``T`` instead of ``T + 1`` fails here."""
+  ``bias_correction2`` at ``T`` instead of ``T + 1`` fails here. The coefficients the models
+  branch on at 0 (``weight_decay``, ``lr_decay``) are also run at 1, so that no branch keyed on
+  a number hides (planted, Adagrad's ``lr_decay == 1`` for ``== 0``: fails)."""
   from onnx_optax.conformance.cases import cases, replace
 
   grid = cases(rule, dtype)
+  for key in ("weight_decay", "lr_decay"):
+    grid += [replace(c, hyper={**c.hyper, key: 1.0}) for c in grid if key in c.hyper]
   grid += [replace(c, T=T) for c in grid if c.T == 5 for T in (0, 1, 2**31 - 1)]
   checked = 0
   for case in grid:
