@@ -35,7 +35,8 @@ the arithmetic (``_Jax`` on the device, ``_Exact`` in decimals),
 given, returning ``{name: value}`` for each scalar the rule's bounds read
 by name with ``Context.value`` / ``Context.one_minus``. A name the bounds
 ask for and the formula does not give is an error (``KeyError``), never a
-silent fallback.
+silent fallback; and a formula gives only the scalars its bounds read (``R``
+aside), since the report's ``scalars`` figure is the largest of their errors.
 """
 
 from __future__ import annotations

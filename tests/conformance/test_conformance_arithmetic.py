@@ -210,6 +210,41 @@ def test_a_scalar_the_model_reads_must_be_declared():
     check.tolerances(*args, scalars=measured)
 
 
+class _Reads(dict):
+  """The measured scalars, recording the names the bound model reads."""
+
+  def __init__(self, *args):
+    super().__init__(*args)
+    self.read: set[str] = set()
+
+  def __getitem__(self, name):
+    self.read.add(name)
+    return super().__getitem__(name)
+
+
+@pytest.mark.parametrize("rule", [*grid.RULES, *grid.TWINS])
+def test_every_measured_scalar_is_read_by_the_model(rule):
+  """The formulas measure only scalars the rule's bound model reads (the learning rate ``R``
+  aside: a schedule computes it, and the model reads it where the rule's arithmetic does): the
+  report's ``scalars`` figure is the largest error of the measured scalars, and one that no bound
+  charges would only mislead it. Planted, ORT AdamW's ``lr * weight_decay`` measured in mode 0
+  too (``and`` as ``or``): fails."""
+  read = 0
+  for case in grid.cases(rule, "float32", large=False):
+    received_in = grid.received_dtype_of(case.rule, case.dtype, case.state_dtype)
+    R, hyper = devices.received(case.learning_rate, case.hyper, received_in)
+    R = R if case.schedule_steps is None else case.learning_rate
+    measured = _Reads(
+      {n: tolerance.Bounded(float(v), 0.0) for n, v in scalars.exact(rule, R, case.T, hyper).items()}
+    )
+    X, G, state = case.inputs()
+    args = (rule, case.dtype, "cpu", case.learning_rate, case.T, X, G, state, case.hyper, case.state_dtype)
+    check.tolerances(*args, received_dtype=received_in, scalars=measured)
+    assert set(measured) - {"R"} <= measured.read, (case.id, sorted(set(measured) - measured.read))
+    read += len(measured.read)
+  assert read > 0 or rule.startswith(("momentum", "ort_sgd", "pytorch_sgd")), rule
+
+
 def test_measured_scalars_sharpen_the_bound():
   """On this CPU the bias-corrected scalar's bound is its actual error (about 1 u), not ~20 u."""
   case = next(c for c in grid.cases("adam", "float32") if c.name == "odd")

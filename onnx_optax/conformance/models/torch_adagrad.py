@@ -36,7 +36,10 @@ def pytorch_adagrad_bounds(c: Context, R, T, X, G, S, *, lr_decay, eps, weight_d
 def pytorch_adagrad_scalars(
   o: Any, R: Any, T: Any, h: dict[str, Any], raw: Mapping[str, Any]
 ) -> dict[str, Any]:
-  """The spec's per-update scalars (the formulas of docs/spec.md)."""
+  """The spec's per-update scalars (the formulas of docs/spec.md); ``clr`` only where the bounds
+  read it (``lr_decay = 0``: PyTorch's ``lr`` itself, a Python float)."""
+  if raw["lr_decay"] == 0:
+    return {"R": R}
   return {"R": R, "clr": R / (1 + T * h["lr_decay"])}  # clr = lr / (1 + (step - 1) * lr_decay)
 
 
