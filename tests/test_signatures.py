@@ -20,7 +20,15 @@ import onnx_optax.interop
 import onnx_optax.onnx
 from onnx_optax import reference, rules
 from onnx_optax.conformance.models import directml as directml_model
-from onnx_optax.conformance.models import onnx_adagrad, onnx_adam, onnx_momentum
+from onnx_optax.conformance.models import keras as keras_model
+from onnx_optax.conformance.models import (
+  onnx_adagrad,
+  onnx_adam,
+  onnx_momentum,
+  torch_adagrad,
+  torch_adam,
+  torch_sgd,
+)
 from onnx_optax.conformance.models import ort as ort_model
 from onnx_optax.interop import torch as torch_bridge
 
@@ -129,10 +137,25 @@ KEYWORD_ONLY = {
   directml_model.directml_adam_bounds: ["beta1", "beta2", "epsilon"],
   ort_model.ort_adamw_bounds: ["alpha", "beta", "epsilon", "weight_decay", "adam_mode", "correct_bias"],
   ort_model.ort_sgd_bounds: [],
+  torch_sgd.pytorch_sgd_bounds: ["momentum", "dampening", "weight_decay", "nesterov"],
+  torch_adagrad.pytorch_adagrad_bounds: ["lr_decay", "eps", "weight_decay"],
+  torch_adam.pytorch_adam_bounds: ["betas", "eps", "weight_decay", "decoupled"],
+  keras_model.keras_adam_bounds: ["beta_1", "beta_2", "epsilon"],
   reference.momentum: ["alpha", "beta", "mode", "norm_coefficient", "dtype"],
   reference.adagrad: ["decay_factor", "epsilon", "norm_coefficient", "dtype"],
   reference.adam: ["alpha", "beta", "epsilon", "norm_coefficient", "norm_coefficient_post", "dtype"],
   reference.directml_adam: ["learning_rate", "beta1", "beta2", "epsilon", "dtype"],
+  reference.pytorch_sgd: ["momentum", "dampening", "weight_decay", "nesterov", "maximize", "dtype"],
+  reference.pytorch_adagrad: ["lr_decay", "eps", "weight_decay", "maximize", "dtype", "scalars"],
+  reference.pytorch_adam: [
+    "betas",
+    "eps",
+    "weight_decay",
+    "decoupled_weight_decay",
+    "maximize",
+    "dtype",
+    "scalars",
+  ],
 }
 
 

@@ -33,7 +33,7 @@
 #                2. $KILLS, the transforms', DirectML's and
 #                   the ONNX interface's tests, and the dtype checks'
 #                   ($PRECISION: 16-bit hyperparameters, decays that round
-#                   to 1).
+#                   to 1, a second-moment decay of 1 with epsilon 0).
 #   onnx.py, _onnx_runtime.py, directml.py:
 #                1. tests/test_onnx_interface.py, tests/test_onnx_ort.py,
 #                   tests/test_directml.py and the doctests;
@@ -102,7 +102,8 @@ PRECISION=(tests/test_precision.py::test_injected_16_bit_hyperparameters_are_ref
   tests/test_precision.py::test_an_onnx_call_refuses_a_16_bit_R
   tests/test_precision.py::test_a_state_dtype_in_which_a_decay_rounds_to_1_is_refused
   tests/test_precision.py::test_a_traced_decay_is_checked_when_the_program_runs
-  tests/test_precision.py::test_a_float32_program_has_no_decay_callback)
+  tests/test_precision.py::test_a_float32_program_has_no_decay_callback
+  tests/test_ranges.py::test_second_moment_decay_one_with_epsilon_zero_is_refused)
 # The keyword-only signatures of every module, in one table.
 KEYWORDS=(tests/test_signatures.py::test_hyperparameters_are_keyword_only)
 CORE=(onnx_optax/rules/ onnx_optax/_engine.py onnx_optax/_numerics.py onnx_optax/_pytorch.py
