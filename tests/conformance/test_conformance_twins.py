@@ -328,6 +328,20 @@ def test_adamw_without_decay_returns_the_addend_not_an_in_place_write(monkeypatc
   assert "weight_decay=0" in failed, f"the in-place variant passes: {failed}"
 
 
+def test_adam_lerp_on_the_other_branch_fails_the_bfloat16_bound(monkeypatch):
+  """PyTorch's lerp has two branches (``_pytorch.lerp``): ``start + w * (end - start)`` for ``|w| <
+  0.5``, ``end + (w - 1) * (end - start)`` otherwise. Taking the other one rounds ``(w - 1) * (end -
+  start)``, a term up to ten times larger at ``betas[0] = 0.9``: beyond the bfloat16 bound (state
+  in float32, where no float32-order check runs), which follows PyTorch's branch (a model that
+  always took the second branch let it pass)."""
+  lerp = _pytorch.lerp
+  monkeypatch.setattr(
+    _pytorch, "lerp", lambda start, end, weight, *, small: lerp(start, end, weight, small=not small)
+  )
+  failed = [r.name for r in _results("pytorch_adam", "bfloat16", stop=False) if not r.passed]
+  assert failed, "the other lerp branch passes the bfloat16 cases"
+
+
 def test_unchanged_recompilations_pass(monkeypatch):
   """The variants' mechanism alone (the twin's source recompiled, no line changed) passes the
   float32 cases of its twin, compared to the bit (the first eight: every case runs unchanged
