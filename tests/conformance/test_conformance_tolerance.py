@@ -365,6 +365,21 @@ def test_transcendental_allowance_is_two_ulps():
   assert np.max(np.abs(np.asarray(jax.jit(jnp.log)(x), np.float64) - want) / ulp) <= 2
 
 
+@pytest.mark.parametrize("value", [0.001, 0.5, 0.95, 3.0])
+def test_a_host_scalar_charges_two_float64_roundings(value):
+  """A scalar a framework computes in Python (``1 - beta2``, ``1 - lr * weight_decay``) carries the
+  error of ``models._shared.host``'s docstring, two float64 roundings ``2 u64 |v|``, before its one
+  rounding to the element-wise dtype (an expectation keeps the float64 number). Planted, ``2 u64 /
+  |v|``, a thousand times too loose at 0.001, passed the twins' teeth: fails here."""
+  from onnx_optax.conformance.models._shared import host
+
+  got = host(tolerance.reference_context(), value)
+  assert (got.v, got.e) == (value, 2 * 2.0**-53 * value)
+  # In float32: that error, then one rounding (u = 2**-24) of the value.
+  impl = host(tolerance.implementation_context(np.float32), value)
+  assert float(impl.e) == pytest.approx(2 * 2.0**-53 * value + 2.0**-24 * value, rel=1e-9, abs=0)
+
+
 def test_a_decay_that_rounds_to_one_in_float32_has_a_finite_bound():
   """``beta = 1 - 2**-30`` is 1.0 in float32: ``T log(beta)`` is 0 there, where ``expm1``'s
   condition number is its limit 1 (not ``0 / 0``); the computed ``1 - beta**T`` is 0, off by
