@@ -229,7 +229,6 @@ def test_every_measured_scalar_is_read_by_the_model(rule):
   report's ``scalars`` figure is the largest error of the measured scalars, and one that no bound
   charges would only mislead it. Planted, ORT AdamW's ``lr * weight_decay`` measured in mode 0
   too (``and`` as ``or``): fails."""
-  read = 0
   for case in grid.cases(rule, "float32", large=False):
     received_in = grid.received_dtype_of(case.rule, case.dtype, case.state_dtype)
     R, hyper = devices.received(case.learning_rate, case.hyper, received_in)
@@ -241,8 +240,6 @@ def test_every_measured_scalar_is_read_by_the_model(rule):
     args = (rule, case.dtype, "cpu", case.learning_rate, case.T, X, G, state, case.hyper, case.state_dtype)
     check.tolerances(*args, received_dtype=received_in, scalars=measured)
     assert set(measured) - {"R"} <= measured.read, (case.id, sorted(set(measured) - measured.read))
-    read += len(measured.read)
-  assert read > 0 or rule.startswith(("momentum", "ort_sgd", "pytorch_sgd")), rule
 
 
 def test_measured_scalars_sharpen_the_bound():
