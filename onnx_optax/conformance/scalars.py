@@ -57,7 +57,7 @@ from onnx_optax.conformance.cases import Case, base_rule, numpy_dtype, received_
 from onnx_optax.conformance.programs import Batch
 from onnx_optax.conformance.tolerance import Bounded
 
-__all__ = ["Measured", "exact", "formula", "measure", "measure_case", "start", "start_case"]
+__all__ = ["Measured", "exact", "exact_case", "formula", "measure", "measure_case", "start", "start_case"]
 
 
 class Measured(Bounded):
@@ -254,8 +254,7 @@ def start(
         batch.close()
 
   def finish() -> dict[str, Bounded]:
-    R_in, hyper_in = devices.received(R, dict(hyper), received)
-    want = exact(rule, R if schedule is not None else R_in, T, hyper_in)
+    want = _exact_received(rule, R, T, hyper, received, scheduled=schedule is not None)
     errors: dict[str, float] = {name: 0.0 for name in want}
     values: dict[str, list[float]] = {name: [] for name in want}
     with jax.enable_x64(x64):
@@ -341,6 +340,22 @@ def start_case(
     schedule=schedule,
     batch=batch,
     memo=memo,
+  )
+
+
+def _exact_received(
+  rule: str, R: float, T: int, hyper: Mapping[str, Any], received: Any, scheduled: bool
+) -> dict[str, decimal.Decimal]:
+  """:func:`exact` from the hyperparameters as the rule receives them (a schedule's ``R`` as computed)."""
+  R_in, hyper_in = devices.received(R, dict(hyper), received)
+  return exact(rule, R if scheduled else R_in, T, hyper_in)
+
+
+def exact_case(case: Case) -> dict[str, decimal.Decimal]:
+  """The scalars of a case of the grid evaluated exactly, as :func:`measure_case` compares them."""
+  received = received_dtype_of(case.rule, case.dtype, case.state_dtype)
+  return _exact_received(
+    case.rule, case.learning_rate, case.T, case.hyper, received, scheduled=case.schedule_steps is not None
   )
 
 

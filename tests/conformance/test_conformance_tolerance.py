@@ -201,10 +201,7 @@ def _with_exact_scalars(case, dtype, state_dtype, received_in):
   beta**T`` only widened the tolerance, and passed every other check)."""
   from onnx_optax.conformance import scalars
 
-  R, hyper = devices.received(case.learning_rate, case.hyper, received_in)
-  R = R if case.schedule_steps is None else case.learning_rate  # A schedule's R is computed.
-  exact = scalars.exact(case.rule, R, case.T, hyper)
-  measured = {name: tolerance.Bounded(float(v), 0.0) for name, v in exact.items()}
+  measured = {name: tolerance.Bounded(float(v), 0.0) for name, v in scalars.exact_case(case).items()}
   return tolerance.implementation_context(dtype, "cpu", state_dtype, None, received_in, scalars=measured)
 
 
