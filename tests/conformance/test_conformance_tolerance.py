@@ -228,29 +228,13 @@ def test_model_tracks_the_spec_values(rule, dtype, context):
   wrong constant moves a value: planted, ``1.0 -> 2.0`` for ORT's
   uncorrected bias (a mutation-run survivor) fails here by a factor of 2.
   """
-  from onnx_optax.conformance.cases import cases, replace
+  from onnx_optax.conformance.cases import cases
 
-  grid = cases(rule, dtype, large=False)
-  # The grid's weight decays are 0, 0.01 and 5, its post decays 0, 0.02 and 0.25; 1 as well, so
-  # that no branch keyed on a number hides (a mutant's `weight_decay == 1` for `== 0`).
-  grid += [replace(c, hyper={**c.hyper, "weight_decay": 1.0}) for c in grid if "weight_decay" in c.hyper]
-  post = "norm_coefficient_post"
-  grid += [replace(c, hyper={**c.hyper, post: 1.0}) for c in grid if post in c.hyper]
-  # The first bias-corrected update (T = 1) and the largest count, whose float(T) rounds in
-  # float32, for every case at the default T.
-  grid += [replace(c, T=T) for c in grid if c.T == 5 for T in (1, 2**31 - 1)]
-  checked = 0
-  for case in grid:
-    for got, want, size_x in _model_and_expectation(case, CONTEXTS[context]):
-      assert len(got) == len(want), case.id
-      for k, (g, w) in enumerate(zip(got, want)):
-        w = np.asarray(w, np.float64)
-        # float64 evaluations of one formula in two orders: a few ulp of the largest term, |X| for
-        # X_new and U (X_new - X cancels).
-        scale = np.abs(w) + (size_x if k in (0, len(got) - 1) else 0.0)
-        assert np.all(np.abs(g - w) <= 1e-12 * scale + 1e-300), (case.id, k, np.max(np.abs(g - w)))
-        checked += 1
-  assert checked > 50
+  # The grid's weight decays are 0, 0.01 and 5, its post decays 0, 0.02 and 0.25; the first
+  # bias-corrected update (T = 1) and the largest count, whose float(T) rounds in float32.
+  coefficients = ("weight_decay", "norm_coefficient_post")
+  grid = _with_edges(cases(rule, dtype, large=False), coefficients, (1, 2**31 - 1))
+  _assert_tracks(grid, CONTEXTS[context])
 
 
 @pytest.mark.parametrize("context", sorted(CONTEXTS))
@@ -262,15 +246,31 @@ def test_twin_model_tracks_the_framework_values(rule, dtype, context):
   ``bias_correction2`` at ``T`` instead of ``T + 1`` fails here. The coefficients the models
   branch on at 0 (``weight_decay``, ``lr_decay``) are also run at 1, so that no branch keyed on
   a number hides (planted, Adagrad's ``lr_decay == 1`` for ``== 0``: fails)."""
-  from onnx_optax.conformance.cases import cases, replace
+  from onnx_optax.conformance.cases import cases
 
-  grid = cases(rule, dtype)
-  for key in ("weight_decay", "lr_decay"):
-    grid += [replace(c, hyper={**c.hyper, key: 1.0}) for c in grid if key in c.hyper]
-  grid += [replace(c, T=T) for c in grid if c.T == 5 for T in (0, 1, 2**31 - 1)]
+  grid = _with_edges(cases(rule, dtype), ("weight_decay", "lr_decay"), (0, 1, 2**31 - 1))
+  _assert_tracks(grid, CONTEXTS[context])
+
+
+def _with_edges(grid, coefficients, counts):
+  """``grid``, then each case again with each of ``coefficients`` it has at 1 (in turn, so that
+  the later ones are also taken with the earlier at 1), then each case at the default ``T = 5``
+  at each of ``counts``. The models branch on these coefficients at 0: at 1 as well, no branch
+  keyed on another number hides (a mutant's ``weight_decay == 1`` for ``== 0``)."""
+  from onnx_optax.conformance.cases import replace
+
+  for key in coefficients:
+    grid = grid + [replace(c, hyper={**c.hyper, key: 1.0}) for c in grid if key in c.hyper]
+  return grid + [replace(c, T=T) for c in grid if c.T == 5 for T in counts]
+
+
+def _assert_tracks(grid, context):
+  """Each case's tracked values (the model's) agree with its expectation's, within float64
+  evaluations of one formula in two orders: a few ulp of the largest term, and |X| for X_new and
+  U (X_new - X cancels)."""
   checked = 0
   for case in grid:
-    for got, want, size_x in _model_and_expectation(case, CONTEXTS[context]):
+    for got, want, size_x in _model_and_expectation(case, context):
       assert len(got) == len(want), case.id
       for k, (g, w) in enumerate(zip(got, want)):
         w = np.asarray(w, np.float64)
