@@ -19,6 +19,7 @@ import onnx_optax._pytorch
 import onnx_optax.interop
 import onnx_optax.onnx
 from onnx_optax import reference, rules
+from onnx_optax.conformance import scalars, tolerance
 from onnx_optax.conformance.models import directml as directml_model
 from onnx_optax.conformance.models import keras as keras_model
 from onnx_optax.conformance.models import (
@@ -141,6 +142,11 @@ KEYWORD_ONLY = {
   torch_adagrad.pytorch_adagrad_bounds: ["lr_decay", "eps", "weight_decay"],
   torch_adam.pytorch_adam_bounds: ["betas", "eps", "weight_decay", "decoupled"],
   keras_model.keras_adam_bounds: ["beta_1", "beta_2", "epsilon"],
+  # The conformance measurement's options.
+  scalars.start: ["x64", "received", "schedule", "batch", "memo"],
+  scalars.measure: ["x64", "received", "schedule"],
+  tolerance.implementation_context: ["arithmetic", "scalars"],
+  tolerance.register_model: ["bounds", "scalars"],
   reference.momentum: ["alpha", "beta", "mode", "norm_coefficient", "dtype"],
   reference.adagrad: ["decay_factor", "epsilon", "norm_coefficient", "dtype"],
   reference.adam: ["alpha", "beta", "epsilon", "norm_coefficient", "norm_coefficient_post", "dtype"],
