@@ -276,6 +276,25 @@ def test_a_schedulers_template_needs_the_rate_and_the_advice_works():
   )
 
 
+def test_a_group_added_after_the_scheduler_still_needs_the_rate():
+  """A group added with ``add_param_group`` after the scheduler was built has no ``initial_lr``, the
+  scheduled group has: its ``lr`` is still the schedule's at like's step, and the rate is still
+  needed (planted, needed only when every group is scheduled: the stale rate is written)."""
+  a, b = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2))
+  opt = torch.optim.SGD([a], lr=0.1, momentum=0.9)
+  scheduler = lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+  opt.add_param_group({"params": [b], "lr": 0.05})
+  for p in (a, b):
+    p.grad = torch.ones_like(p)
+  opt.step()
+  scheduler.step()
+  saved = opt.state_dict()
+  assert ["initial_lr" in g for g in saved["param_groups"]] == [True, False]
+  _, state = from_torch_state_dict(saved, [jnp.ones(2), jnp.ones(2)], learning_rate=[0.05, 0.05])
+  with pytest.raises(ValueError, match="like's param groups have 'initial_lr'"):
+    to_torch_state_dict(state, saved)
+
+
 @pytest.mark.parametrize(
   "make, what",
   [

@@ -182,6 +182,43 @@ def test_state_dict_keeps_the_templates_dtypes_devices_and_groups():
   torch.optim.AdamW([{"params": [ps[0]]}, {"params": [ps[1]], "lr": 0.5}], lr=0.1).load_state_dict(back)
 
 
+def test_a_state_wider_than_the_templates_dtype_is_refused():
+  """A float64 run written into a float32 optimizer's template is refused, naming both dtypes:
+  written as float64, ``load_state_dict`` would round the moments to the parameters' float32
+  silently (planted, the written dtype taken from the state instead of the template: passes)."""
+  with jax.enable_x64(True):
+    ps = [torch.nn.Parameter(torch.ones(3, 4, dtype=torch.float64))]
+    opt64 = torch.optim.AdamW(ps, lr=0.01)
+    ps[0].grad = torch.full_like(ps[0], 0.5)
+    opt64.step()
+    _, state = from_torch_state_dict(opt64.state_dict(), [jnp.ones((3, 4), jnp.float64)])
+    p32 = torch.nn.Parameter(torch.ones(3, 4))
+    opt32 = torch.optim.AdamW([p32], lr=0.01)
+    p32.grad = torch.full_like(p32, 0.5)
+    opt32.step()
+    with pytest.raises(ValueError, match=r"dtype float64; PyTorch keeps it .*dtype float32"):
+      to_torch_state_dict(state, opt32.state_dict())
+
+
+def test_the_written_state_is_on_the_templates_device():
+  """The written tensors are on the device of the template's (``meta`` stands in for an accelerator
+  on this CPU-only PyTorch; planted, always ``cpu``: fails)."""
+  p = torch.nn.Parameter(torch.ones(3))
+  opt = torch.optim.AdamW([p], lr=0.1)
+  p.grad = torch.full_like(p, 0.5)
+  opt.step()
+  saved = opt.state_dict()
+  _, state = from_torch_state_dict(saved, [jnp.ones(3, jnp.float32)])
+  on_meta = {
+    "param_groups": saved["param_groups"],
+    "state": {
+      k: {f: v if f == "step" else v.to("meta") for f, v in e.items()} for k, e in saved["state"].items()
+    },
+  }
+  back = to_torch_state_dict(state, on_meta)
+  assert {back["state"][0][f].device.type for f in ("exp_avg", "exp_avg_sq")} == {"meta"}
+
+
 def test_an_optimizer_that_has_not_stepped():
   """No state yet (Adam creates it at the first step): resumed at its first step, written back."""
   with jax.enable_x64(True):
@@ -296,6 +333,9 @@ def test_refuses_what_it_cannot_place():
     bad_step = {**saved, "state": {**saved["state"], 1: {**saved["state"][1], "step": torch.tensor(2.5)}}}
     with pytest.raises(ValueError, match=r"state_dict\['state'\]\[1\]\['step'\] is 2.5, not a count"):
       from_torch_state_dict(bad_step, params)
+    negative = {**saved, "state": {**saved["state"], 1: {**saved["state"][1], "step": torch.tensor(-1.0)}}}
+    with pytest.raises(ValueError, match=r"state_dict\['state'\]\[1\]\['step'\] is -1.0, not a count"):
+      from_torch_state_dict(negative, params)
     no_moment = {
       **saved,
       "state": {**saved["state"], 2: {k: v for k, v in saved["state"][2].items() if k != "exp_avg_sq"}},
@@ -470,11 +510,14 @@ def test_bfloat16_state_round_trips_bit_for_bit():
   assert back["state"][0]["momentum_buffer"].dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("kind", ["SGD", "Adagrad", "AdamW"])
+@pytest.mark.parametrize("kind", ["SGD", "Adagrad", "Adam", "AdamW"])
 def test_a_state_dict_of_an_older_pytorch(kind):
   """Groups without the options PyTorch added later (maximize, foreach, differentiable, fused,
-  capturable) and a Python-number step, as older versions saved them: read as the behaviour they had,
-  and written back with a step PyTorch reads."""
+  capturable, decoupled_weight_decay) and a Python-number step, as older versions saved them: read
+  as the behaviour they had (an Adam's or AdamW's file named by ``optimizer=``, which the file
+  cannot tell apart; Adam's weight decay coupled, as ``torch.optim.Adam.load_state_dict`` reads
+  it: planted, decoupled by default, the Adam case fails), and written back with a step PyTorch
+  reads."""
   with jax.enable_x64(True):
     ref = _model()
     opt_ref = _optimizer(kind, ref, named=False)
@@ -483,19 +526,20 @@ def test_a_state_dict_of_an_older_pytorch(kind):
     opt = _optimizer(kind, model, named=False)
     _torch_steps(model, opt, N)
     saved = opt.state_dict()
-    later = {"maximize", "foreach", "differentiable", "fused", "capturable"}
+    later = {"maximize", "foreach", "differentiable", "fused", "capturable", "decoupled_weight_decay"}
     saved["param_groups"] = [{k: v for k, v in g.items() if k not in later} for g in saved["param_groups"]]
     for entry in saved["state"].values():
       if "step" in entry:
         entry["step"] = float(entry["step"])
     params = [jnp.asarray(dict(model.named_parameters())[n].detach().numpy()) for n in ORDER]
-    tx, state = from_torch_state_dict(saved, params)
+    options = {"optimizer": kind} if kind.startswith("Adam") else {}
+    tx, state = from_torch_state_dict(saved, params, **options)
     params, state = _jax_steps(tx, state, params, model, M)
     for x, name in zip(params, ORDER):
       np.testing.assert_allclose(
         np.asarray(x), dict(ref.named_parameters())[name].detach().numpy(), rtol=1e-12
       )
-    back = to_torch_state_dict(state, saved)
+    back = to_torch_state_dict(state, saved, **options)
     assert all(float(e["step"]) == N + M for e in back["state"].values() if "step" in e)
 
 
