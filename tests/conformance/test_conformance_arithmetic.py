@@ -13,6 +13,7 @@ documented values.
 from __future__ import annotations
 
 import decimal
+import math
 
 import jax
 import jax.numpy as jnp
@@ -211,6 +212,19 @@ def test_exact_bias_correction_near_one(beta, T):
   with decimal.localcontext(decimal.Context(prec=100)):
     want = (1 - decimal.Decimal(beta) ** T).sqrt() / (1 - decimal.Decimal(0.5) ** T)
     assert abs(got - want) <= want * decimal.Decimal("1e-34"), (got, want)
+
+
+def test_an_infinite_scalar_is_exact_only_as_the_same_infinity():
+  """A scalar infinite both exactly and on the device, with one sign, is measured exact (error 0);
+  with the other sign it is an infinite error. PyTorch's ``lr / (1 - beta1**step)`` at ``beta1 =
+  1`` divides by ``+0`` in float64 (``1 - 1.0**step``) and by ``-0`` in float32 (``-expm1(0)``);
+  exactly, by 0: ``+inf``. Planted, the same infinity judged by ``and`` instead of ``or``
+  (a mutation-run survivor): the float64 case fails."""
+  hyper = dict(betas=(1.0, 0.999), eps=1e-8, weight_decay=0.0)
+  same = scalars.measure("pytorch_adam", "cpu", 0.1, 0, hyper, x64=True, received=np.float64)["step_size"]
+  assert same.got == (math.inf,) and float(same.v) == math.inf and float(same.e) == 0.0
+  other = scalars.measure("pytorch_adam", "cpu", 0.1, 0, hyper, x64=False, received=np.float32)["step_size"]
+  assert other.got == (-math.inf,) and float(other.e) == math.inf
 
 
 def test_a_scalar_the_model_reads_must_be_declared():
