@@ -67,7 +67,7 @@ class Measured(Bounded):
 
   __slots__ = ("got",)
 
-  def __init__(self, v: Any, e: Any = 0.0, got: tuple[float, ...] = ()):
+  def __init__(self, v: Any, e: Any, got: tuple[float, ...]):
     super().__init__(v, e)
     self.got = got
 
