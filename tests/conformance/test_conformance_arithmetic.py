@@ -227,6 +227,16 @@ def test_an_infinite_scalar_is_exact_only_as_the_same_infinity():
   assert other.got == (-math.inf,) and float(other.e) == math.inf
 
 
+def test_a_device_nan_for_a_finite_scalar_is_an_infinite_error(monkeypatch):
+  """A device whose square root returns NaN: Adam's ``R_adjusted``, finite exactly, is NaN there,
+  and its error is infinite (so the case cannot pass on it), not 0. Planted, the NaN taken as
+  the exact value's own non-finite value (``and`` as ``or``, a mutation-run survivor): error 0."""
+  monkeypatch.setattr(scalars._Jax, "sqrt", staticmethod(lambda x: jnp.full_like(x, jnp.nan)))
+  hyper = dict(alpha=0.9, beta=0.999, epsilon=1e-8, norm_coefficient=0.0, norm_coefficient_post=0.0)
+  measured = scalars.measure("adam", "cpu", 0.1, 5, hyper, x64=False, received=np.float32)["R_adjusted"]
+  assert math.isnan(measured.got[0]) and math.isfinite(float(measured.v)) and float(measured.e) == math.inf
+
+
 def test_a_scalar_the_model_reads_must_be_declared():
   """The model reads its scalars by name; one missing from the formulas is an error, not a fallback."""
   case = next(c for c in grid.cases("adam", "float32") if c.name == "odd")
