@@ -447,11 +447,42 @@ def test_refuses_amsgrad(cls):
     to_torch(from_torch(torch.optim.AdamW(ps, lr=0.1), structure)[1], opt)
 
 
+def test_adamw_whose_group_says_coupled_continues_coupled():
+  """PyTorch's Adam step reads ``decoupled_weight_decay`` from the group, whatever the class: an
+  AdamW whose group is set to False runs the coupled (L2) decay (checked: it differs from AdamW's
+  own run), and ``from_torch`` continues that run, to 1e-12 in float64 (planted, the group's flag
+  ignored and the class's twin kept: every element differs)."""
+  x0 = torch.tensor([1.0, -2.0, 3.0], dtype=torch.float64)
+  grads = [torch.randn(3, generator=torch.Generator().manual_seed(k), dtype=torch.float64) for k in range(5)]
+
+  def run(steps, coupled):
+    w = torch.nn.Parameter(x0.clone())
+    opt = torch.optim.AdamW([w], lr=0.05, weight_decay=0.5)
+    if coupled:
+      opt.param_groups[0]["decoupled_weight_decay"] = False
+    for g in grads[:steps]:
+      w.grad = g.clone()
+      opt.step()
+    return w, opt
+
+  (ref, _), (w, opt) = run(5, coupled=True), run(2, coupled=True)
+  assert not torch.allclose(run(5, coupled=False)[0], ref)
+  with jax.enable_x64(True):
+    params = [jnp.asarray(w.detach().numpy())]
+    tx, state = from_torch(opt, params)
+    for g in grads[2:]:
+      updates, state = tx.update([jnp.asarray(g.numpy())], state, params)
+      params = optax.apply_updates(params, updates)
+  np.testing.assert_allclose(np.asarray(params[0]), ref.detach().numpy(), rtol=1e-12)
+
+
 @pytest.mark.parametrize(
   "options, key",
   [
     (dict(lr=torch.tensor(0.01)), "lr"),
     (dict(lr=0.01, betas=(torch.tensor(0.9), torch.tensor(0.99))), "betas"),
+    (dict(lr=0.01, eps=torch.tensor(1e-3)), "eps"),
+    (dict(lr=0.01, weight_decay=torch.tensor(0.1)), "weight_decay"),
   ],
 )
 def test_refuses_tensor_hyperparameters(options, key):
