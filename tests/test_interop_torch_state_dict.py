@@ -182,20 +182,22 @@ def test_state_dict_keeps_the_templates_dtypes_devices_and_groups():
   torch.optim.AdamW([{"params": [ps[0]]}, {"params": [ps[1]], "lr": 0.5}], lr=0.1).load_state_dict(back)
 
 
+def _stepped_adamw(p):
+  """An AdamW over the one parameter ``p`` after one step (its state dict has ``p``'s entry)."""
+  opt = torch.optim.AdamW([p], lr=0.1)
+  p.grad = torch.full_like(p, 0.5)
+  opt.step()
+  return opt
+
+
 def test_a_state_wider_than_the_templates_dtype_is_refused():
   """A float64 run written into a float32 optimizer's template is refused, naming both dtypes:
   written as float64, ``load_state_dict`` would round the moments to the parameters' float32
-  silently (planted, the written dtype taken from the state instead of the template: passes)."""
+  silently (planted, the written dtype taken from the state instead of the template: fails)."""
   with jax.enable_x64(True):
-    ps = [torch.nn.Parameter(torch.ones(3, 4, dtype=torch.float64))]
-    opt64 = torch.optim.AdamW(ps, lr=0.01)
-    ps[0].grad = torch.full_like(ps[0], 0.5)
-    opt64.step()
+    opt64 = _stepped_adamw(torch.nn.Parameter(torch.ones(3, 4, dtype=torch.float64)))
     _, state = from_torch_state_dict(opt64.state_dict(), [jnp.ones((3, 4), jnp.float64)])
-    p32 = torch.nn.Parameter(torch.ones(3, 4))
-    opt32 = torch.optim.AdamW([p32], lr=0.01)
-    p32.grad = torch.full_like(p32, 0.5)
-    opt32.step()
+    opt32 = _stepped_adamw(torch.nn.Parameter(torch.ones(3, 4)))
     with pytest.raises(ValueError, match=r"dtype float64; PyTorch keeps it .*dtype float32"):
       to_torch_state_dict(state, opt32.state_dict())
 
@@ -203,11 +205,7 @@ def test_a_state_wider_than_the_templates_dtype_is_refused():
 def test_the_written_state_is_on_the_templates_device():
   """The written tensors are on the device of the template's (``meta`` stands in for an accelerator
   on this CPU-only PyTorch; planted, always ``cpu``: fails)."""
-  p = torch.nn.Parameter(torch.ones(3))
-  opt = torch.optim.AdamW([p], lr=0.1)
-  p.grad = torch.full_like(p, 0.5)
-  opt.step()
-  saved = opt.state_dict()
+  saved = _stepped_adamw(torch.nn.Parameter(torch.ones(3))).state_dict()
   _, state = from_torch_state_dict(saved, [jnp.ones(3, jnp.float32)])
   on_meta = {
     "param_groups": saved["param_groups"],
