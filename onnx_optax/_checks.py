@@ -417,7 +417,11 @@ def decays_representable(
 def _decays_round(
   decays: dict[str, Any], dtypes: Sequence[tuple[str, Any, Any]], may_be_one: Sequence[str]
 ) -> None:
-  """Raises where a rate in ``[0, 1)`` of ``decays`` rounds to 1 (or its complement to 0) in a dtype."""
+  """Raises where a rate in ``[0, 1)`` of ``decays`` rounds to 1 in a dtype.
+
+  Its complement ``1 - value`` (at least ``2**-53``) never rounds to 0 in a dtype where the rate
+  itself stays below 1: only float16's ``2**-25`` is that coarse, and there the rate rounds to 1.
+  """
   for path, computed, stored in dtypes:
     for dtype, where in ((computed, "is computed in"), (stored, "stores its state in")):
       for name, value in decays.items():
@@ -425,7 +429,7 @@ def _decays_round(
         if not 0 <= value < 1:
           continue
         # NumPy, not jnp: init may run under jit, where jnp would trace it.
-        if float(np.asarray(value, dtype=dtype)) == 1.0 or float(np.asarray(1 - value, dtype=dtype)) == 0.0:
+        if float(np.asarray(value, dtype=dtype)) == 1.0:
           one = f" or pass {name}=1.0 if that is what you mean" if name in may_be_one else ""
           raise ValueError(
             f"{name}={value} rounds to 1.0 in {dtype}, the dtype params{path} {where}, "
