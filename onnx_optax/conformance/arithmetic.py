@@ -244,22 +244,31 @@ def sweep(
 
 # -- exact results ---------------------------------------------------------------------
 
-_CONTEXT = decimal.Context(prec=45, Emin=-99999, Emax=99999, traps=[])
+#: The exact arithmetic of the measurements (this module's and the per-update scalars'): 45 digits.
+DECIMAL = decimal.Context(prec=45, Emin=-99999, Emax=99999, traps=[])
 
 
-def _expm1_decimal(x: decimal.Decimal) -> decimal.Decimal:
-  if abs(x) < decimal.Decimal("1e-6"):  # exp(x) - 1 would cancel: the series (error ~ x^6).
-    return _CONTEXT.plus(x + x * x / 2 + x**3 / 6 + x**4 / 24 + x**5 / 120)
-  return _CONTEXT.subtract(_CONTEXT.exp(x), 1)
+def decimal_expm1(x: decimal.Decimal) -> decimal.Decimal:
+  """``exp(x) - 1`` in :data:`DECIMAL`'s 45 digits; a non-finite ``x`` through ``exp``.
+
+  Example (mpmath's ``expm1(1e-7)`` in 60 digits: ``1.00000005000000166666670833333416666668055555575e-7``):
+    >>> decimal_expm1(decimal.Decimal("1e-7"))
+    Decimal('1.00000005000000166666670833333416666668055556E-7')
+  """
+  if x.is_finite() and abs(x) < decimal.Decimal("1e-6"):  # exp(x) - 1 cancels: the series.
+    with decimal.localcontext(DECIMAL):
+      # Through x^7: the first term left out, x^8 / 8!, is below 1e-46 of x.
+      return +(x + x * x / 2 + x**3 / 6 + x**4 / 24 + x**5 / 120 + x**6 / 720 + x**7 / 5040)
+  return DECIMAL.subtract(DECIMAL.exp(x), 1)
 
 
-_DECIMAL: dict[str, Callable[..., decimal.Decimal]] = {
-  "div": _CONTEXT.divide,
-  "mul": _CONTEXT.multiply,
-  "add": _CONTEXT.add,
-  "sqrt": _CONTEXT.sqrt,
-  "log": _CONTEXT.ln,
-  "expm1": _expm1_decimal,
+_EXACT: dict[str, Callable[..., decimal.Decimal]] = {
+  "div": DECIMAL.divide,
+  "mul": DECIMAL.multiply,
+  "add": DECIMAL.add,
+  "sqrt": DECIMAL.sqrt,
+  "log": DECIMAL.ln,
+  "expm1": decimal_expm1,
 }
 _FLOAT64 = {
   "div": np.divide,
@@ -273,12 +282,12 @@ _FLOAT64 = {
 
 def _decimal_errors(op: str, operands: tuple[np.ndarray, ...], got: np.ndarray) -> tuple[np.ndarray, ...]:
   """``(exact, |got - exact|)`` of float64 operations through 45-digit decimals, each rounded once."""
-  f = _DECIMAL[op]
+  f = _EXACT[op]
   exact_d = [f(*(decimal.Decimal(float(x[i])) for x in operands)) for i in range(got.size)]
   exact = np.array([float(x) for x in exact_d], np.float64)
   err = np.array(
     [
-      float(abs(_CONTEXT.subtract(decimal.Decimal(float(g)), x)))
+      float(abs(DECIMAL.subtract(decimal.Decimal(float(g)), x)))
       if x.is_finite() and math.isfinite(g)
       else np.nan
       for g, x in zip(got.tolist(), exact_d)

@@ -52,7 +52,7 @@ import numpy as np
 import optax
 
 from onnx_optax import _engine
-from onnx_optax.conformance import devices, models, tolerance  # noqa: F401 (models: they register)
+from onnx_optax.conformance import arithmetic, devices, models, tolerance  # noqa: F401 (models: they register)
 from onnx_optax.conformance.cases import Case, base_rule, numpy_dtype, received_dtype_of
 from onnx_optax.conformance.programs import Batch
 from onnx_optax.conformance.tolerance import Bounded
@@ -109,7 +109,7 @@ class _Jax:
     return -jnp.expm1(step * jnp.asarray(math.log(beta), dtype))
 
 
-_DECIMAL = decimal.Context(prec=45, Emin=-99999, Emax=99999, traps=[])
+_DECIMAL = arithmetic.DECIMAL
 
 
 class _Exact:
@@ -119,12 +119,7 @@ class _Exact:
   def log(x: decimal.Decimal) -> decimal.Decimal:
     return _DECIMAL.ln(x)
 
-  @staticmethod
-  def expm1(x: decimal.Decimal) -> decimal.Decimal:
-    if x.is_finite() and abs(x) < decimal.Decimal("1e-6"):  # exp(x) - 1 cancels: the series.
-      # Through x^7: the first term left out, x^8 / 8!, is below 1e-46 of x.
-      return x + x * x / 2 + x**3 / 6 + x**4 / 24 + x**5 / 120 + x**6 / 720 + x**7 / 5040
-    return _DECIMAL.subtract(_DECIMAL.exp(x), 1)
+  expm1 = staticmethod(arithmetic.decimal_expm1)
 
   @staticmethod
   def sqrt(x: decimal.Decimal) -> decimal.Decimal:
