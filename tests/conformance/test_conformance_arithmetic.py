@@ -13,6 +13,7 @@ documented values.
 from __future__ import annotations
 
 import decimal
+import fractions
 import math
 
 import jax
@@ -362,3 +363,57 @@ def test_degraded_device_checks_the_twins_by_their_bound(degraded_arithmetic):
   (why,) = row["order_skipped"]
   assert why.startswith("the float32 arithmetic is not correctly rounded (div ") and "sqrt" in why, why
   assert "order not compared: " + why in report.format_table(result)
+
+
+def _float64_operands(op: str, n: int = 4000) -> tuple[np.ndarray, ...]:
+  """Random float64 operands over 600 binades, both signs (``sqrt``: positive), and products and
+  quotients that round exactly (small integers), where the exact error is 0."""
+  rng = np.random.default_rng(7)
+  wide = lambda: rng.choice([-1.0, 1.0], n) * rng.random(n) * 2.0 ** rng.integers(-300, 300, n)  # noqa: E731
+  small = lambda: rng.integers(1, 1 << 20, 256).astype(np.float64)  # noqa: E731
+  if op == "sqrt":
+    return (np.concatenate([np.abs(wide()), small() ** 2]),)
+  return np.concatenate([wide(), small()]), np.concatenate([wide(), small()])
+
+
+def _exactly(op: str, operands: tuple[np.ndarray, ...], got: np.ndarray) -> np.ndarray:
+  """``|got - exact|`` rounded once to float64: rationals for ``mul``, ``add``, ``div`` (exact), the
+  square root in 600-digit decimals (which hold the difference of two float64 square roots)."""
+  out = []
+  for i, g in enumerate(got.tolist()):
+    x = [float(o[i]) for o in operands]
+    if op == "sqrt":
+      with decimal.localcontext(decimal.Context(prec=600)):
+        out.append(float(abs(decimal.Decimal(g) - decimal.Decimal(x[0]).sqrt())))
+      continue
+    a, b = fractions.Fraction(x[0]), fractions.Fraction(x[1])
+    out.append(float(abs(fractions.Fraction(g) - {"mul": a * b, "add": a + b, "div": a / b}[op])))
+  return np.array(out)
+
+
+@pytest.mark.parametrize("op", ["mul", "add", "div", "sqrt"])
+def test_float64_errors_without_decimals_are_exact(op):
+  """The float64 measurement's error-free transformations (Dekker's product with Veltkamp's split,
+  Knuth's sum, the scaled remainders of division and square root) give ``|got - exact|`` as exact
+  arithmetic does (Python's rationals; 600-digit decimals for roots), for ``got`` the correctly
+  rounded result and its neighbours one and three ulps away: to the bit for products and sums
+  (one rounding of the error itself), within 4e-16 relative for quotients and roots (a division
+  and a root of the remainder). Planted, Veltkamp's splitter ``2**27 + 1`` as ``2**28 + 1`` or
+  ``x / splitter`` (mutation-run survivors: the product's error no longer exact): products fail."""
+  operands = _float64_operands(op)
+  with np.errstate(all="ignore"):
+    exact = arithmetic._FLOAT64[op](*operands)
+  finite = np.isfinite(exact) & (exact != 0)
+  operands, exact = tuple(o[finite] for o in operands), exact[finite]
+  for ulps in (0, 1, -1, 3):
+    got = exact
+    for _ in range(abs(ulps)):
+      got = np.nextafter(got, np.sign(ulps) * np.inf)
+    fast = arithmetic._exact_errors(op, operands, got)[1]
+    want = _exactly(op, operands, got)
+    if op in ("mul", "add"):
+      np.testing.assert_array_equal(fast, want, err_msg=f"{op}, got {ulps} ulps off")
+    else:
+      np.testing.assert_allclose(fast, want, rtol=4e-16, atol=0, err_msg=f"{op}, got {ulps} ulps off")
+    if ulps == 0:
+      assert np.all(want <= np.spacing(np.abs(exact)) / 2), op  # NumPy's: correctly rounded
