@@ -417,3 +417,19 @@ def test_float64_errors_without_decimals_are_exact(op):
       np.testing.assert_allclose(fast, want, rtol=4e-16, atol=0, err_msg=f"{op}, got {ulps} ulps off")
     if ulps == 0:
       assert np.all(want <= np.spacing(np.abs(exact)) / 2), op  # NumPy's: correctly rounded
+
+
+def test_the_one_line_summary_names_the_dtypes_that_flush():
+  """``summary`` (``DeviceArithmetic.summary`` of the JSON form) lists a dtype as reading subnormal
+  operands as 0 only where an element-wise operation of it does (a transcendental's flag is not
+  the rules' arithmetic). Planted, ``and`` as ``or`` (a mutation-run survivor): every dtype listed."""
+
+  def entry(op, dtype, flushes):
+    return dict(op=op, dtype=dtype, ulp=0.5, k=1.0, under=0.0, flushes_operands=flushes, n=100)
+
+  line = arithmetic.summary(
+    [entry("div", "float32", False), entry("add", "bfloat16", True), entry("log", "float64", True)]
+  )
+  assert line.startswith("float32 div 0.50 (n 100-100); float64 log 0.50")
+  assert line.endswith("; subnormal operands read as 0: bfloat16"), line
+  assert arithmetic.summary([entry("div", "float16", False)]).endswith("read as 0: none")
