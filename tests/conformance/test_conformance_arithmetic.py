@@ -131,6 +131,23 @@ def test_sweep_covers_every_binade_and_subnormals():
     assert float(info.smallest_subnormal) in v and float(info.max) in v, dtype
 
 
+def test_the_swept_values_are_positive_with_every_binades_edges():
+  """The values every operand is drawn from: positive and finite, each binade's least and greatest
+  value among them (subnormals': the smallest and the largest subnormal). Planted, the smallest
+  subnormal set in the wrong column (a mutation-run survivor: a zero instead of the largest
+  subnormal): fails."""
+  for dtype in ("float32", "float64", "float16", "bfloat16"):
+    info = ml_dtypes.finfo(arithmetic._np(dtype))
+    v = np.asarray(arithmetic._finite_positive(dtype, np.random.default_rng(0)), np.float64)
+    assert np.all((v > 0) & np.isfinite(v)), dtype
+    tiny, ulp1 = float(info.smallest_subnormal), float(info.eps)
+    edges = [tiny, float(info.smallest_normal) - tiny]
+    for e in range(int(info.minexp), int(info.maxexp)):
+      edges += [2.0**e, 2.0**e * (2 - ulp1)]
+    missing = sorted(set(edges) - set(v.tolist()))
+    assert not missing, (dtype, missing[:4])
+
+
 def test_sweep_holds_the_grids_operands():
   """The operands the model meets over the grid reach the sweep (here: Adagrad's division in float32)."""
   (numerators, denominators) = check.grid_operands()[("div", "float32")]
