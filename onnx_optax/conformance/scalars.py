@@ -109,21 +109,18 @@ class _Jax:
     return -jnp.expm1(step * jnp.asarray(math.log(beta), dtype))
 
 
-_DECIMAL = arithmetic.DECIMAL
-
-
 class _Exact:
   """Exact arithmetic: 45-digit decimals (``T`` a Python int)."""
 
   @staticmethod
   def log(x: decimal.Decimal) -> decimal.Decimal:
-    return _DECIMAL.ln(x)
+    return arithmetic.DECIMAL.ln(x)
 
   expm1 = staticmethod(arithmetic.decimal_expm1)
 
   @staticmethod
   def sqrt(x: decimal.Decimal) -> decimal.Decimal:
-    return _DECIMAL.sqrt(x)
+    return arithmetic.DECIMAL.sqrt(x)
 
   @staticmethod
   def where(condition: bool, a: Any, b: Any) -> Any:
@@ -131,11 +128,11 @@ class _Exact:
 
   @staticmethod
   def power(beta: decimal.Decimal, T: int) -> decimal.Decimal:
-    return _DECIMAL.power(beta, T + 1)
+    return arithmetic.DECIMAL.power(beta, T + 1)
 
   @staticmethod
   def pytorch_power_complement(beta: float, T: int) -> decimal.Decimal:
-    return _DECIMAL.subtract(1, _DECIMAL.power(decimal.Decimal(beta), T + 1))
+    return arithmetic.DECIMAL.subtract(1, arithmetic.DECIMAL.power(decimal.Decimal(beta), T + 1))
 
 
 def formula(rule: str) -> Callable[..., dict[str, Any]]:
@@ -156,7 +153,7 @@ def exact(rule: str, R: float, T: int, hyper: Mapping[str, Any]) -> dict[str, de
     >>> float(s["R_adjusted"]), float(s["one_minus_beta"])
     (0.5, 0.25)
   """
-  with decimal.localcontext(_DECIMAL):
+  with decimal.localcontext(arithmetic.DECIMAL):
     h = {k: decimal.Decimal(v) for k, v in _floats(hyper).items()}
     return formula(rule)(_Exact(), decimal.Decimal(R), T, h, hyper)
 
@@ -266,7 +263,7 @@ def start(
             same = same and (str(float(v)) == str(float(x)) or math.isnan(float(v)))
             errors[name] = max(errors[name], 0.0 if same else math.inf)
           else:
-            err = float(_DECIMAL.copy_abs(_DECIMAL.subtract(g, x)))
+            err = float(arithmetic.DECIMAL.copy_abs(arithmetic.DECIMAL.subtract(g, x)))
             errors[name] = max(errors[name], err * (1 + 2.0**-50))  # Rounded up from the decimal.
     return {name: Measured(float(want[name]), errors[name], tuple(values[name])) for name in want}
 
