@@ -16,8 +16,9 @@ Each journey is the client's, on a tiny model built from a config (no download) 
 
 The final weights equal the uninterrupted run's: in float64 to 1e-12 of each tensor's largest
 magnitude; in float32 within ``max(4 ulp, 2 x PyTorch's own spread)`` (as
-tests/test_float32_carry.py), the spread being the uninterrupted run with PyTorch's fused kernel
-against the same run with its default one, measured here. The Trainer's schedule (warmup 3, 7 steps)
+tests/test_float32_carry.py), the spread being how far PyTorch's own other kernel takes the run
+from the uninterrupted one, from the start and from the step where the journey leaves PyTorch,
+measured here in the same run. The Trainer's schedule (warmup 3, 7 steps)
 has different rates at steps N and N + M, so that a bridge that writes back the checkpoint's stale rate
 fails each journey: planted (``to_torch_state_dict`` keeping the groups' ``lr``), the Trainer's runs end
 8e-3 to 1.5e-2 off in float64 and 6.6e4 to 2.2e5 ulp off in float32, Lightning's 3e-2 and 1.3e6 ulp.
@@ -240,16 +241,37 @@ def test_trainer_float64_resumes_exactly(optim, trainer_root):
 @pytest.mark.parametrize("optim", ["adamw_torch_fused", "sgd", "adagrad"])
 def test_trainer_float32_within_pytorchs_spread(optim, trainer_root):
   """AdamW (the Trainer's default, fused), SGD with momentum and Adagrad in float32, with the default
-  linear schedule with warmup: within max(4 ulp, 2 x PyTorch's own spread), the same uninterrupted run
-  with PyTorch's other kernel (AdamW's default one for the fused; the fused one for SGD and Adagrad)."""
+  linear schedule with warmup: within max(4 ulp, 2 x PyTorch's own spread). The spread is the larger
+  of two PyTorch runs against the uninterrupted one: the same run with PyTorch's other kernel (AdamW's
+  default one for the fused; the fused one for SGD and Adagrad) from the start, and from step N on,
+  where the journey leaves PyTorch. How far a kernel's rounding at step N carries to the end depends
+  on the machine: for AdamW, 1.9 ulp carried with 2.2 and 3.5 ulp of spread on an AMD EPYC (PyTorch
+  2.13.0); 4.5 ulp carried with 1.0 ulp from the start on an Intel Xeon with AVX-512 (PyTorch 2.11.0,
+  Transformers 5.17), where the spread from the start alone gave a bound of 2 x 1.0 ulp, and failed.
+  The Xeon's figure is of one run, measured before the run from step N was part of the test."""
   setup = _Trainer(optim, torch.float32, trainer_root / f"float32-{optim}")
   reference, resumed, _ = _trainer_journey(setup)
   if optim == "adamw_torch_fused":
-    other = setup.trainer("other-kernel", optim="adamw_torch")
+    kernel = dict(optim="adamw_torch")
   else:
-    other = setup.trainer("other-kernel", fused=True)
+    kernel = dict(fused=True)
+  other = setup.trainer("other-kernel", **kernel)
   other.train()
-  spread = _ulps(other.model.parameters(), reference.parameters())
+  # The same run switched to the other kernel where the journey leaves PyTorch (step N): the
+  # optimizer's own groups in the checkpoint say which kernel a resume runs, so the copy says the other.
+  switch = setup.root / "switch" / f"checkpoint-{N}"
+  shutil.copytree(setup.root / "reference" / f"checkpoint-{N}", switch)
+  saved = torch.load(switch / "optimizer.pt", weights_only=True)
+  for group in saved["param_groups"]:
+    group["fused"] = None if optim == "adamw_torch_fused" else True
+  torch.save(saved, switch / "optimizer.pt")
+  switched = setup.trainer("switch", **kernel)
+  switched.train(resume_from_checkpoint=str(switch))
+  assert [g["fused"] for g in switched.optimizer.param_groups] == [g["fused"] for g in saved["param_groups"]]
+  spread = max(
+    _ulps(other.model.parameters(), reference.parameters()),
+    _ulps(switched.model.parameters(), reference.parameters()),
+  )
   carried = _ulps(resumed.parameters(), reference.parameters())
   assert carried <= max(4.0, 2 * spread), (carried, spread)
 
