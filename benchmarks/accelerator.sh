@@ -7,6 +7,9 @@
 #   docs/benchmarks/scale_<platform>.json, .txt benchmarks/scale.py    (compile time at model scale)
 #   docs/benchmarks/flax_<platform>.json, .txt  benchmarks/flax_step.py (a whole Flax NNX step)
 #
+# On a GPU with PyTorch it also runs tests/test_interop_torch_devices.py (the bridges with the
+# optimizer's tensors on the GPU), whose result it prints and writes nothing for.
+#
 # Usage, from a checkout with onnx_optax, onnx, flax (and torch, off TPUs) installed:
 #
 #   bash benchmarks/accelerator.sh [cpu|gpu|tpu] [--quick] [--out DIR]
@@ -15,7 +18,7 @@
 # into a temporary folder unless --out is given (a check that everything runs, minutes on a CPU;
 # its numbers are not for committing). --out DIR: write DIR/docs/... instead of the checkout's docs/.
 # Every step runs even if one before it failed; the exit status is the conformance command's
-# (0 passed, 1 a case failed, ...; see docs/conformance.md), or 10 if only a benchmark failed.
+# (0 passed, 1 a case failed, ...; see docs/conformance.md), or 10 if only a benchmark (or the GPU bridge test) failed.
 set -uo pipefail
 
 platform=""
@@ -26,7 +29,7 @@ while [ $# -gt 0 ]; do
     cpu|gpu|tpu) platform="$1" ;;
     --quick) quick=1 ;;
     --out) out="$2"; shift ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (expected cpu, gpu, tpu, --quick, --out DIR)" >&2; exit 2 ;;
   esac
   shift
@@ -67,6 +70,10 @@ echo "== conformance on $platform -> $conf.{json,md}"
 status=$?
 
 failed=0
+if [ "$platform" = gpu ] && [ ${#torch_args[@]} = 0 ]; then
+  echo "== the PyTorch bridges with the optimizer's tensors on the GPU (tests/test_interop_torch_devices.py)"
+  "$python" -m pytest tests/test_interop_torch_devices.py -q -rs -p no:cacheprovider || failed=1
+fi
 echo "== step time -> $bench/steps_$platform.{json,md}"
 "$python" benchmarks/run.py --device "$platform" ${torch_args[@]+"${torch_args[@]}"} ${steps_args[@]+"${steps_args[@]}"} \
   --json "$bench/steps_$platform.json" --markdown "$bench/steps_$platform.md" || failed=1

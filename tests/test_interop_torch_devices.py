@@ -1,0 +1,94 @@
+"""A PyTorch run on its own device carried into JAX and back, there.
+
+A user moving a GPU training run holds an optimizer whose parameters and state
+tensors live on ``cuda``: ``from_torch`` reads them from there, ``to_torch``
+writes the state back onto the same devices (PyTorch's ``step`` where PyTorch
+keeps it: on the CPU, or on the parameter's device for ``fused`` and
+``capturable``), and PyTorch continues. Expected values: the same PyTorch run
+that never left PyTorch.
+
+The ``cuda`` cases need PyTorch to see a CUDA device; where it sees none (CI's
+machines), they are skipped and say so. ``benchmarks/accelerator.sh`` runs this
+file on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import torch
+
+from onnx_optax.interop import from_torch, to_torch, torch_params
+
+_CUDA = pytest.mark.skipif(
+  not torch.cuda.is_available(), reason="PyTorch sees no CUDA device on this machine"
+)
+
+OPTIMIZERS = {
+  "sgd": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, dampening=0.1, weight_decay=1e-3),
+  "adagrad": lambda p: torch.optim.Adagrad(p, lr=0.05, lr_decay=0.01),
+  "adam": lambda p: torch.optim.Adam(p, lr=1e-2, weight_decay=0.05),
+  "adamw fused": lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.05, fused=True),
+  "adamw capturable": lambda p: torch.optim.AdamW(p, lr=1e-2, capturable=True),
+}
+
+
+def _grads(steps: int, device: str) -> list[list[torch.Tensor]]:
+  rng = np.random.default_rng(7)
+  return [
+    [torch.tensor(rng.standard_normal(s), dtype=torch.float32, device=device) for s in ((4, 3), (3,))]
+    for _ in range(steps)
+  ]
+
+
+def _model(device: str) -> list[torch.nn.Parameter]:
+  rng = np.random.default_rng(3)
+  return [
+    torch.nn.Parameter(torch.tensor(rng.standard_normal(s), dtype=torch.float32, device=device))
+    for s in ((4, 3), (3,))
+  ]
+
+
+def _torch_steps(opt, params, grads) -> None:
+  for g in grads:
+    for p, gi in zip(params, g):
+      p.grad = gi.clone()
+    opt.step()
+
+
+# capturable=True is PyTorch's for accelerators only (it refuses CPU parameters).
+CASES = [(name, "cpu") for name in sorted(OPTIMIZERS) if name != "adamw capturable"] + [
+  pytest.param(name, "cuda", marks=_CUDA) for name in sorted(OPTIMIZERS)
+]
+
+
+@pytest.mark.parametrize("name, device", CASES)
+def test_a_run_leaves_its_device_and_comes_back(name, device):
+  grads = _grads(9, device)
+  # The run that never leaves PyTorch: nine steps.
+  stay = _model(device)
+  stay_opt = OPTIMIZERS[name](stay)
+  _torch_steps(stay_opt, stay, grads)
+  # The carried run: three steps in PyTorch, three in JAX, three in PyTorch again.
+  ps = _model(device)
+  opt = OPTIMIZERS[name](ps)
+  _torch_steps(opt, ps, grads[:3])
+  before = {k: (v.device, v.dtype) for k, v in opt.state[ps[0]].items() if isinstance(v, torch.Tensor)}
+  params = torch_params(opt)
+  tx, state = from_torch(opt, params)
+  for g in grads[3:6]:
+    jg = [jnp.asarray(gi.cpu().numpy()) for gi in g]
+    updates, state = tx.update(jg, state, params)
+    params = optax.apply_updates(params, updates)
+  to_torch(state, opt, params)
+  after = {k: (v.device, v.dtype) for k, v in opt.state[ps[0]].items() if isinstance(v, torch.Tensor)}
+  assert after == before, "to_torch moved or cast a state tensor"
+  for p in ps:
+    assert p.device.type == device
+  _torch_steps(opt, ps, grads[6:])
+  for got, want in zip(ps, stay):
+    # Six of the nine steps are PyTorch's own; the three in JAX round each operation
+    # correctly, PyTorch's square root on a CPU may not (tests/test_float32_carry.py).
+    np.testing.assert_allclose(got.detach().cpu().numpy(), want.detach().cpu().numpy(), rtol=2e-6, atol=1e-7)
