@@ -86,6 +86,7 @@ from torch.distributed.checkpoint.state_dict import (  # noqa: E402
   set_model_state_dict,
   set_optimizer_state_dict,
 )
+from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
 from torch.distributed.tensor import DTensor, Partial, Shard, distribute_tensor  # noqa: E402
 
@@ -98,6 +99,9 @@ from onnx_optax.interop import (  # noqa: E402
 )
 
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{TORCH_PORT}", rank=RANK, world_size=WORLD)
+# fully_shard's default mesh is on the accelerator PyTorch finds (CUDA where it sees a GPU): these ranks
+# are CPU ones, also on a machine with a GPU.
+MESH = init_device_mesh("cpu", (WORLD,))
 
 N, M, K = 2, 3, 2
 DEVICES = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
@@ -119,7 +123,7 @@ def model_and_optimizer(kind, dims, dtype, seed=0, **options):
   (a, b), (c, d) = dims
   model = torch.nn.Sequential(torch.nn.Linear(a, b), torch.nn.Tanh(), torch.nn.Linear(c, d)).to(dtype)
   for module in (model[0], model[2], model):
-    fully_shard(module)
+    fully_shard(module, mesh=MESH)
   return model, OPTIMIZERS[kind](model.parameters(), **options)
 
 
