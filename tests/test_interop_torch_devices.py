@@ -75,7 +75,10 @@ def test_a_run_leaves_its_device_and_comes_back(name, device):
   ps = _model(device)
   opt = OPTIMIZERS[name](ps)
   _torch_steps(opt, ps, grads[:3])
-  before = {k: (v.device, v.dtype) for k, v in opt.state[ps[0]].items() if isinstance(v, torch.Tensor)}
+  placed = lambda: [  # noqa: E731
+    {k: (v.device, v.dtype) for k, v in opt.state[p].items() if isinstance(v, torch.Tensor)} for p in ps
+  ]
+  before = placed()
   params = torch_params(opt)
   tx, state = from_torch(opt, params)
   for g in grads[3:6]:
@@ -83,12 +86,13 @@ def test_a_run_leaves_its_device_and_comes_back(name, device):
     updates, state = tx.update(jg, state, params)
     params = optax.apply_updates(params, updates)
   to_torch(state, opt, params)
-  after = {k: (v.device, v.dtype) for k, v in opt.state[ps[0]].items() if isinstance(v, torch.Tensor)}
-  assert after == before, "to_torch moved or cast a state tensor"
+  assert placed() == before, "to_torch moved or cast a state tensor"
   for p in ps:
     assert p.device.type == device
   _torch_steps(opt, ps, grads[6:])
   for got, want in zip(ps, stay):
     # Six of the nine steps are PyTorch's own; the three in JAX round each operation
     # correctly, PyTorch's square root on a CPU may not (tests/test_float32_carry.py).
+    # Seen on the CPU: at most 1.7e-7 relative (0 for Adam). Planted, PyTorch's step
+    # written back one short (Adam's bias correction a step late): 1.0e-3.
     np.testing.assert_allclose(got.detach().cpu().numpy(), want.detach().cpu().numpy(), rtol=2e-6, atol=1e-7)
