@@ -78,7 +78,6 @@ DTYPES = {op: ("float32", "float64", "float16", "bfloat16") for op in ELEMENTWIS
   op: ("float32", "float64") for op in TRANSCENDENTAL
 }
 
-_ARITY = {"div": 2, "mul": 2, "add": 2, "sqrt": 1, "log": 1, "expm1": 1}
 _JAX: dict[str, Callable[..., Any]] = {
   "div": lambda a, b: a / b,
   "mul": lambda a, b: a * b,
