@@ -142,6 +142,19 @@ def test_sweep_covers_every_binade_and_subnormals():
     assert not missing, (dtype, missing[:4])
 
 
+def test_sums_are_swept_where_they_cancel():
+  """A quarter of the sum's pairs are of opposite signs within a factor of two of each other, where
+  the difference is exact (Sterbenz) and an adder without a guard digit is off by far more than half
+  an ulp. Planted, the second operand's factor drawn from [2, 3) instead of [1, 2) (a mutation-run
+  survivor, which left every figure of a correctly rounded CPU at 0.50): none are."""
+  for dtype in ("float32", "float64", "float16", "bfloat16"):
+    a, b = (np.asarray(x, np.float64) for x in arithmetic.sweep("add", dtype))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+      ratio = -b / a
+    cancelling = np.mean((ratio >= 1) & (ratio <= 2))
+    assert cancelling > 0.2, (dtype, cancelling)
+
+
 def test_sweep_holds_the_grids_operands():
   """The operands the model meets over the grid reach the sweep (here: Adagrad's division in float32)."""
   (numerators, denominators) = check.grid_operands()[("div", "float32")]
