@@ -155,6 +155,40 @@ def test_sums_are_swept_where_they_cancel():
     assert cancelling > 0.2, (dtype, cancelling)
 
 
+def _widest_gap(values: np.ndarray, lo: float, hi: float) -> float:
+  """The widest interval of ``[lo, hi]`` holding none of ``values``."""
+  inside = np.unique(values[(values >= lo) & (values <= hi)])
+  return float(np.max(np.diff(np.concatenate([[lo], inside, [hi]]))))
+
+
+def _grid_step(lo: float, hi: float, k: int, d: np.dtype) -> float:
+  """The step of a grid on ``[lo, hi]`` in ``k`` steps, and one rounding to ``d`` at its far end."""
+  return (hi - lo) / k + float(np.spacing(np.array(max(abs(lo), abs(hi)), d)))
+
+
+def test_the_scalar_functions_are_swept_where_the_scalars_land():
+  """``log``'s operands are positive, every binade and ``[0.5, 2]`` densely; ``expm1``'s hold every
+  binade of both signs, are dense on ``[-1, 0)`` and denser on ``[-0.1, -0.001]``, where
+  ``-expm1(T log beta)`` lands for ``beta = 0.999`` and small ``T``. Planted, each a mutation-run
+  survivor that moved only the report's ``log`` and ``expm1`` figures: the two branches swapped, the
+  dense points on ``(0, 1]`` or spread over ``[-1, 1)``, the denser range from -1.1 or to +0.001 or
+  on ``[-0.001, 0.1]``, ``V`` twice instead of ``V`` and ``-V``: each fails."""
+  for dtype in ("float32", "float64"):
+    n, d = arithmetic._DENSE[dtype], arithmetic._np(dtype)
+    step = lambda lo, hi, k, d=d: _grid_step(lo, hi, k, d)  # noqa: E731
+    (logs,) = (np.asarray(x, np.float64) for x in arithmetic.sweep("log", dtype))
+    assert np.all((logs > 0) & np.isfinite(logs)), dtype
+    assert _widest_gap(logs, 0.5, 2.0) <= step(0.5, 2.0, n - 1), dtype
+    (x,) = (np.asarray(v, np.float64) for v in arithmetic.sweep("expm1", dtype))
+    info = ml_dtypes.finfo(d)
+    every = set(range(int(info.minexp) + 1, int(info.maxexp) + 1))
+    for side in (x[x > 0], -x[x < 0]):
+      normal = side[(side >= float(info.smallest_normal)) & np.isfinite(side)]
+      assert set(np.frexp(normal)[1].tolist()) == every, dtype
+    assert _widest_gap(x, -1.0, 0.0) <= step(-1.0, 0.0, n), dtype
+    assert _widest_gap(x, -0.1, -0.001) <= step(-0.1, -0.001, 3 * n - 1), dtype
+
+
 def test_sweep_holds_the_grids_operands():
   """The operands the model meets over the grid reach the sweep (here: Adagrad's division in float32)."""
   (numerators, denominators) = check.grid_operands()[("div", "float32")]
