@@ -189,6 +189,17 @@ def test_the_scalar_functions_are_swept_where_the_scalars_land():
     assert _widest_gap(x, -0.1, -0.001) <= step(-0.1, -0.001, 3 * n - 1), dtype
 
 
+def test_the_callers_operands_are_measured():
+  """``measure(operands=...)`` sweeps the caller's operands too (the runner's: the grid's), in their
+  operation and dtype only. Planted, the operands dropped (``or None`` as ``and None``, a mutation-run
+  survivor): fails."""
+  extra = {("div", "float32"): [np.array([3.0, 5.0, 7.0]), np.array([11.0, 13.0, 17.0])]}
+  given = arithmetic.measure("cpu", dtypes=("float32",), operands=lambda: extra)
+  plain = arithmetic.measure("cpu", dtypes=("float32",))
+  points = lambda m: {e.op: e.n for e in m.errors}  # noqa: E731
+  assert points(given) == {**points(plain), "div": points(plain)["div"] + 3}
+
+
 def test_sweep_holds_the_grids_operands():
   """The operands the model meets over the grid reach the sweep (here: Adagrad's division in float32)."""
   (numerators, denominators) = check.grid_operands()[("div", "float32")]
