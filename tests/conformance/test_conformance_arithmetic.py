@@ -428,6 +428,18 @@ def test_a_subnormal_operand_is_flushed_only_when_its_result_says_so():
   assert measured.flushes_operands("float32")
 
 
+def test_a_flushed_subnormal_result_is_measured_as_underflow():
+  """``2**-70 * 2**-70`` in float32 is the subnormal ``2**-140``: a device that returns it loses
+  nothing, one that flushes it to 0 loses all of it, which the ``underflow`` figure (the measured
+  ``tiny`` of the tolerance) records. Planted, only exact zeros counted below the normal range
+  (a mutation-run survivor, unseen on a CPU, which flushes no result): fails."""
+  a = np.array([2.0**-70], np.float32)
+  gradual = arithmetic._op_error("mul", "float32", (a, a), np.array([2.0**-140], np.float32))
+  flushed = arithmetic._op_error("mul", "float32", (a, a), np.zeros(1, np.float32))
+  assert gradual.underflow == 0
+  assert flushed.underflow == pytest.approx(2.0**-140, rel=1e-6, abs=0)
+
+
 def test_degraded_device_checks_the_twins_by_their_bound(degraded_arithmetic):
   """Where float32 division and square root are not correctly rounded, PyTorch's float32 order
   cannot be compared to the bit: the twins pass by their rounding-error bound (with the measured
