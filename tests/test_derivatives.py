@@ -100,7 +100,7 @@ def test_derivative_through_zero_second_moment_is_the_zero_subgradient():
     # dU/dH = R_adjusted * 0.3 * 0.6 / (2 sqrt(0.4) (sqrt(0.4) + 0.1)^2).
     R_adjusted = 0.1 * (1 - 0.6**3) ** 0.5 / (1 - 0.7**3)
     want = 0.6 + R_adjusted * 0.3 * 0.6 / (2 * 0.4**0.5 * (0.4**0.5 + 0.1) ** 2)
-    assert float(d) == pytest.approx(want, rel=1e-12)
+    assert float(d) == pytest.approx(want, rel=1e-12, abs=0)
     U = lambda H: rules.adam(
       0.1,
       3,
@@ -141,11 +141,11 @@ def test_first_update_derivatives_are_finite_and_right():
     H_new = 0.6 * 0.6 + 0.4 * 0.64
     H_sqrt = H_new**0.5 + 0.1
     V_new = 0.7 * 0.3 + 0.3 * -0.8
-    assert float(d_alpha) == pytest.approx(-0.1 * (0.3 - -0.8) / H_sqrt, rel=1e-12)
-    assert float(d_R) == pytest.approx(-V_new / H_sqrt, rel=1e-12)
+    assert float(d_alpha) == pytest.approx(-0.1 * (0.3 - -0.8) / H_sqrt, rel=1e-12, abs=0)
+    assert float(d_R) == pytest.approx(-V_new / H_sqrt, rel=1e-12, abs=0)
     # dU/dbeta = R V_new / H_sqrt^2 * dSqrt(H_new)/dbeta, dH_new/dbeta = H - G^2.
     assert float(d_beta) == pytest.approx(
-      0.1 * V_new / H_sqrt**2 * (0.6 - 0.64) / (2 * H_new**0.5), rel=1e-12
+      0.1 * V_new / H_sqrt**2 * (0.6 - 0.64) / (2 * H_new**0.5), rel=1e-12, abs=0
     )
 
 

@@ -218,19 +218,19 @@ def test_hand_derived_first_updates():
     U, V = rules.momentum(
       0.1, 1, X, G, jnp.float64(1.0), alpha=0.5, beta=0.5, mode="standard", norm_coefficient=0.5
     )
-    assert float(V) == pytest.approx(1.75, rel=1e-15)
-    assert float(X + U) == pytest.approx(0.825, rel=1e-15)
+    assert float(V) == pytest.approx(1.75, rel=1e-15, abs=0)
+    assert float(X + U) == pytest.approx(0.825, rel=1e-15, abs=0)
     # Nesterov: X_new = 1 - 0.1 * (2.5 + 0.5 * 1.75) = 0.6625.
     U, _ = rules.momentum(
       0.1, 1, X, G, jnp.float64(1.0), alpha=0.5, beta=0.5, mode="nesterov", norm_coefficient=0.5
     )
-    assert float(X + U) == pytest.approx(0.6625, rel=1e-15)
+    assert float(X + U) == pytest.approx(0.6625, rel=1e-15, abs=0)
     # Adagrad, T = 3, decay 1/3: r = 0.1 / 2; H_new = 1 + 4 = 5; X_new = 1 - 0.05 * 2 / (sqrt 5 + 1).
     U, H = rules.adagrad(
       0.1, 3, X, G, jnp.float64(1.0), decay_factor=1 / 3, epsilon=1.0, norm_coefficient=0.0
     )
     assert float(H) == 5.0
-    assert float(X + U) == pytest.approx(1 - 0.1 / (5**0.5 + 1), rel=1e-14)
+    assert float(X + U) == pytest.approx(1 - 0.1 / (5**0.5 + 1), rel=1e-14, abs=0)
     # ONNX Adam, T = 2, alpha = beta = 0.5: V = 1, H = 2; R_adjusted = 0.1 sqrt(0.75) / 0.75;
     # X_new = 1 - R_adjusted * 1 / (sqrt 2 + 0.5); X_final = 0.9 X_new.
     U, V, H = rules.adam(
@@ -248,16 +248,16 @@ def test_hand_derived_first_updates():
     )
     assert (float(V), float(H)) == (1.0, 2.0)
     R_adjusted = 0.1 * 0.75**0.5 / 0.75
-    assert float(X + U) == pytest.approx(0.9 * (1 - R_adjusted / (2**0.5 + 0.5)), rel=1e-14)
+    assert float(X + U) == pytest.approx(0.9 * (1 - R_adjusted / (2**0.5 + 0.5)), rel=1e-14, abs=0)
     # DirectML Adam, T = 1: M = 0.1 * 2, V = 0.001 * 4, Alpha = sqrt(0.001) / 0.1;
     # X_new = 1 - 0.1 * Alpha * 0.2 / (sqrt(0.004) + 1e-8).
     U, M, V = rules.directml_adam(
       X, zero, zero, G, 1, learning_rate=0.1, beta1=0.9, beta2=0.999, epsilon=1e-8
     )
-    assert float(M) == pytest.approx(0.2, rel=1e-15)
-    assert float(V) == pytest.approx(0.004, rel=1e-13)
+    assert float(M) == pytest.approx(0.2, rel=1e-15, abs=0)
+    assert float(V) == pytest.approx(0.004, rel=1e-13, abs=0)
     Alpha = 0.001**0.5 / 0.1
-    assert float(X + U) == pytest.approx(1 - 0.1 * Alpha * 0.2 / (0.004**0.5 + 1e-8), rel=1e-12)
+    assert float(X + U) == pytest.approx(1 - 0.1 * Alpha * 0.2 / (0.004**0.5 + 1e-8), rel=1e-12, abs=0)
 
 
 def test_state_dtype_count_and_none_leaves():
