@@ -431,12 +431,15 @@ def test_a_subnormal_operand_is_flushed_only_when_its_result_says_so():
 def test_a_flushed_subnormal_result_is_measured_as_underflow():
   """``2**-70 * 2**-70`` in float32 is the subnormal ``2**-140``: a device that returns it loses
   nothing, one that flushes it to 0 loses all of it, which the ``underflow`` figure (the measured
-  ``tiny`` of the tolerance) records. Planted, only exact zeros counted below the normal range
-  (a mutation-run survivor, unseen on a CPU, which flushes no result): fails."""
+  ``tiny`` of the tolerance) records; neither reads a subnormal operand. Planted, only exact zeros
+  counted below the normal range, or an operand flush assumed until disproved (mutation-run
+  survivors, unseen on a CPU, which flushes no result, over a sweep that always holds subnormal
+  operands): each fails."""
   a = np.array([2.0**-70], np.float32)
   gradual = arithmetic._op_error("mul", "float32", (a, a), np.array([2.0**-140], np.float32))
   flushed = arithmetic._op_error("mul", "float32", (a, a), np.zeros(1, np.float32))
   assert gradual.underflow == 0
+  assert not gradual.flushes_operands and not flushed.flushes_operands  # No subnormal operand here.
   assert flushed.underflow == pytest.approx(2.0**-140, rel=1e-6, abs=0)
 
 
