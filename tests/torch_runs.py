@@ -26,21 +26,22 @@ def like(dtype):
   return [jax.ShapeDtypeStruct(shape, dtype) for shape in SHAPES]
 
 
-def torch_parameters(values):
-  return [torch.nn.Parameter(torch.from_numpy(np.array(v))) for v in values]
+def torch_parameters(values, device="cpu"):
+  return [torch.nn.Parameter(torch.from_numpy(np.array(v)).to(device)) for v in values]
 
 
 def torch_steps(opt, ps, grads, missing=(), *, state_of: Callable[[Any, Any], Any]):
   """``opt.step()`` per gradient list; ``missing``: (step, leaf) pairs left without grad.
 
-  Returns, per step, the parameters and ``state_of(opt, p)`` of each.
+  Returns, per step, the parameters (on the host) and ``state_of(opt, p)`` of each. The gradients
+  go to each parameter's device.
   """
   records = []
   for t, step_grads in enumerate(grads):
     for i, (p, g) in enumerate(zip(ps, step_grads)):
-      p.grad = None if (t, i) in missing else torch.from_numpy(np.array(g))
+      p.grad = None if (t, i) in missing else torch.from_numpy(np.array(g)).to(p.device)
     opt.step()
-    records.append(([p.detach().numpy().copy() for p in ps], [state_of(opt, p) for p in ps]))
+    records.append(([p.detach().cpu().numpy().copy() for p in ps], [state_of(opt, p) for p in ps]))
   return records
 
 

@@ -120,9 +120,16 @@ def test_this_cpu_is_measured_as_it_is():
       # float64 (planted, the largest relative error taken from 1 instead of 0, a mutation-run
       # survivor: fails). float64's own k is relative to NumPy's rounded result, within u of it
       # (planted, float64 measured as the narrower dtypes are, against itself: k = 0, fails).
-      assert 0.9 < raw[op, dtype] < 1 or (dtype == "float64" and 0.9 < raw[op, dtype] <= 1), (op, dtype, raw)
+      k = raw[op, dtype]
+      assert 0.9 < k and (k <= 1 if dtype == "float64" else k < 1), (op, dtype, k)
   assert _ulp("expm1", "float32", measured) > tolerance.K_TRANSCENDENTAL / 2
   assert measured.k("div", "float32", 1.0) == 1.0  # max(measured, floor): the floor here.
+
+
+def _holds_every_binade(v: np.ndarray, info: ml_dtypes.finfo) -> bool:
+  """Whether the positive values ``v`` hold a value of each normal binade of the dtype of ``info``."""
+  exponents = set(np.frexp(v[(v >= float(info.smallest_normal)) & np.isfinite(v)])[1].tolist())
+  return exponents == set(range(int(info.minexp) + 1, int(info.maxexp) + 1))
 
 
 def test_sweep_covers_every_binade_and_subnormals():
@@ -131,8 +138,7 @@ def test_sweep_covers_every_binade_and_subnormals():
     info = ml_dtypes.finfo(d)
     (values,) = arithmetic.sweep("sqrt", dtype)
     v = np.asarray(values, np.float64)
-    exponents = set(np.frexp(v[(v >= float(info.smallest_normal)) & np.isfinite(v)])[1].tolist())
-    assert exponents == set(range(int(info.minexp) + 1, int(info.maxexp) + 1)), dtype
+    assert _holds_every_binade(v, info), dtype
     assert np.any((v > 0) & (v < float(info.smallest_normal))), dtype
     assert float(info.smallest_subnormal) in v and float(info.max) in v, dtype
     # The values every operand is drawn from: positive, finite, each binade's least and greatest
@@ -181,18 +187,14 @@ def test_the_scalar_functions_are_swept_where_the_scalars_land():
   on ``[-0.001, 0.1]``, ``V`` twice instead of ``V`` and ``-V``: each fails."""
   for dtype in ("float32", "float64"):
     n, d = arithmetic._DENSE[dtype], arithmetic._np(dtype)
-    step = lambda lo, hi, k, d=d: _grid_step(lo, hi, k, d)  # noqa: E731
     (logs,) = (np.asarray(x, np.float64) for x in arithmetic.sweep("log", dtype))
     assert np.all((logs > 0) & np.isfinite(logs)), dtype
-    assert _widest_gap(logs, 0.5, 2.0) <= step(0.5, 2.0, n - 1), dtype
+    assert _widest_gap(logs, 0.5, 2.0) <= _grid_step(0.5, 2.0, n - 1, d), dtype
     (x,) = (np.asarray(v, np.float64) for v in arithmetic.sweep("expm1", dtype))
     info = ml_dtypes.finfo(d)
-    every = set(range(int(info.minexp) + 1, int(info.maxexp) + 1))
-    for side in (x[x > 0], -x[x < 0]):
-      normal = side[(side >= float(info.smallest_normal)) & np.isfinite(side)]
-      assert set(np.frexp(normal)[1].tolist()) == every, dtype
-    assert _widest_gap(x, -1.0, 0.0) <= step(-1.0, 0.0, n), dtype
-    assert _widest_gap(x, -0.1, -0.001) <= step(-0.1, -0.001, 3 * n - 1), dtype
+    assert _holds_every_binade(x[x > 0], info) and _holds_every_binade(-x[x < 0], info), dtype
+    assert _widest_gap(x, -1.0, 0.0) <= _grid_step(-1.0, 0.0, n, d), dtype
+    assert _widest_gap(x, -0.1, -0.001) <= _grid_step(-0.1, -0.001, 3 * n - 1, d), dtype
 
 
 def test_the_callers_operands_are_measured():
