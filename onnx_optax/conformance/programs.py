@@ -77,6 +77,8 @@ class Batch:
     >>> double = batch.add(("double",), lambda x: 2 * x, jnp.arange(3.0))
     >>> triple = batch.add(("double",), lambda x: 3 * x, jnp.ones(3))  # The key decides.
     >>> square = batch.add(("square",), lambda x: x * x, jnp.arange(2.0))
+    >>> len(batch)  # Two slots: "double" (two requests) and "square".
+    2
     >>> batch.close()
     >>> double().tolist(), triple().tolist(), square().tolist()
     ([0.0, 2.0, 4.0], [2.0, 2.0, 2.0], [0.0, 1.0])
@@ -87,6 +89,10 @@ class Batch:
     self._compiled: concurrent.futures.Future | None = None
     self._rounds: dict[int, list[Any]] = {}
     self._error: Exception | None = None
+
+  def __len__(self) -> int:
+    """The number of slots: the distinct computations, one copy each in the program."""
+    return len(self._slots)
 
   def add(self, key: Hashable, function: Callable[..., Any], *args: Any) -> Callable[[], Any]:
     """Adds a request; returns ``result()``, ``function(*args)``'s outputs, after :meth:`close`.

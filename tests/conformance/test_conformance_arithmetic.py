@@ -26,6 +26,7 @@ from jax import lax
 from onnx_optax import registry
 from onnx_optax.conformance import arithmetic, check, devices, report, scalars, tolerance
 from onnx_optax.conformance import cases as grid
+from onnx_optax.conformance.programs import Batch
 
 ULPS = 40
 _DEGRADED = ("div", "sqrt", "log", "expm1")
@@ -332,6 +333,25 @@ def test_each_scalar_is_measured_folded_and_at_run_time(monkeypatch):
   hyper = dict(alpha=0.9, beta=0.999, epsilon=1e-8, norm_coefficient=0.0, norm_coefficient_post=0.0)
   scalars.measure("adam", "cpu", 0.1, 5, hyper, x64=False, received=np.float32)
   assert sorted(seen) == [False, True]
+
+
+def test_the_run_time_program_is_shared_by_every_value_of_a_structure():
+  """The module's promise: the run-time program is one per structure (which hyperparameters are
+  zero), so the cases of a row that differ only in values share one copy, where the folded program
+  is one per value. Two value sets of one structure and one of another: 3 folded slots and 2 run-time
+  ones, and each measurement its own exact values. Planted, the float hyperparameters' values in
+  the run-time key too (a mutation-run survivor: ``and`` as ``or`` in the static part): 6 slots."""
+  batch = Batch()
+  base = dict(alpha=0.9, beta=0.999, epsilon=1e-8, norm_coefficient=0.0, norm_coefficient_post=0.0)
+  hypers = [base, {**base, "alpha": 0.5, "epsilon": 1e-6}, {**base, "norm_coefficient": 0.01}]
+  runs = [
+    scalars.start("adam", "cpu", 0.1, 5, h, x64=False, received=np.float32, batch=batch) for h in hypers
+  ]
+  assert len(batch) == 3 + 2
+  batch.close()
+  for h, run in zip(hypers, runs):
+    want = scalars.exact("adam", float(np.float32(0.1)), 5, {k: float(np.float32(v)) for k, v in h.items()})
+    assert {k: m.v for k, m in run().items()} == {k: float(v) for k, v in want.items()}
 
 
 def test_a_scalar_the_model_reads_must_be_declared():
