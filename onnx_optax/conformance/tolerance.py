@@ -461,6 +461,25 @@ class Context:
     k = (K_TRANSCENDENTAL + 2) * condition + K_TRANSCENDENTAL
     return Bounded(value, e0 + k * self.u * (abs(value) + e0) + self.tiny)
 
+  def power_complement(self, beta: float, T: int) -> Bounded:
+    """``1 - beta**T`` as a ``pow`` then a subtraction in the scalar context (Keras's order, and
+    PyTorch's under ``jax_enable_x64``), ``beta`` as received, rounded to the context's dtype.
+
+    ``pow`` as ``exp(T log beta)``: ``log``'s error times ``T``, the product's rounding, then
+    ``exp``'s, each within :data:`K_TRANSCENDENTAL` ulps; then the subtraction, rounded once.
+    (:meth:`one_minus_power` is the ``-expm1(T log beta)`` form, whose error lies in ``expm1``
+    alone: near ``beta = 1`` the subtraction here cancels, and its error is the power's.)
+    """
+    b = self.const(beta)
+    base = float(b.v)
+    power = base**T
+    if base in (0.0, 1.0) and b.e == 0:
+      return Bounded(1.0 - power)
+    x = abs(T * np.log(base))
+    relative = ((K_TRANSCENDENTAL + 1) * x + K_TRANSCENDENTAL) * self.u
+    propagated = T * abs(base) ** (T - 1) * float(b.e) if T else 0.0
+    return self._rounded(np.float64(1.0 - power), np.float64(relative * power + propagated), self.k_add)
+
 
 def promote(a: Any, b: Any) -> np.dtype:
   """The dtype JAX computes ``a op b`` in: the wider; float32 for float16 with bfloat16."""

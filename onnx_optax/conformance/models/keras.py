@@ -21,8 +21,8 @@ def keras_adam_bounds(c: Context, R, T, X, G, m, v, *, beta_1, beta_2, epsilon):
   s = scalar_context(c)
 
   def bound() -> Bounded:
-    root = s.sqrt(s.one_minus_power(beta_2, T + 1))
-    return s.div(s.mul(s.const(R), root), s.one_minus_power(beta_1, T + 1))
+    root = s.sqrt(s.power_complement(beta_2, T + 1))
+    return s.div(s.mul(s.const(R), root), s.power_complement(beta_1, T + 1))
 
   alpha = c.to_elementwise(c.value("alpha", bound))
   X, G, m, v = c.exact(X), c.exact(G), c.exact(m), c.exact(v)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from onnx_optax.conformance import tolerance
 from onnx_optax.conformance.models._shared import host, in_place_update, stored_like_params
 from onnx_optax.conformance.tolerance import Context, scalar_context
@@ -17,8 +19,10 @@ def pytorch_adam_bounds(c: Context, R, T, X, G, m, v, *, betas, eps, weight_deca
   divided by ``sqrt(1 - beta2^step)`` (a true division), ``X - step_size * m / denom``."""
   s = scalar_context(c)
   b1, b2 = (float(b) for b in betas)
-  step_size = c.to_elementwise(c.value("step_size", lambda: s.div(s.const(R), s.one_minus_power(b1, T + 1))))
-  bc2_sqrt = c.to_elementwise(c.value("bias_correction2_sqrt", lambda: s.sqrt(s.one_minus_power(b2, T + 1))))
+  # PyTorch's 1 - beta**step: that expression in float64 (under x64), else -expm1(step log beta).
+  complement = s.power_complement if np.dtype(s.dtype) == np.float64 else s.one_minus_power
+  step_size = c.to_elementwise(c.value("step_size", lambda: s.div(s.const(R), complement(b1, T + 1))))
+  bc2_sqrt = c.to_elementwise(c.value("bias_correction2_sqrt", lambda: s.sqrt(complement(b2, T + 1))))
   X, G, m, v = c.exact(X), c.exact(G), c.exact(m), c.exact(v)
   x, g = X, G
   if weight_decay != 0:
