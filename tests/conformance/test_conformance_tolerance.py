@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import decimal
 
+import jax
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
@@ -11,6 +14,7 @@ import pytest
 from onnx_optax import reference
 from onnx_optax.conformance import cases as grid_lib
 from onnx_optax.conformance import devices, tolerance
+from onnx_optax.conformance.arithmetic import DECIMAL
 from onnx_optax.conformance.cases import RULES, TWINS, dtypes_of
 from onnx_optax.conformance.models import ort as ort_model
 
@@ -360,6 +364,27 @@ def test_transcendental_allowance_is_two_ulps():
   want = np.log(x.astype(np.float64))
   ulp = np.spacing(np.abs(want).astype(np.float32)).astype(np.float64)
   assert np.max(np.abs(np.asarray(jax.jit(jnp.log)(x), np.float64) - want) / ulp) <= 2
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_pinned_power_complement_bounds_the_frameworks_pow(dtype):
+  """Keras's ``1 - beta ** (float(count) + 1)`` and PyTorch's float64 ``1 - beta ** step``, a
+  ``pow`` then a subtraction, computed on this CPU (jitted, ``T`` a run-time value) lie within the
+  pinned model's ``Context.power_complement`` of the exact value, from ``beta`` as received, where
+  the subtraction cancels (``beta`` near 1) and where it does not, up to a ``T`` whose power
+  underflows. Planted, the ``-expm1(T log beta)`` bound (``one_minus_power``) in its place: at
+  ``beta = 0.999``, ``T = 2`` the device's error is 11 (float32) and 13 (float64) times that
+  bound; fails."""
+  c = tolerance.implementation_context(dtype, "cpu", received_dtype=dtype).scalar
+  with jax.enable_x64(dtype == np.float64):
+    complement = jax.jit(lambda b, T: 1 - jnp.power(b, T.astype(b.dtype) + 1))
+    for beta in (0.9, 0.999, 1 - 2.0**-20, 0.5):
+      b = dtype(beta)
+      for T in (1, 2, 10, 1000, 10**5, 10**6):
+        got = float(complement(jnp.asarray(b), jnp.asarray(T - 1, jnp.int32)))
+        exact = 1 - DECIMAL.power(decimal.Decimal(float(b)), T)  # 45 digits.
+        error = abs(decimal.Decimal(got) - exact)
+        assert error <= decimal.Decimal(float(c.power_complement(beta, T).e)), (beta, T)
 
 
 @pytest.mark.parametrize("value", [0.001, 0.5, 0.95, 3.0])

@@ -20,6 +20,9 @@ def pytorch_adam_bounds(c: Context, R, T, X, G, m, v, *, betas, eps, weight_deca
   s = scalar_context(c)
   b1, b2 = (float(b) for b in betas)
   # PyTorch's 1 - beta**step: that expression in float64 (under x64), else -expm1(step log beta).
+  # The scalar context is float64 exactly when the case is float64, which is when the runner
+  # enables x64 for a twin (its grid has no float64 state with narrower parameters); were they
+  # to differ, the float32 -expm1 bound taken instead is the looser one.
   complement = s.power_complement if np.dtype(s.dtype) == np.float64 else s.one_minus_power
   step_size = c.to_elementwise(c.value("step_size", lambda: s.div(s.const(R), complement(b1, T + 1))))
   bc2_sqrt = c.to_elementwise(c.value("bias_correction2_sqrt", lambda: s.sqrt(complement(b2, T + 1))))
