@@ -248,11 +248,13 @@ def test_twin_model_tracks_the_framework_values(rule, dtype, context):
   1 and the int32 maximum), the model's tracked values agree with ``reference.pytorch_*`` and,
   for Keras's Adam, ``reference.directml_adam`` at ``T + 1``. Planted: the bound's
   ``bias_correction2`` at ``T`` instead of ``T + 1`` fails here. The coefficients the models
-  branch on at 0 (``weight_decay``, ``lr_decay``) are also run at 1, so that no branch keyed on
-  a number hides (planted, Adagrad's ``lr_decay == 1`` for ``== 0``: fails)."""
+  branch on at 0 (``weight_decay``, ``lr_decay``, SGD's ``dampening``) are also run at 1, so
+  that no branch keyed on a number hides (planted, Adagrad's ``lr_decay == 1`` for ``== 0`` and
+  SGD's ``dampening == 1`` for ``== 0``, mutation-run survivors: fail)."""
   from onnx_optax.conformance.cases import cases
 
-  grid = _with_edges(cases(rule, dtype), ("weight_decay", "lr_decay"), (0, 1, 2**31 - 1))
+  coefficients = ("weight_decay", "lr_decay", "dampening")
+  grid = _with_edges(cases(rule, dtype), coefficients, (0, 1, 2**31 - 1))
   _assert_tracks(grid, CONTEXTS[context])
 
 
