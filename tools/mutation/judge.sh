@@ -33,7 +33,8 @@
 #                2. $KILLS, the transforms', DirectML's and
 #                   the ONNX interface's tests, and the dtype checks'
 #                   ($PRECISION: 16-bit hyperparameters, decays that round
-#                   to 1, a second-moment decay of 1 with epsilon 0).
+#                   to 1, a second-moment decay of 1 with epsilon 0), and
+#                   the PyTorch schedules' (a rate as wide as the parameters).
 #   onnx.py, _onnx_runtime.py, directml.py:
 #                1. tests/test_onnx_interface.py, tests/test_onnx_ort.py,
 #                   tests/test_directml.py and the doctests;
@@ -137,7 +138,8 @@ checks() {
   # shellcheck disable=SC2046
   "${PYTEST[@]}" tests/test_bad_input.py $(doctests onnx_optax/_checks.py) || caught 1
   "${PYTEST[@]}" "${KILLS[@]}" tests/test_transforms.py tests/test_directml.py \
-    tests/test_onnx_interface.py tests/test_onnx_ort.py "${PRECISION[@]}" || caught 2
+    tests/test_onnx_interface.py tests/test_onnx_ort.py "${PRECISION[@]}" \
+    tests/test_interop_torch_schedules.py || caught 2
 }
 onnx_interface() {
   # shellcheck disable=SC2046
