@@ -433,8 +433,12 @@ class Context:
     exact = self.exact_hyper(value) if received else value
     if self.hyper_dtype is None:
       return Bounded(exact)
-    paths = [_round(value, self.dtype), _round(_round(value, self.hyper_dtype), self.dtype)]
-    return Bounded(exact, max(abs(p - exact) for p in paths))
+    return Bounded(exact, max(abs(p - exact) for p in self._rounding_paths(value)))
+
+  def _rounding_paths(self, value: float) -> list[float]:
+    """The values a Python-float hyperparameter takes in ``dtype``: rounded to it directly, or
+    first to ``hyper_dtype`` (each is how some layer receives it)."""
+    return [_round(value, self.dtype), _round(_round(value, self.hyper_dtype), self.dtype)]
 
   def to_elementwise(self, s: Bounded) -> Bounded:
     """Rounds a scalar of the hyperparameter dtype once to ``dtype``."""
@@ -473,11 +477,7 @@ class Context:
     alone: near ``beta = 1`` the subtraction here cancels, and its error is the power's.)
     """
     exact = self.exact_hyper(beta)
-    bases = (
-      [exact]
-      if self.hyper_dtype is None
-      else [_round(beta, self.dtype), _round(_round(beta, self.hyper_dtype), self.dtype)]
-    )
+    bases = [exact] if self.hyper_dtype is None else self._rounding_paths(beta)
     value = 1.0 - exact**T
     if all(b == exact for b in bases) and exact in (0.0, 1.0):
       return Bounded(value)  # pow(0, T) and pow(1, T) are exact.
