@@ -227,7 +227,7 @@ def sweep(
       ]
   elif op == "sqrt":
     with np.errstate(over="ignore"):
-      squares = (V.astype(np.float64) ** 2).astype(d)  # Exact roots too (inf where too large).
+      squares = (V.astype(np.float64) ** 2).astype(d)  # Roots at or near V (inf where too large).
     out = [np.concatenate([V, squares[np.isfinite(squares)]])]
   elif op == "log":
     dense = np.linspace(0.5, 2.0, _DENSE[dtype]).astype(d)

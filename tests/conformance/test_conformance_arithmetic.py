@@ -155,6 +155,14 @@ def test_sweep_covers_every_binade_and_subnormals():
     assert not missing, (dtype, missing[:4])
 
 
+def test_a_platform_without_float64_is_measured_in_its_other_dtypes(monkeypatch):
+  """Where a platform has no float64 (TPUs), float64 alone is left out of the measurement. Planted
+  (a mutation-run survivor), every dtype but float64 left out there (``!=`` for ``==``): fails."""
+  monkeypatch.setattr(arithmetic.devices, "has_float64", lambda platform: False)
+  measured = arithmetic.measure("cpu", dtypes=("bfloat16", "float64"))
+  assert {e.dtype for e in measured.errors} == {"bfloat16"}
+
+
 def test_sums_are_swept_where_they_cancel():
   """A quarter of the sum's pairs are of opposite signs within a factor of two of each other, where
   the difference is exact (Sterbenz) and an adder without a guard digit is off by far more than half
