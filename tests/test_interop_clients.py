@@ -18,8 +18,9 @@ The final weights equal the uninterrupted run's: in float64 to 1e-12 of each ten
 magnitude; in float32 within ``max(4 ulp, 2 x PyTorch's own spread)`` (as
 tests/test_float32_carry.py), the spread being how far PyTorch's own other kernel takes the run
 from the uninterrupted one, from the start and from the step where the journey leaves PyTorch,
-measured here in the same run (the Trainer's also at the step the journey hands back: see its test). The Trainer's schedule (warmup 3, 7 steps)
-has different rates at steps N and N + M, so that a bridge that writes back the checkpoint's stale rate
+measured here in the same run (the Trainer's also at the step the journey hands back: see its
+test). The Trainer's schedule (warmup 3, 7 steps) has different rates at steps N and N + M, so
+that a bridge that writes back the checkpoint's stale rate
 fails each journey: planted (``to_torch_state_dict`` keeping the groups' ``lr``), the Trainer's runs end
 8e-3 to 1.5e-2 off in float64 and 6.6e4 to 2.2e5 ulp off in float32, Lightning's 3e-2 and 1.3e6 ulp.
 (With 6 steps, the rates at steps 2 and 4 are equal, and the Trainer's journeys passed with the plant.)
