@@ -167,13 +167,18 @@ def test_sums_are_swept_where_they_cancel():
   """A quarter of the sum's pairs are of opposite signs within a factor of two of each other, where
   the difference is exact (Sterbenz) and an adder without a guard digit is off by far more than half
   an ulp. Planted, the second operand's factor drawn from [2, 3) instead of [1, 2) (a mutation-run
-  survivor, which left every figure of a correctly rounded CPU at 0.50): none are."""
+  survivor, which left every figure of a correctly rounded CPU at 0.50): none are. And a tenth are
+  of opposite signs more than a factor of two apart, where the smaller operand is shifted out and
+  the sticky bit decides the rounding. Planted, every random sign positive (a mutation-run
+  survivor): none are."""
   for dtype in ("float32", "float64", "float16", "bfloat16"):
     a, b = (np.asarray(x, np.float64) for x in arithmetic.sweep("add", dtype))
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
       ratio = -b / a
     cancelling = np.mean((ratio >= 1) & (ratio <= 2))
     assert cancelling > 0.2, (dtype, cancelling)
+    apart = np.mean((ratio > 0) & ((ratio > 2) | (ratio < 0.5)))
+    assert apart > 0.1, (dtype, apart)
 
 
 def _widest_gap(values: np.ndarray, lo: float, hi: float) -> float:
