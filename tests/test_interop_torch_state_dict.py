@@ -313,6 +313,13 @@ def test_refuses_what_it_cannot_place():
       ValueError, match=r"state_dict\['state'\] has entries \[7\] that no param group lists"
     ):
       from_torch_state_dict(orphan, params)
+    # A message names six entries at most, and says how many there are when it leaves some out.
+    six = {**saved, "state": {**saved["state"], **{k: saved["state"][0] for k in range(7, 13)}}}
+    with pytest.raises(ValueError, match=r"has entries \[7, 8, 9, 10, 11, 12\] that no param group"):
+      from_torch_state_dict(six, params)
+    seven = {**saved, "state": {**saved["state"], **{k: saved["state"][0] for k in range(7, 14)}}}
+    with pytest.raises(ValueError, match=r"has entries \[7, 8, 9, 10, 11, 12, \.\.\. \(7 in all\)\] that"):
+      from_torch_state_dict(seven, params)
     twice = {
       **saved,
       "param_groups": [saved["param_groups"][0], {**saved["param_groups"][1], "params": [2, 0]}],

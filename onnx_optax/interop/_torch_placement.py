@@ -11,7 +11,7 @@ optimizer, or only the state dict). Nothing here knows an optimizer's rule.
 from __future__ import annotations
 
 import collections
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -168,9 +168,13 @@ def mapping(
   return [index[name] for name in names]
 
 
-def few(names: Sequence[str], n: int = 6) -> str:
-  """At most ``n`` names, for an error message."""
-  shown = ", ".join(repr(name) for name in names[:n])
+def few(names: Sequence[Any], n: int = 6, show: Callable[[Any], str] = repr) -> str:
+  """At most ``n`` names (keys, paths), each as ``show`` writes it, for an error message.
+
+  >>> few(["a", "b"]), few(range(9), n=3)
+  ("['a', 'b']", '[0, 1, 2, ... (9 in all)]')
+  """
+  shown = ", ".join(show(name) for name in names[:n])
   return f"[{shown}, ... ({len(names)} in all)]" if len(names) > n else f"[{shown}]"
 
 

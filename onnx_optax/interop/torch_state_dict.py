@@ -303,9 +303,9 @@ def _placed(params: Any, leaves: list, paths: list[str], keys: list, names: list
         f" and the {more} leaves after it have no parameter" if more else " has no parameter"
       )
     else:
-      shown = ", ".join(f"params{path}" for path in paths[:8]) + (", ..." if len(paths) > 8 else "")
+      shown = _torch_placement.few(paths, 8, show=lambda path: f"params{path}")
       which = (
-        f"the state dict keys them by index, with no names to tell which of params' leaves ({shown}) is "
+        f"the state dict keys them by index, with no names to tell which of params' leaves {shown} is "
         f"not one of them"
       )
     raise ValueError(
@@ -327,11 +327,7 @@ def _tied(leaves: list, paths: list[str]) -> str:
     if isinstance(leaf, np.ndarray) or (isinstance(leaf, jax.Array) and leaf.is_fully_addressable):
       host = np.asarray(leaf)
       same.setdefault((host.shape, host.dtype.str, hash(host.tobytes())), []).append((host, path))
-  equal = [
-    [path for host, path in group if np.array_equal(host, group[0][0])]
-    for group in same.values()
-    if len(group) > 1
-  ]
+  equal = [[path for host, path in group if np.array_equal(host, group[0][0])] for group in same.values()]
   equal = [group for group in equal if len(group) > 1]
   if not equal:
     return f" ({hint})"
@@ -481,18 +477,18 @@ def _read(state_dict: Any, optimizer: Any, argument: str) -> tuple[str, list[dic
   by_name = all(isinstance(key, str) for key in keys)
   if not by_name and not all(isinstance(key, int) and not isinstance(key, bool) for key in keys):
     raise TypeError(
-      f"{argument}'s param groups list parameters {keys[:6]}: a state dict keys them all by index "
-      f"(optimizer.state_dict()) or all by name (get_optimizer_state_dict)"
+      f"{argument}'s param groups list parameters {_torch_placement.few(keys)}: a state dict keys them "
+      f"all by index (optimizer.state_dict()) or all by name (get_optimizer_state_dict)"
     )
   twice = [key for key, n in collections.Counter(keys).items() if n > 1]
   if twice:
-    raise ValueError(f"{argument}'s param groups list a parameter twice: {twice[:6]}")
+    raise ValueError(f"{argument}'s param groups list a parameter twice: {_torch_placement.few(twice)}")
   listed = set(keys)
   orphans = [key for key in entries if key not in listed]
   if orphans:
     raise ValueError(
-      f"{argument}['state'] has entries {orphans[:6]} that no param group lists: the groups do not "
-      f"cover the state (a state dict of another optimizer, or edited)"
+      f"{argument}['state'] has entries {_torch_placement.few(orphans)} that no param group lists: the "
+      f"groups do not cover the state (a state dict of another optimizer, or edited)"
     )
   kind = _kind(groups, optimizer, argument)
   names: list | None = keys if by_name else None
