@@ -346,9 +346,10 @@ def _unflattened(state_dict: Any, argument: str) -> tuple[Any, bool]:
   ``param_groups.<name>.<option>`` per parameter: the groups are not kept, and
   are read back as the runs of parameters (in their order) with equal options.
   """
-  if not isinstance(state_dict, Mapping) or "state" in state_dict or "param_groups" in state_dict:
+  if not isinstance(state_dict, Mapping):
     return state_dict, False
   keys = list(state_dict)
+  # A nested state dict's keys, "state" and "param_groups", have no dot: it is returned as it is.
   if not keys or not all(isinstance(k, str) and k.startswith((_FLAT_STATE, _FLAT_GROUPS)) for k in keys):
     return state_dict, False
   options: dict[str, dict] = {}
