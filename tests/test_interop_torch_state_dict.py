@@ -306,6 +306,10 @@ def test_refuses_what_it_cannot_place():
     params = [p.astype(jnp.float64) for p in params]
     with pytest.raises(TypeError, match=r"state_dict must be an optimizer state dict .*optimizer_states"):
       from_torch_state_dict({"state_dict": saved}, params)
+    with pytest.raises(
+      TypeError, match=r"state_dict must be an optimizer state dict .*got \['param_groups'\]"
+    ):
+      from_torch_state_dict({"param_groups": saved["param_groups"]}, params)
     with pytest.raises(ValueError, match=r"params has 3 leaves but the state dict's param groups list 4"):
       from_torch_state_dict(saved, params[:3])
     orphan = {**saved, "state": {**saved["state"], 7: saved["state"][0]}}
