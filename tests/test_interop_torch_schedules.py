@@ -276,6 +276,32 @@ def test_a_schedulers_template_needs_the_rate_and_the_advice_works():
   )
 
 
+def test_one_group_of_named_parameters_under_a_scheduler():
+  """``AdamW(named_parameters())`` under a scheduler, one group: it keeps every option PyTorch 2.13
+  has, ``param_names`` and ``initial_lr`` included, and the state dict alone still says AdamW.
+  Written back without a rate, it is refused, quoting the one rate that keeps like's, which, passed
+  as printed, is written."""
+  ps = torch_runs.torch_parameters(initial(np.float32))
+  opt = torch.optim.AdamW([(f"w{i}", p) for i, p in enumerate(ps)], lr=0.01, weight_decay=0.01)
+  scheduler = lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+  _scheduled_steps(ps, opt, scheduler, gradients(N, np.float32))
+  like = opt.state_dict()
+  assert {"param_names", "initial_lr", "decoupled_weight_decay"} <= set(like["param_groups"][0])
+  params = {f"w{i}": jnp.asarray(p.detach().numpy()) for i, p in enumerate(ps)}
+  tx, state = from_torch_state_dict(like, params, learning_rate=0.01)
+  assert type(state).__name__ == "PyTorchAdamState" and int(state.count) == N
+  with pytest.raises(ValueError) as refused:
+    to_torch_state_dict(state, like)
+  advice = re.search(r"(learning_rate=\S+) keeps like's", str(refused.value))
+  assert advice is not None and advice.group(1) == f"learning_rate={opt.param_groups[0]['lr']!r}", (
+    refused.value
+  )
+  written = eval(
+    f"to_torch_state_dict(state, like, {advice.group(1)})", {**globals(), "state": state, "like": like}
+  )
+  assert written["param_groups"][0]["lr"] == opt.param_groups[0]["lr"] == 0.01 * 0.5**N
+
+
 def test_a_group_added_after_the_scheduler_still_needs_the_rate():
   """A group added with ``add_param_group`` after the scheduler was built has no ``initial_lr``, the
   scheduled group has: its ``lr`` is still the schedule's at like's step, and the rate is still
