@@ -215,6 +215,16 @@ def test_the_written_state_is_on_the_templates_device():
   }
   back = to_torch_state_dict(state, on_meta)
   assert {back["state"][0][f].device.type for f in ("exp_avg", "exp_avg_sq")} == {"meta"}
+  # A file of a PyTorch before `fused` and `capturable` (its step a number): the step goes where
+  # PyTorch's own first step of a non-capturable Adam puts it, on the CPU (planted, the missing
+  # `capturable` read as True: on meta).
+  older = {
+    "param_groups": [
+      {k: v for k, v in g.items() if k not in ("fused", "capturable")} for g in saved["param_groups"]
+    ],
+    "state": {k: {**e, "step": float(e["step"])} for k, e in on_meta["state"].items()},
+  }
+  assert to_torch_state_dict(state, older)["state"][0]["step"].device.type == "cpu"
 
 
 def test_an_optimizer_that_has_not_stepped():
@@ -310,6 +320,11 @@ def test_refuses_what_it_cannot_place():
       TypeError, match=r"state_dict must be an optimizer state dict .*got \['param_groups'\]"
     ):
       from_torch_state_dict({"param_groups": saved["param_groups"]}, params)
+    for group in ({"lr": 0.1}, [0, 1, 2, 3]):
+      with pytest.raises(
+        TypeError, match=r"state_dict\['param_groups'\]\[0\] must be a dict with a 'params' list"
+      ):
+        from_torch_state_dict({**saved, "param_groups": [group]}, params)
     with pytest.raises(ValueError, match=r"params has 3 leaves but the state dict's param groups list 4"):
       from_torch_state_dict(saved, params[:3])
     orphan = {**saved, "state": {**saved["state"], 7: saved["state"][0]}}
@@ -612,6 +627,26 @@ class _Tied(torch.nn.Module):
     return self.lm_head(self.ln(self.wte(tokens)))
 
 
+def test_a_flattened_state_dict_keeps_groups_whose_options_differ_in_keys():
+  """A group added after the scheduler has no ``initial_lr``: flattened, its parameters are still
+  their own group (planted, groups merged whenever their keys differ: the second group's rate and
+  weight decay are the first's, and written back its parameters gain ``initial_lr``)."""
+  with jax.enable_x64(True):
+    model = _model()
+    p = dict(model.named_parameters())
+    opt = torch.optim.SGD([p["0.weight"], p["2.weight"]], lr=0.1, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    opt.add_param_group({"params": [p["0.bias"], p["2.bias"]], "lr": 0.05, "weight_decay": 0.1})
+    _torch_steps(model, opt, 1)
+    scheduler.step()
+    flat = get_optimizer_state_dict(model, opt, options=FLAT)
+    named = {n: jnp.asarray(q.detach().numpy()) for n, q in model.named_parameters()}
+    _, state = from_torch_state_dict(flat, named, learning_rate=[0.05, 0.05])
+    written = to_torch_state_dict(state, flat, learning_rate=[0.05, 0.05])
+  assert sorted(written) == sorted(flat)
+  assert [written[f"param_groups.{n}.weight_decay"] for n in ORDER] == [0, 0, 0.1, 0.1]
+
+
 def test_a_tied_weight_listed_twice_is_named():
   """A model's ``state_dict()`` lists a tied weight under both names, the optimizer once: the extra leaf is
   named (by name where both sides have names, by position in a list, by value where the state dict has no
@@ -640,6 +675,9 @@ def test_a_tied_weight_listed_twice_is_named():
     from_torch_state_dict(by_index, list(weights.values()))
   with pytest.raises(ValueError, match=r"params\[0\] and params\[3\] are equal element for element"):
     from_torch_state_dict(by_index, [np.asarray(w) for w in weights.values()])  # NumPy leaves alike
+  shapes = [jax.ShapeDtypeStruct(w.shape, w.dtype) for w in weights.values()]  # no values to compare
+  with pytest.raises(ValueError, match=r"params\[3\] has no parameter \(a model's state_dict\(\) lists"):
+    from_torch_state_dict(by_index, shapes)
   with pytest.raises(ValueError, match=rf"keys them by index, with no names to tell .*\({equal}"):
     from_torch_state_dict(by_index, weights)
   named = {name: jnp.asarray(p.detach().numpy()) for name, p in model.named_parameters()}
