@@ -325,8 +325,12 @@ def test_refuses_what_it_cannot_place():
         TypeError, match=r"state_dict\['param_groups'\]\[0\] must be a dict with a 'params' list"
       ):
         from_torch_state_dict({**saved, "param_groups": [group]}, params)
-    with pytest.raises(ValueError, match=r"params has 3 leaves but the state dict's param groups list 4"):
-      from_torch_state_dict(saved, params[:3])
+    with pytest.raises(
+      ValueError,
+      match=r"params has 2 leaves but the state dict's param groups list 4 parameters: placed by position, "
+      r"the last 2 of them have no leaf",
+    ):
+      from_torch_state_dict(saved, params[:2])
     orphan = {**saved, "state": {**saved["state"], 7: saved["state"][0]}}
     with pytest.raises(
       ValueError, match=r"state_dict\['state'\] has entries \[7\] that no param group lists"
