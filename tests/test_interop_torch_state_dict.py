@@ -17,6 +17,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import types
 
 import jax
 import jax.numpy as jnp
@@ -320,6 +321,13 @@ def test_refuses_what_it_cannot_place():
       TypeError, match=r"state_dict must be an optimizer state dict .*got \['param_groups'\]"
     ):
       from_torch_state_dict({"param_groups": saved["param_groups"]}, params)
+    for keys in ([0.0, 1, 2, 3], [True, 1, 2, 3]):  # neither all indices nor all names
+      odd = {**saved, "param_groups": [{**saved["param_groups"][0], "params": keys}]}
+      with pytest.raises(TypeError, match=r"list parameters \[.*\]: a state dict keys them all by index"):
+        from_torch_state_dict(odd, params)
+    shape_only = types.SimpleNamespace(shape=params[0].shape)  # no dtype: not an array
+    with pytest.raises(TypeError, match=r"params\[0\] must be an array \(or jax.ShapeDtypeStruct\), got"):
+      from_torch_state_dict(saved, [shape_only, *params[1:]])
     for group in ({"lr": 0.1}, [0, 1, 2, 3]):
       with pytest.raises(
         TypeError, match=r"state_dict\['param_groups'\]\[0\] must be a dict with a 'params' list"
