@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import json
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -655,6 +656,11 @@ def test_a_flattened_state_dict_keeps_groups_whose_options_differ_in_keys():
     named = {n: jnp.asarray(q.detach().numpy()) for n, q in model.named_parameters()}
     _, state = from_torch_state_dict(flat, named, learning_rate=[0.05, 0.05])
     written = to_torch_state_dict(state, flat, learning_rate=[0.05, 0.05])
+    # Options equal but not the same objects (each value unpickled on its own): still two groups
+    # (planted, options compared by identity alone: a group per parameter, and two rates refused).
+    apart = {key: pickle.loads(pickle.dumps(value)) for key, value in flat.items()}
+    assert apart["param_groups.0.bias.lr"] is not apart["param_groups.2.bias.lr"]
+    from_torch_state_dict(apart, named, learning_rate=[0.05, 0.05])
   assert sorted(written) == sorted(flat)
   assert [written[f"param_groups.{n}.weight_decay"] for n in ORDER] == [0, 0, 0.1, 0.1]
 
