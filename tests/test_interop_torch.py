@@ -659,6 +659,8 @@ def test_torch_params_places_the_optimizers_own_tensors_by_identity():
     # Some of the optimizer's tensors beside other leaves: nothing places them.
     with pytest.raises(ValueError, match=r"like holds some of the optimizer's parameters but not each"):
       torch_params(opt, dict(like, **{"0": jax.ShapeDtypeStruct((3,), jnp.float32)}))
+    with pytest.raises(ValueError, match=r"like holds some of the optimizer's parameters but not each"):
+      torch_params(opt, dict(like, extra=jax.ShapeDtypeStruct((3,), jnp.float32)))  # each, and one more
 
 
 def test_named_parameters_are_matched_by_name():

@@ -260,6 +260,9 @@ def test_nested_dicts_are_matched_by_dotted_names():
     nested.setdefault(layer, {})[leaf] = value
   _, state = from_torch(torch.optim.Adagrad(model.named_parameters(), lr=0.1), nested)
   assert set(state.sum) == {"0", "1"} and state.sum["1"]["weight"].shape == (2, 2)
+  # A name both nested and flat is two leaves for one parameter: refused, naming it.
+  with pytest.raises(ValueError, match=r"params is keyed by .*: several leaves named \['0.weight'\]\."):
+    from_torch(opt, {**nested, "0.weight": flat["0.weight"]})
 
 
 def test_named_optimizer_refuses_other_names():
@@ -406,6 +409,10 @@ def test_a_dict_for_an_optimizer_without_names_is_refused():
       with pytest.raises(ValueError, match=r"like is a dict"):
         torch_params(opt, {n: jax.ShapeDtypeStruct((2, 2), jnp.float32) for n in params})
       params = torch_params(opt)  # the advice: a list in the optimizer's order
+      # A dict of one leaf has one order: placed on the one parameter, with or without names.
+      one = torch.nn.Parameter(torch.arange(2.0))
+      like = {"w": jax.ShapeDtypeStruct((2,), jnp.float32)}
+      assert np.asarray(torch_params(torch.optim.SGD([one], lr=0.1), like)["w"]).tolist() == [0.0, 1.0]
     _, state = from_torch(opt, params)
     moments = (
       state.exp_avg if isinstance(params, list) else [state.exp_avg[n] for n, _ in m.named_parameters()]
