@@ -49,7 +49,9 @@
 #                   planted wrong rule pass).
 #   interop/torch.py: 1. test_interop_torch.py, test_interop_torch_adam.py,
 #                   test_interop_torch_mapping.py and the doctests;
-#                2. its tests in tests/test_bad_input.py.
+#                2. FSDP2's live optimizer (test_interop_fsdp.py: torch_params'
+#                   refusal of a shard a rank lacks needs two ranks);
+#                3. its tests in tests/test_bad_input.py.
 #   interop/torch_state_dict.py, interop/torch_checkpoints.py:
 #                1. test_interop_torch_state_dict.py,
 #                   test_interop_torch_schedules.py,
@@ -158,7 +160,8 @@ measurement() {
 interop_torch() {
   # shellcheck disable=SC2046
   "${PYTEST[@]}" "${TORCH_BRIDGE[@]}" $(doctests onnx_optax/interop/torch.py) "${KEYWORDS[@]}" || caught 1
-  "${PYTEST[@]}" tests/test_bad_input.py -k torch || caught 2
+  "${PYTEST[@]}" tests/test_interop_fsdp.py || caught 2
+  "${PYTEST[@]}" tests/test_bad_input.py -k torch || caught 3
 }
 interop_torch_files() {
   # shellcheck disable=SC2046
