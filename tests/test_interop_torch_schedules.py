@@ -125,7 +125,8 @@ def test_the_documented_schedule_recipe_is_exact_in_float64(kind):
 def test_a_rate_narrower_than_the_parameters_is_refused_and_the_advice_works():
   """A schedule that casts its count to int32 computes a float32 rate for float64 parameters: refused
   when the transform evaluates it (under jit), with the advice to use n as passed; followed, the run is
-  PyTorch's to 1e-12. float32 parameters take a float32 rate."""
+  PyTorch's to 1e-12. float32 parameters take a float32 rate. The live bridge names the schedule as
+  passed: ``learning_rate`` for one, ``learning_rate[g]`` for group g's in a list."""
   with jax.enable_x64(True):
     ps, opt, _ = _warmup_run("SGD", N)
     saved = _saved(opt.state_dict())
@@ -150,6 +151,16 @@ def test_a_rate_narrower_than_the_parameters_is_refused_and_the_advice_works():
     params, _ = torch_runs.jax_steps(tx, state, params, gradients(N + M, np.float64)[N:])
     for x, y in zip(params, want[-1]):
       np.testing.assert_allclose(np.asarray(x), y, rtol=1e-12)
+
+    narrow = lambda n: base * factor(n.astype(jnp.int32))  # noqa: E731
+    wide = lambda n: base * factor(n)  # noqa: E731
+    two = [torch.nn.Parameter(torch.ones(2, dtype=torch.float64)) for _ in range(2)]
+    p64 = [jnp.ones(2, jnp.float64), jnp.ones(2, jnp.float64)]
+    for rate, named in ((narrow, "learning_rate's"), ([wide, narrow], "learning_rate[1]'s")):
+      opt = torch.optim.SGD([{"params": [two[0]]}, {"params": [two[1]]}], lr=0.1)
+      tx, state = from_torch(opt, p64, learning_rate=rate)
+      with pytest.raises(TypeError, match=re.escape(f"{named} value is a float32 array")):
+        jax.jit(tx.update)(p64, state, p64)
 
     p32 = torch.nn.Parameter(torch.ones(2))
     tx, state = from_torch(

@@ -48,7 +48,10 @@
 #                   test_conformance_twins.py (a bound too loose lets a
 #                   planted wrong rule pass).
 #   interop/torch.py: 1. test_interop_torch.py, test_interop_torch_adam.py,
-#                   test_interop_torch_mapping.py and the doctests;
+#                   test_interop_torch_mapping.py, the state-dict bridge's
+#                   tests (it builds its transform through from_torch's code:
+#                   test_interop_torch_state_dict.py,
+#                   test_interop_torch_schedules.py) and the doctests;
 #                2. FSDP2's live optimizer (test_interop_fsdp.py: torch_params'
 #                   refusal of a shard a rank lacks needs two ranks);
 #                3. its tests in tests/test_bad_input.py.
@@ -159,7 +162,8 @@ measurement() {
 }
 interop_torch() {
   # shellcheck disable=SC2046
-  "${PYTEST[@]}" "${TORCH_BRIDGE[@]}" $(doctests onnx_optax/interop/torch.py) "${KEYWORDS[@]}" || caught 1
+  "${PYTEST[@]}" "${TORCH_BRIDGE[@]}" tests/test_interop_torch_state_dict.py tests/test_interop_torch_schedules.py \
+    $(doctests onnx_optax/interop/torch.py) "${KEYWORDS[@]}" || caught 1
   "${PYTEST[@]}" tests/test_interop_fsdp.py || caught 2
   "${PYTEST[@]}" tests/test_bad_input.py -k torch || caught 3
 }
