@@ -304,7 +304,8 @@ def test_trainer_float32_within_pytorchs_spread(optim, trainer_root):
 
 def test_trainer_refusals(trainer_root, tmp_path):
   """A directory without scheduler.pt (the Trainer would not load the optimizer), the source as target,
-  and steps that the state's count contradicts: refused before anything is written."""
+  and steps that the state's count contradicts: refused before anything is written. trainer_state.json
+  is written as the Trainer writes it; an epoch it cannot scale (none, or at global step 0) is kept."""
   setup = _Trainer("adamw_torch_fused", torch.float32, trainer_root / "float32-adamw_torch_fused")
   _reference(setup)
   checkpoint = tmp_path / f"checkpoint-{N}"
@@ -321,6 +322,24 @@ def test_trainer_refusals(trainer_root, tmp_path):
   ):
     to_trainer_checkpoint(state, checkpoint, target, steps=2, learning_rate=_trainer_schedule(N))
   assert not target.exists()
+
+  # Written as the Trainer's own TrainerState writes it: read and saved again by it, byte for byte.
+  from transformers.trainer_callback import TrainerState
+
+  written = to_trainer_checkpoint(state, checkpoint, target, steps=1, learning_rate=_trainer_schedule(N))
+  TrainerState.load_from_json(str(written / "trainer_state.json")).save_to_json(str(tmp_path / "own.json"))
+  assert (tmp_path / "own.json").read_bytes() == (written / "trainer_state.json").read_bytes()
+  # An epoch not known (None), or no step to scale it by (global_step 0): kept as it is.
+  saved_state = json.loads((checkpoint / "trainer_state.json").read_text())
+  for k, (edit, epoch) in enumerate((({"epoch": None}, None), ({"global_step": 0, "epoch": 0.5}, 0.5))):
+    (checkpoint / "trainer_state.json").write_text(json.dumps({**saved_state, **edit}))
+    written = to_trainer_checkpoint(
+      state, checkpoint, tmp_path / f"edge{k}", steps=1, learning_rate=_trainer_schedule(N)
+    )
+    trainer_state = json.loads((written / "trainer_state.json").read_text())
+    assert trainer_state["epoch"] == epoch
+    assert trainer_state["global_step"] == edit.get("global_step", saved_state["global_step"]) + 1
+
   (checkpoint / "scheduler.pt").unlink()
   with pytest.raises(FileNotFoundError, match=r"has no scheduler.pt"):
     to_trainer_checkpoint(state, checkpoint, target, steps=1, learning_rate=_trainer_schedule(N))
@@ -441,7 +460,9 @@ def test_lightning_float64_resumes_exactly(interval, lightning_root):
 
 def test_lightning_float32_within_pytorchs_spread_and_refusals(lightning_root):
   """float32: within max(4 ulp, 2 x fused Adam against the default). Then the refusals: a checkpoint saved
-  inside an epoch, steps that end inside one, weights of other keys, steps the state's count contradicts."""
+  inside an epoch, of manual optimization, with counters that differ between epochs or epochs without an
+  optimizer step, not Lightning's, of two optimizers or two schedulers; steps that end inside an epoch
+  (the advice: the whole epochs either side), weights of other keys, steps the state's count contradicts."""
   root = lightning_root / "float32"
   reference, resumed, checkpoint, (state, names, weights, schedule) = _lightning_journey(torch.float32, root)
   Module, _, fit = _lightning(torch.float32, root / "fused", fused=True)
@@ -456,14 +477,45 @@ def test_lightning_float32_within_pytorchs_spread_and_refusals(lightning_root):
       state, checkpoint, weights, steps=steps, learning_rate=schedule, param_names=names
     )
 
-  inside = json.loads(json.dumps(checkpoint["loops"]))
-  inside["fit_loop"]["epoch_loop.batch_progress"]["is_last_batch"] = False
+  def loops(edit):
+    """A copy of the checkpoint whose fit loop's counters ``edit`` changed."""
+    copied = json.loads(json.dumps(checkpoint["loops"]))
+    edit(copied["fit_loop"])
+    return {**checkpoint, "loops": copied}
+
+  def inside(fit):
+    fit["epoch_loop.batch_progress"]["is_last_batch"] = False
+
+  def manual(fit):
+    fit["epoch_loop.manual_optimization.optim_step_progress"]["total"]["completed"] = 3
+
+  def uneven(fit):
+    fit["epoch_loop.batch_progress"]["total"]["ready"] += 1
+
+  def stepless(fit):
+    step = fit["epoch_loop.automatic_optimization.optim_progress"]["optimizer"]["step"]
+    step["total"]["completed"] = step["current"]["completed"] = 0
+
   with pytest.raises(ValueError, match=r"saved inside an epoch \(after its batch 4\)"):
-    write({**checkpoint, "loops": inside})
+    write(loops(inside))
+  with pytest.raises(ValueError, match=r"module with manual optimization"):
+    write(loops(manual))
+  with pytest.raises(ValueError, match=r"\(epoch_loop\.batch_progress\), over 1 epochs: not the same"):
+    write(loops(uneven))
+  with pytest.raises(ValueError, match=r"checkpoint's epochs took no optimizer step"):
+    write(loops(stepless))
+  with pytest.raises(TypeError, match=r"checkpoint has no \['loops'\]: a Lightning checkpoint"):
+    write({k: v for k, v in checkpoint.items() if k != "loops"})
+  with pytest.raises(ValueError, match=r"checkpoint has 2 optimizer states"):
+    write({**checkpoint, "optimizer_states": checkpoint["optimizer_states"] * 2})
+  with pytest.raises(ValueError, match=r"checkpoint has 2 lr schedulers"):
+    write({**checkpoint, "lr_schedulers": checkpoint["lr_schedulers"] * 2})
   with pytest.raises(
-    ValueError, match=r"steps=3 is not a whole number of epochs of 4 optimizer steps.*steps=4"
+    ValueError, match=r"steps=3 is not a whole number of epochs of 4 optimizer steps.*\(steps=4, or 0\)"
   ):
     write(steps=3)
+  with pytest.raises(ValueError, match=r"steps=5 is not .*\(steps=8, or 4\)"):
+    write(steps=5)
   with pytest.raises(
     ValueError, match=r"steps=8, but the state's count for parameter 0 is 8 .* pass steps=4"
   ):

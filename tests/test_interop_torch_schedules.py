@@ -381,6 +381,17 @@ def test_scheduler_refusals_name_what_is_missing_and_the_advice_works():
     ValueError, match=r"learning_rate\[0\] is 0.0125, but the StepLR .* gives 0.00625 after 1 steps"
   ):
     to_torch_scheduler_state_dict(scheduler.state_dict(), opt.state_dict(), steps=1, learning_rate=0.0125)
+  # A given rate agrees to the square root of its dtype's epsilon, relative: 2**-26 (1.49e-8) for a Python
+  # float, 2**-11.5 (3.45e-4) for a float32.
+  saved_states = scheduler.state_dict(), opt.state_dict()
+  for off, dtype in ((1.3e-8, float), (1.7e-8, float), (3e-4, np.float32), (4e-4, np.float32)):
+    given = [dtype(0.00625 * (1 + off)), 0.003125]
+    if off in (1.3e-8, 3e-4):
+      later = to_torch_scheduler_state_dict(*saved_states, steps=1, learning_rate=given)
+      assert later["_last_lr"] == [0.00625, 0.003125]  # the scheduler's own
+    else:
+      with pytest.raises(ValueError, match=r"learning_rate\[0\] is 0.0062\d*, but the StepLR"):
+        to_torch_scheduler_state_dict(*saved_states, steps=1, learning_rate=given)
   other_step = opt.state_dict()
   other_step["param_groups"][0]["lr"] = 0.1
   with pytest.raises(ValueError, match=r"were not saved at the same step"):

@@ -155,7 +155,9 @@ def to_torch_scheduler_state_dict(
   The rates are PyTorch's own where the scheduler's state determines them:
   its ``step()`` is replayed ``steps`` times on a copy (see the module
   docstring for the classes); ``learning_rate``, if given, must then agree
-  with them. A ``LambdaLR`` or ``MultiplicativeLR`` saves no function:
+  with them to the square root of its dtype's epsilon, relative (a Python
+  number's: float64's), as a schedule that rounds otherwise does and one
+  shifted by a step does not. A ``LambdaLR`` or ``MultiplicativeLR`` saves no function:
   ``learning_rate`` gives the rates after the steps, and the state's
   ``last_epoch`` and step count advance by ``steps``.
 
@@ -407,8 +409,7 @@ def to_lightning_checkpoint(
       f"checkpoint has {len(checkpoint['lr_schedulers'])} lr schedulers: the bridge writes one scheduler's"
     )
   fit = checkpoint["loops"]["fit_loop"]
-  manual = fit.get("epoch_loop.manual_optimization.optim_step_progress", {"total": {"completed": 0}})
-  if manual["total"]["completed"]:
+  if fit["epoch_loop.manual_optimization.optim_step_progress"]["total"]["completed"]:
     raise ValueError(
       "checkpoint is of a module with manual optimization: the bridge writes automatic optimization's"
     )
@@ -438,12 +439,16 @@ def to_lightning_checkpoint(
   per_epoch = progress["epoch_loop.automatic_optimization.optim_progress"]["optimizer"]["step"]["current"][
     "completed"
   ]
-  if per_epoch == 0 or steps % per_epoch:
+  if per_epoch == 0:
+    raise ValueError(
+      "checkpoint's epochs took no optimizer step: a run written back ends at an epoch's end, and no "
+      "number of JAX updates does"
+    )
+  if steps % per_epoch:
     raise ValueError(
       f"steps={steps} is not a whole number of epochs of {per_epoch} optimizer steps: checkpoint was saved "
       f"at the end of an epoch, and Lightning resumes there only, so a run written back ends at an epoch's "
-      f"end too (steps={steps - steps % per_epoch + per_epoch * (steps % per_epoch > 0)}, or "
-      f"{steps - steps % per_epoch})"
+      f"end too (steps={steps - steps % per_epoch + per_epoch}, or {steps - steps % per_epoch})"
     )
   later_epochs = steps // per_epoch
   saved = checkpoint["optimizer_states"][0]
