@@ -384,6 +384,7 @@ def test_scheduler_refusals_name_what_is_missing_and_the_advice_works():
   # A given rate agrees to the square root of its dtype's epsilon, relative: 2**-26 (1.49e-8) for a Python
   # float, 2**-11.5 (3.45e-4) for a float32.
   saved_states = scheduler.state_dict(), opt.state_dict()
+  assert to_torch_scheduler_state_dict(*saved_states, steps=0) == scheduler.state_dict()  # no update yet
   for off, dtype in ((1.3e-8, float), (1.7e-8, float), (3e-4, np.float32), (4e-4, np.float32)):
     given = [dtype(0.00625 * (1 + off)), 0.003125]
     if off in (1.3e-8, 3e-4):
