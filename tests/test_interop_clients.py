@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import pathlib
+import pickle
 import shutil
 import warnings
 from typing import Any
@@ -50,6 +51,20 @@ from onnx_optax.interop import (
 )
 
 # --- shared: the comparisons --------------------------------------------------
+
+RAN: list = []  # what an unpickled file ran
+
+
+def _run(what: str) -> str:
+  RAN.append(what)
+  return what
+
+
+class _Code:
+  """Unpickled by a full ``torch.load``, it calls ``_run``: a file that runs code when read."""
+
+  def __reduce__(self) -> tuple:
+    return _run, ("code",)
 
 
 def _relative(a: Any, b: Any) -> float:
@@ -304,7 +319,8 @@ def test_trainer_float32_within_pytorchs_spread(optim, trainer_root):
 
 def test_trainer_refusals(trainer_root, tmp_path):
   """A directory without scheduler.pt (the Trainer would not load the optimizer), the source as target,
-  and steps that the state's count contradicts: refused before anything is written. trainer_state.json
+  steps that the state's count contradicts, and a file that would run code when read: refused before
+  anything is written. trainer_state.json
   is written as the Trainer writes it; an epoch it cannot scale (none, or at global step 0) is kept."""
   setup = _Trainer("adamw_torch_fused", torch.float32, trainer_root / "float32-adamw_torch_fused")
   _reference(setup)
@@ -343,6 +359,17 @@ def test_trainer_refusals(trainer_root, tmp_path):
     trainer_state = json.loads((written / "trainer_state.json").read_text())
     assert trainer_state["epoch"] == epoch
     assert trainer_state["global_step"] == edit.get("global_step", saved_state["global_step"]) + 1
+
+  # Files read as the Trainer reads them, tensors and plain data only: one that would run code when
+  # unpickled is refused before it runs.
+  (checkpoint / "trainer_state.json").write_text(json.dumps(saved_state))
+  for name in ("optimizer.pt", "scheduler.pt"):
+    shutil.copy(checkpoint / name, tmp_path / name)
+    torch.save({**torch.load(checkpoint / name, weights_only=True), "code": _Code()}, checkpoint / name)
+    with pytest.raises(pickle.UnpicklingError, match=r"Weights only load failed"):
+      to_trainer_checkpoint(state, checkpoint, tmp_path / "code", steps=1, learning_rate=_trainer_schedule(N))
+    assert RAN == [] and not (tmp_path / "code").exists()
+    shutil.copy(tmp_path / name, checkpoint / name)
 
   (checkpoint / "scheduler.pt").unlink()
   with pytest.raises(FileNotFoundError, match=r"has no scheduler.pt"):

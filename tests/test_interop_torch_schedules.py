@@ -400,8 +400,12 @@ def test_scheduler_refusals_name_what_is_missing_and_the_advice_works():
   for steps in (-1, 1.5, True):
     with pytest.raises(ValueError, match=r"steps must be the number of JAX updates, an int >= 0"):
       to_torch_scheduler_state_dict(scheduler.state_dict(), opt.state_dict(), steps=steps)
-  with pytest.raises(TypeError, match=r"must be a learning-rate scheduler's state dict"):
+  with pytest.raises(
+    TypeError, match=r"must be a learning-rate scheduler's state dict .* got \['param_groups', 'state'\]"
+  ):
     to_torch_scheduler_state_dict(opt.state_dict(), opt.state_dict(), steps=1)
+  with pytest.raises(TypeError, match=r"must be a learning-rate scheduler's state dict .* got list$"):
+    to_torch_scheduler_state_dict([scheduler.state_dict()], opt.state_dict(), steps=1)
   odd = {**scheduler.state_dict(), "warmup": 3}
   with pytest.raises(TypeError, match=r"has the options \['gamma', 'step_size', 'warmup'\]"):
     to_torch_scheduler_state_dict(odd, opt.state_dict(), steps=1)
