@@ -410,6 +410,9 @@ def test_scheduler_refusals_name_what_is_missing_and_the_advice_works():
     to_torch_scheduler_state_dict(opt.state_dict(), opt.state_dict(), steps=1)
   with pytest.raises(TypeError, match=r"must be a learning-rate scheduler's state dict .* got list$"):
     to_torch_scheduler_state_dict([scheduler.state_dict()], opt.state_dict(), steps=1)
+  for like in ({"state": {}}, [opt.state_dict()]):
+    with pytest.raises(TypeError, match=r"like must be an optimizer state dict \(\{'state'"):
+      to_torch_scheduler_state_dict(scheduler.state_dict(), like, steps=1)
   odd = {**scheduler.state_dict(), "warmup": 3}
   with pytest.raises(TypeError, match=r"has the options \['gamma', 'step_size', 'warmup'\]"):
     to_torch_scheduler_state_dict(odd, opt.state_dict(), steps=1)
