@@ -416,6 +416,10 @@ def test_scheduler_refusals_name_what_is_missing_and_the_advice_works():
   odd = {**scheduler.state_dict(), "warmup": 3}
   with pytest.raises(TypeError, match=r"has the options \['gamma', 'step_size', 'warmup'\]"):
     to_torch_scheduler_state_dict(odd, opt.state_dict(), steps=1)
+  base = ("base_lrs", "last_epoch", "_step_count", "_last_lr")  # what every scheduler saves, no options
+  bare = {k: v for k, v in scheduler.state_dict().items() if k in base}
+  with pytest.raises(TypeError, match=r"has the options \[\], which are not those of"):
+    to_torch_scheduler_state_dict(bare, opt.state_dict(), steps=1)
 
 
 def test_param_names_place_an_index_keyed_state_dict_by_name():
