@@ -332,7 +332,7 @@ def test_trainer_refusals(trainer_root, tmp_path):
   updates, state = tx.update(list(params.values()), state, list(params.values()))
   with pytest.raises(ValueError, match=r"directory is checkpoint"):
     to_trainer_checkpoint(state, checkpoint, checkpoint, steps=1, learning_rate=_trainer_schedule(N))
-  target = tmp_path / "out"
+  target = tmp_path / "run" / f"checkpoint-{N + 1}"  # its parent too is created
   with pytest.raises(
     ValueError, match=r"steps=2, but the state's count for parameter 0 is 3 .* pass steps=1"
   ):
