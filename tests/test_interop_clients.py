@@ -345,10 +345,12 @@ def test_trainer_refusals(trainer_root, tmp_path):
   written = to_trainer_checkpoint(state, checkpoint, target, steps=1, learning_rate=_trainer_schedule(N))
   TrainerState.load_from_json(str(written / "trainer_state.json")).save_to_json(str(tmp_path / "own.json"))
   assert (tmp_path / "own.json").read_bytes() == (written / "trainer_state.json").read_bytes()
-  # An epoch not known (None), or no step to scale it by (global_step 0): kept as it is. The source
-  # written in another layout (keys reversed, one line): the Trainer's layout still.
+  # An epoch not known (None), or no step to scale it by (global_step 0): kept as it is; at global step
+  # 1, scaled. The source written in another layout (keys reversed, one line): the Trainer's layout still.
   saved_state = json.loads((checkpoint / "trainer_state.json").read_text())
-  for k, (edit, epoch) in enumerate((({"epoch": None}, None), ({"global_step": 0, "epoch": 0.5}, 0.5))):
+  edges = [({"epoch": None}, None), ({"global_step": 0, "epoch": 0.5}, 0.5)]
+  edges.append(({"global_step": 1, "epoch": 0.25}, 0.5))
+  for k, (edit, epoch) in enumerate(edges):
     source = dict(reversed({**saved_state, **edit}.items()))
     (checkpoint / "trainer_state.json").write_text(json.dumps(source))
     written = to_trainer_checkpoint(

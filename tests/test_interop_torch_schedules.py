@@ -385,10 +385,12 @@ def test_scheduler_refusals_name_what_is_missing_and_the_advice_works():
   # float, 2**-11.5 (3.45e-4) for a float32.
   saved_states = scheduler.state_dict(), opt.state_dict()
   assert to_torch_scheduler_state_dict(*saved_states, steps=0) == scheduler.state_dict()  # no update yet
-  # A schedule at its end, rate 0: the given 0.0 agrees.
+  # A schedule at its end, rate 0: a given 0.0, or an integer 0, agrees.
   opt_end, ended, _ = _stepped(lambda o: lr_scheduler.PolynomialLR(o, total_iters=N + 1, power=1.0))
-  later = to_torch_scheduler_state_dict(ended.state_dict(), opt_end.state_dict(), steps=1, learning_rate=0.0)
-  assert later["_last_lr"] == [0.0, 0.0]
+  ended_states = ended.state_dict(), opt_end.state_dict()
+  for zero in (0.0, np.int64(0)):
+    later = to_torch_scheduler_state_dict(*ended_states, steps=1, learning_rate=zero)
+    assert later["_last_lr"] == [0.0, 0.0]
   for off, dtype in ((1.3e-8, float), (1.7e-8, float), (3e-4, np.float32), (4e-4, np.float32)):
     given = [dtype(0.00625 * (1 + off)), 0.003125]
     if off in (1.3e-8, 3e-4):
