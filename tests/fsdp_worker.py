@@ -38,7 +38,9 @@ shards):
   run written back into the sharded state dict, each rank taking its own rows;
   ``live/AdamW``, a live FSDP2 optimizer through ``torch_params``,
   ``from_torch`` and ``to_torch`` (state and weights), and ``torch_params``
-  without a sharded ``like`` refused. Also the sharded JAX state written into
+  without a sharded ``like`` refused; ``nested/AdamW``, the state's DTensors
+  sharded twice along their rows over a 2-D mesh (2, 1), read as the 1-D
+  ones. Also the sharded JAX state written into
   a gathered template is refused and the advice run as printed
   (``process_allgather``) writes the tensors the sharded write holds, bit for
   bit; into DTensors split by columns, refused;
@@ -345,6 +347,33 @@ def live():
   return report
 
 
+def nested():
+  """The sharded state dict with each DTensor sharded twice along its rows, over a 2-D mesh (WORLD, 1):
+  each rank holds the rows of its 1-D shard, and the state read is the 1-D one's, bit for bit."""
+  model, opt = model_and_optimizer("AdamW", EVEN, torch.float64)
+  torch_steps(model, opt, gradients(model, np.float64)[:1])
+  saved = get_optimizer_state_dict(model, opt)
+  params = torch_params(opt, split_like(model, np.float64))
+  mesh = init_device_mesh("cpu", (WORLD, 1), mesh_dim_names=("rows", "again"))
+  state = {
+    name: {
+      field: distribute_tensor(value.full_tensor(), mesh, [Shard(0), Shard(0)])
+      if isinstance(value, DTensor)
+      else value
+      for field, value in entry.items()
+    }
+    for name, entry in saved["state"].items()
+  }
+  _, want = from_torch_state_dict(saved, params)
+  _, have = from_torch_state_dict({**saved, "state": state}, params)
+  same = all(
+    np.array_equal(np.asarray(a.data), np.asarray(b.data))
+    for x, y in zip(jax.tree.leaves(want), jax.tree.leaves(have))
+    for a, b in zip(x.addressable_shards, y.addressable_shards)
+  )
+  return {"error": 0.0 if same else 1.0}
+
+
 def read_refusals():
   """DTensors whose local tensor is not a block the bridge places: a Partial one, and one whose local
   shape is not its placements' piece."""
@@ -384,6 +413,7 @@ def main():
     timed("float32/AdamW", sharded, "AdamW", torch.float32, spread=True)
     timed("uneven/AdamW", uneven)
     timed("live/AdamW", live)
+    timed("nested/AdamW", nested)
   else:
     timed("refused", read_refusals)
   OUT.mkdir(exist_ok=True)
