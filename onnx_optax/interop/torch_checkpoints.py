@@ -157,9 +157,9 @@ def to_torch_scheduler_state_dict(
   docstring for the classes); ``learning_rate``, if given, must then agree
   with them to the square root of its dtype's epsilon, relative (a Python
   number's: float64's), as a schedule that rounds otherwise does and one
-  shifted by a step does not. A ``LambdaLR`` or ``MultiplicativeLR`` saves no function:
-  ``learning_rate`` gives the rates after the steps, and the state's
-  ``last_epoch`` and step count advance by ``steps``.
+  shifted by a step does not. A ``LambdaLR`` or ``MultiplicativeLR`` saves
+  no function: ``learning_rate`` gives the rates after the steps, and the
+  state's ``last_epoch`` and step count advance by ``steps``.
 
   Args:
     scheduler_state_dict: the scheduler's saved state.
@@ -441,8 +441,8 @@ def to_lightning_checkpoint(
   ]
   if per_epoch == 0:
     raise ValueError(
-      "checkpoint's epochs took no optimizer step: a run written back ends at an epoch's end, and no "
-      "number of JAX updates does"
+      "checkpoint's epochs took no optimizer step (its loops count none in its last epoch): the bridge "
+      "writes a run back after whole epochs of optimizer steps, and these epochs have none"
     )
   if steps % per_epoch:
     raise ValueError(
