@@ -134,6 +134,7 @@ def test_fsdp2_state_dicts_continue_in_jax_and_back(world, tmp_path):
       f"{part} (of shape (3, 3)), but the JAX target"
     ), uneven
     assert "needs ((0, 3), (0, 3)) on this process's devices" in uneven
+    assert "but the JAX target (a SingleDeviceSharding(" in uneven  # the target's sharding, named
     write = journeys["sharded/AdamW"]["refused"]
     rows_held = ["((0, 2), (0, 3))", "((2, 4), (0, 3))"][rank]
     assert write["gathered"].startswith(
