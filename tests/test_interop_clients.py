@@ -320,8 +320,8 @@ def test_trainer_float32_within_pytorchs_spread(optim, trainer_root):
 def test_trainer_refusals(trainer_root, tmp_path):
   """A directory without scheduler.pt (the Trainer would not load the optimizer), the source as target,
   steps that the state's count contradicts, and a file that would run code when read: refused before
-  anything is written. trainer_state.json
-  is written as the Trainer writes it; an epoch it cannot scale (none, or at global step 0) is kept."""
+  anything is written. trainer_state.json is written as the Trainer writes it; its epoch is scaled by
+  the global steps (from global step 1 on), and kept where it cannot be (None, or global step 0)."""
   setup = _Trainer("adamw_torch_fused", torch.float32, trainer_root / "float32-adamw_torch_fused")
   _reference(setup)
   checkpoint = tmp_path / f"checkpoint-{N}"
@@ -342,9 +342,13 @@ def test_trainer_refusals(trainer_root, tmp_path):
   # Written as the Trainer's own TrainerState writes it: read and saved again by it, byte for byte.
   from transformers.trainer_callback import TrainerState
 
-  written = to_trainer_checkpoint(state, checkpoint, target, steps=1, learning_rate=_trainer_schedule(N))
-  TrainerState.load_from_json(str(written / "trainer_state.json")).save_to_json(str(tmp_path / "own.json"))
-  assert (tmp_path / "own.json").read_bytes() == (written / "trainer_state.json").read_bytes()
+  def check_trainer_layout(written):
+    TrainerState.load_from_json(str(written / "trainer_state.json")).save_to_json(str(tmp_path / "own.json"))
+    assert (tmp_path / "own.json").read_bytes() == (written / "trainer_state.json").read_bytes()
+
+  check_trainer_layout(
+    to_trainer_checkpoint(state, checkpoint, target, steps=1, learning_rate=_trainer_schedule(N))
+  )
   # An epoch not known (None), or no step to scale it by (global_step 0): kept as it is; at global step
   # 1, scaled. The source written in another layout (keys reversed, one line): the Trainer's layout still.
   saved_state = json.loads((checkpoint / "trainer_state.json").read_text())
@@ -356,8 +360,7 @@ def test_trainer_refusals(trainer_root, tmp_path):
     written = to_trainer_checkpoint(
       state, checkpoint, tmp_path / f"edge{k}", steps=1, learning_rate=_trainer_schedule(N)
     )
-    TrainerState.load_from_json(str(written / "trainer_state.json")).save_to_json(str(tmp_path / "own.json"))
-    assert (tmp_path / "own.json").read_bytes() == (written / "trainer_state.json").read_bytes()
+    check_trainer_layout(written)
     trainer_state = json.loads((written / "trainer_state.json").read_text())
     assert trainer_state["epoch"] == epoch
     assert trainer_state["global_step"] == edit.get("global_step", saved_state["global_step"]) + 1

@@ -32,8 +32,15 @@ TIMEOUT_S = (
 
 JOURNEYS = {
   1: {"sharded/SGD", "sharded/Adagrad", "sharded/AdamW", "flat/AdamW", "gathered/AdamW", "refused"},
-  2: {"sharded/AdamW", "flat/AdamW", "gathered/AdamW", "float32/AdamW", "uneven/AdamW", "live/AdamW"}
-  | {"nested/AdamW"},
+  2: {
+    "sharded/AdamW",
+    "flat/AdamW",
+    "gathered/AdamW",
+    "float32/AdamW",
+    "uneven/AdamW",
+    "live/AdamW",
+    "nested/AdamW",
+  },
 }
 
 

@@ -381,8 +381,6 @@ def test_scheduler_refusals_name_what_is_missing_and_the_advice_works():
     ValueError, match=r"learning_rate\[0\] is 0.0125, but the StepLR .* gives 0.00625 after 1 steps"
   ):
     to_torch_scheduler_state_dict(scheduler.state_dict(), opt.state_dict(), steps=1, learning_rate=0.0125)
-  # A given rate agrees to the square root of its dtype's epsilon, relative: 2**-26 (1.49e-8) for a Python
-  # float, 2**-11.5 (3.45e-4) for a float32.
   saved_states = scheduler.state_dict(), opt.state_dict()
   assert to_torch_scheduler_state_dict(*saved_states, steps=0) == scheduler.state_dict()  # no update yet
   # A schedule at its end, rate 0: a given 0.0, or an integer 0, agrees.
@@ -391,6 +389,8 @@ def test_scheduler_refusals_name_what_is_missing_and_the_advice_works():
   for zero in (0.0, np.int64(0)):
     later = to_torch_scheduler_state_dict(*ended_states, steps=1, learning_rate=zero)
     assert later["_last_lr"] == [0.0, 0.0]
+  # A given rate agrees to the square root of its dtype's epsilon, relative: 2**-26 (1.49e-8) for a Python
+  # float, 2**-11.5 (3.45e-4) for a float32.
   for off, dtype in ((1.3e-8, float), (1.7e-8, float), (3e-4, np.float32), (4e-4, np.float32)):
     given = [dtype(0.00625 * (1 + off)), 0.003125]
     if off in (1.3e-8, 3e-4):
