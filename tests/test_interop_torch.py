@@ -469,6 +469,17 @@ def test_refuses_other_optimizers(cls, match):
     from_torch(cls(ps), torch_params(torch.optim.SGD(ps), structure))
 
 
+def test_refusals_list_the_classes_in_english():
+  """The refusals name the classes the registry binds, as a list read aloud, for any number of
+  them (four today: ``listed`` is not reached with one or two through a refusal)."""
+  from onnx_optax.interop._torch_optim import listed
+
+  assert listed([]) == ""
+  assert listed(["SGD"]) == "SGD"
+  assert listed(["Adam", "AdamW"], "or") == "Adam or AdamW"
+  assert listed(["SGD", "Adagrad", "Adam"]) == "SGD, Adagrad and Adam"
+
+
 def test_refuses_subclasses():
   class MySGD(torch.optim.SGD):
     pass

@@ -14,6 +14,7 @@ never left PyTorch.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import hypothesis.strategies as st
 import jax
@@ -25,7 +26,7 @@ import torch
 import torch_runs
 from hypothesis import HealthCheck, given, settings
 
-from onnx_optax.interop import from_torch, to_torch, torch_params
+from onnx_optax.interop import from_torch, from_torch_state_dict, to_torch, torch_params
 
 SHAPE = (2,)
 # Names whose sorted order differs from any natural order ('10' before '2', 'a' after 'z.bias').
@@ -285,6 +286,52 @@ def test_named_optimizer_refuses_other_names():
   assert not opt.state  # nothing written
 
 
+def f32(x: float) -> Any:
+  """A NumPy float32 scalar where PyTorch's hints say float (what a user may pass all the same)."""
+  return np.float32(x)
+
+
+@pytest.mark.parametrize(
+  "make, key",
+  [
+    (lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, dampening=f32(0.1)), "dampening"),
+    (lambda ps: torch.optim.Adagrad(ps, lr=f32(0.1), lr_decay=0.3), "lr"),
+    (lambda ps: torch.optim.Adagrad(ps, lr=0.1, lr_decay=f32(0.3)), "lr_decay"),
+    (lambda ps: torch.optim.AdamW(ps, lr=f32(0.01)), "lr"),
+    (lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=f32(0.1)), "weight_decay"),
+    (lambda ps: torch.optim.Adagrad(ps, lr=np.float64(0.1), lr_decay=0.3), None),
+  ],
+  ids=["SGD dampening", "Adagrad lr", "Adagrad lr_decay", "AdamW lr", "AdamW weight_decay", "float64"],
+)
+def test_a_numpy_float32_option_is_refused_and_the_advice_works(make, key):
+  """NumPy keeps a scalar's dtype against a Python number, so PyTorch computes with a NumPy float32
+  option in float32 (``lr / bias_correction1``, ``1 - dampening``, ``lr / (1 + (step - 1) *
+  lr_decay)``) where a Python float computes in float64: read as a float, each of these runs was
+  carried 1e-10 to 1e-7 off PyTorch's. Refused, from the optimizer and from its state dict; the
+  advice run as printed (on both runs) gives a run carried within 1e-12. A NumPy float64 is a
+  Python float: carried as it is."""
+  with jax.enable_x64(True):
+    grads = _grads(3, 5, 1)
+    (p_ref, p) = [torch.nn.Parameter(torch.ones(SHAPE, dtype=torch.float64)) for _ in range(2)]
+    opt_ref, opt = make([p_ref]), make([p])
+    if key is not None:
+      pattern = rf"param_groups\[0\]\['{key}'\] is a float32 scalar \(np.float32\(.*\)\), not a Python float"
+      with pytest.raises(ValueError, match=pattern) as refused:
+        from_torch(opt, torch_params(opt))
+      with pytest.raises(ValueError, match=pattern + r".*in the state dict, then call from_torch_state_dict"):
+        from_torch_state_dict(opt.state_dict(), torch_params(opt))
+      torch_runs.follow_advice(refused.value, opt)
+      torch_runs.follow_advice(refused.value, opt_ref)
+    _torch_steps(opt_ref, [p_ref], grads)
+    _torch_steps(opt, [p], grads[:2])
+    params = torch_params(opt)
+    tx, state = from_torch(opt, params)
+    for g in grads[2:]:
+      updates, state = tx.update([jnp.asarray(g[0])], state, params)
+      params = optax.apply_updates(params, updates)
+    np.testing.assert_allclose(np.asarray(params[0]), p_ref.detach().numpy(), rtol=1e-12)
+
+
 def test_adagrad_float32_tensor_lr_with_lr_decay_is_refused_and_the_advice_works():
   """PyTorch computes ``lr / (1 + (step - 1) * lr_decay)`` in the tensor's float32: refused (also with
   ``learning_rate=``); the advice run as printed gives a run carried within 1e-12. A float64 tensor, or
@@ -331,7 +378,8 @@ def _scheduled(lrs, lr_as_tensor=False):
 
 @pytest.mark.parametrize("lrs", [(0.1, 0.01), (0.1,), (0.05, 0.05)])
 def test_scheduler_refusal_gives_a_value_that_works(lrs):
-  """The refusal quotes every group's current rate; passing exactly what it says continues PyTorch's run."""
+  """The refusal quotes every group's current rate, saying whether it is one rate or one per group;
+  passing exactly what it says continues PyTorch's run."""
   with jax.enable_x64(True):
     grads = _grads(1, 5, len(lrs))
     ps_ref, opt_ref = _scheduled(lrs)
@@ -341,7 +389,10 @@ def test_scheduler_refusal_gives_a_value_that_works(lrs):
     params = torch_params(opt)
     with pytest.raises(ValueError, match=r"scheduler is attached") as refused:
       from_torch(opt, params)
-    advised = re.search(r"Pass learning_rate=(\[[^\]]*\]|\S+) \(", str(refused.value)).group(1)
+    advised = re.search(r"Pass learning_rate=(\[[^\]]*\]|\S+) \(([^)]*)\)", str(refused.value))
+    each = "the current lr" if len(set(lrs)) == 1 else "the groups' current lrs, one per group"
+    assert advised.group(2) == each
+    advised = advised.group(1)
     tx, state = from_torch(opt, params, learning_rate=eval(advised))
     for g in grads[2:]:
       updates, state = tx.update([jnp.asarray(x) for x in g], state, params)

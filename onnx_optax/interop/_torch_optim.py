@@ -189,6 +189,17 @@ def check_group(g: int, group: dict, kind: str, *, source: str = "optimizer") ->
       f"PyTorch 2.13 (a scheduler's, or a newer PyTorch's): onnx_optax cannot tell whether "
       f"they change the update"
     )
+  for key, value in group.items():
+    for v in value if key == "betas" and isinstance(value, tuple) else (value,):
+      if _narrow_float(v):
+        # NumPy's promotion keeps a scalar's dtype against Python numbers: PyTorch's
+        # ``lr / bias_correction1``, ``1 - dampening``... are then rounded to it.
+        dtype = _common.dtype_name(v.dtype)
+        raise ValueError(
+          f"param_groups[{g}][{key!r}] is a {dtype} scalar ({v!r}), not a Python float: "
+          f"torch.optim.{kind} then computes with it in {dtype}, not in float64, so no transform "
+          f"follows its rounding. {_float_advice(key, source)}"
+        )
   lr = group["lr"]
   if kind == "Adagrad" and _is_tensor(lr) and str(lr.dtype) != "torch.float64" and group["lr_decay"] != 0:
     # PyTorch's Adagrad computes lr / (1 + (step - 1) * lr_decay) in the
@@ -236,6 +247,14 @@ def _float_advice(key: str, source: str = "optimizer") -> str:
 
 def _is_tensor(value: Any) -> bool:
   return hasattr(value, "dtype") and hasattr(value, "detach")
+
+
+def _narrow_float(value: Any) -> bool:
+  """A NumPy (or JAX) floating scalar narrower than float64: not a Python float, and not a tensor."""
+  if isinstance(value, (bool, int, float)) or _is_tensor(value) or not hasattr(value, "dtype"):
+    return False
+  dtype = _common.dtype_name(value.dtype)
+  return bool(jax.numpy.issubdtype(dtype, jax.numpy.floating)) and dtype != "float64"
 
 
 def as_pytorch_computes(schedule: Any, name: str, group: dict) -> Any:
