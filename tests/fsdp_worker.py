@@ -31,7 +31,9 @@ shards):
   ``broadcast_from_rank0=True``;
 * world size 2: ``float32/AdamW``, float32, with PyTorch's own spread (its
   ``fused=True`` run against the default one, on the same data) measured
-  alongside; ``uneven/AdamW``, a model whose first dimensions do not split
+  alongside; ``replicated/AdamW``, the gathered state dict on every rank
+  read into JAX arrays replicated over both processes and written back into
+  the gathered layout from them; ``uneven/AdamW``, a model whose first dimensions do not split
   evenly (3 rows: 2 and 1; 1 row: 1 and none) read into JAX arrays that each
   process holds whole: refused (a rank holds part of each tensor), the
   refusal's advice run as printed (the gathered state on every rank), and the
@@ -108,6 +110,7 @@ MESH = init_device_mesh("cpu", (WORLD,))
 N, M, K = 2, 3, 2
 DEVICES = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
 SPLIT = NamedSharding(Mesh(np.array(DEVICES), ("fsdp",)), PartitionSpec("fsdp"))  # FSDP2's Shard(0)
+BOTH = NamedSharding(Mesh(np.array(DEVICES), ("fsdp",)), PartitionSpec())  # whole on every process's device
 OWN = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])  # this process's device, the whole array
 EVEN = ((3, 4), (4, 2))  # Linear(3, 4), Tanh, Linear(4, 2): each first dimension splits over 2 evenly
 UNEVEN = ((3, 3), (3, 1))  # first dimensions 3 (rows 2 and 1) and 1 (rows 1 and none)
@@ -179,9 +182,13 @@ def weights_into(model, params):
       if x.is_fully_addressable:
         mine = np.asarray(x)[rows(p)]
       else:
-        (shard,) = x.addressable_shards  # one device per process, holding this rank's rows
-        assert shard.index[0].indices(x.shape[0])[:2] == rows(p).indices(x.shape[0])[:2], shard.index
-        mine = np.asarray(shard.data)
+        (shard,) = x.addressable_shards  # one device per process, holding this rank's rows or all
+        held = shard.index[0].indices(x.shape[0])[:2]
+        if held == (0, x.shape[0]):
+          mine = np.asarray(shard.data)[rows(p)]
+        else:
+          assert held == rows(p).indices(x.shape[0])[:2], shard.index
+          mine = np.asarray(shard.data)
       p.to_local().copy_(torch.from_numpy(np.array(mine)))
 
 
@@ -299,6 +306,31 @@ def gathered():
   return compare(fresh, ref)
 
 
+def replicated():
+  """The gathered state dict on every rank (``full_state_dict=True``, whole tensors) read into JAX arrays
+  replicated over the two processes (each puts its own device's copy from the whole tensor), and the run
+  written back from those arrays, which each process holds whole, into the gathered layout; loaded with
+  ``full_state_dict=True`` on every rank."""
+  ref, grads = reference("AdamW", EVEN, torch.float64)
+  model, opt = model_and_optimizer("AdamW", EVEN, torch.float64)
+  torch_steps(model, opt, grads[:N])
+  whole = StateDictOptions(full_state_dict=True)
+  saved = get_optimizer_state_dict(model, opt, options=whole)
+  weights = get_model_state_dict(model, options=whole)
+  hosts = [weights[name].numpy() for name in NAMES]
+  params = [jax.make_array_from_callback(w.shape, BOTH, lambda i, w=w: w[i]) for w in hosts]
+  assert not params[0].is_fully_addressable
+  tx, state = from_torch_state_dict(saved, params)
+  params, state = jax_steps(tx, state, params, grads[N : N + M])
+  back = to_torch_state_dict(state, saved)
+  assert not any(isinstance(v, DTensor) for e in back["state"].values() for v in e.values())
+  fresh, opt2 = model_and_optimizer("AdamW", EVEN, torch.float64, seed=1)
+  weights_into(fresh, params)
+  set_optimizer_state_dict(fresh, opt2, back, options=whole)
+  torch_steps(fresh, opt2, grads[N + M :])
+  return compare(fresh, ref)
+
+
 def uneven():
   """Whole JAX arrays on each process: the sharded state dict is refused at world size 2; the advice run
   as printed; written back into the sharded state dict, each rank taking its own (uneven) rows."""
@@ -411,6 +443,7 @@ def main():
   timed("gathered/AdamW", gathered)
   if WORLD > 1:
     timed("float32/AdamW", sharded, "AdamW", torch.float32, spread=True)
+    timed("replicated/AdamW", replicated)
     timed("uneven/AdamW", uneven)
     timed("live/AdamW", live)
     timed("nested/AdamW", nested)

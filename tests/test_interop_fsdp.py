@@ -37,6 +37,7 @@ JOURNEYS = {
     "flat/AdamW",
     "gathered/AdamW",
     "float32/AdamW",
+    "replicated/AdamW",
     "uneven/AdamW",
     "live/AdamW",
     "nested/AdamW",
