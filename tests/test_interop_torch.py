@@ -828,6 +828,13 @@ def test_a_scalar_tensor_learning_rate_is_read_with_its_value():
   tx, state = from_torch(opt, params)
   updates, _ = tx.update(jax.tree.map(jnp.ones_like, params), state, params)
   np.testing.assert_allclose(updates[0], -0.5 * np.ones(3), rtol=1e-7)
+  # One that requires grad (a learned rate) is read by its value too, also given as learning_rate=.
+  learned = torch.tensor(0.25, requires_grad=True)
+  opt.param_groups[0]["lr"] = learned
+  for given in (None, learned):
+    tx, state = from_torch(opt, params, learning_rate=given)
+    updates, _ = tx.update(jax.tree.map(jnp.ones_like, params), state, params)
+    np.testing.assert_allclose(updates[0], -0.25 * np.ones(3), rtol=1e-7)
 
 
 def test_refuses_a_leaf_that_is_not_an_array():
@@ -1048,7 +1055,8 @@ def test_a_jitted_step_of_a_carried_run_compiles_once():
   """The count too is placed on the parameters' devices (their mesh, replicated): the first jitted step
   gets the count as every later one does, and compiles once. ``init`` leaves it on the default device
   and the step returns it on the mesh, a new input sharding and a second compilation. PyTorch's and
-  Keras's bridges, in a fresh interpreter with two CPU devices."""
+  Keras's bridges, and parameters on one device that is not the default one (the count goes there), in
+  a fresh interpreter with two CPU devices."""
   code = textwrap.dedent("""
       import os
       os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
@@ -1065,21 +1073,25 @@ def test_a_jitted_step_of_a_carried_run_compiles_once():
       w = keras.Variable(np.arange(4.0, dtype=np.float32))
       kopt = keras.optimizers.Adam(learning_rate=0.1)
       kopt.apply([np.ones(4, np.float32)], [w])
-      for carried in (from_torch(opt, [jax.device_put(jnp.arange(4.0), sharding)]),
-                      from_keras(kopt, [jax.device_put(jnp.arange(4.0), sharding)])):
+      replicated = NamedSharding(mesh, PartitionSpec())
+      second = jax.sharding.SingleDeviceSharding(jax.devices()[1])  # not the default device
+      for carried, where, count_at in (
+          (from_torch(opt, [jax.device_put(jnp.arange(4.0), sharding)]), sharding, replicated),
+          (from_keras(kopt, [jax.device_put(jnp.arange(4.0), sharding)]), sharding, replicated),
+          (from_torch(opt, [jax.device_put(jnp.arange(4.0), second)]), second, second)):
         tx, state = carried
-        params = [jax.device_put(jnp.arange(4.0), sharding)]
+        params = [jax.device_put(jnp.arange(4.0), where)]
         @jax.jit
         def step(params, state):
           updates, state = tx.update([jnp.ones(4)], state, params)
           return optax.apply_updates(params, updates), state
-        placed = state.count.sharding == NamedSharding(mesh, PartitionSpec())
+        placed = state.count.sharding == count_at
         for _ in range(3):
           params, state = step(params, state)
         print(placed, step._cache_size())
   """)
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-  assert out.stdout.split("\n")[:2] == ["True 1", "True 1"], out
+  assert out.stdout.split("\n")[:3] == ["True 1", "True 1", "True 1"], out
 
 
 def test_a_group_option_is_checked_by_the_twins_declared_check(monkeypatch):
