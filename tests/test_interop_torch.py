@@ -991,34 +991,23 @@ def test_to_torch_writes_no_buffer_for_plain_sgd():
   assert all("momentum_buffer" not in opt.state[p] for p in ps)
 
 
-def test_plain_sgd_ignores_a_dampening_outside_the_twins_range():
-  """``momentum = 0`` with ``dampening = 1.5``: PyTorch's constructor accepts it (it checks no
+@pytest.mark.parametrize(
+  "options",
+  [dict(momentum=1.0), dict(momentum=0.0, dampening=1.5)],
+  ids=["momentum 1", "momentum 0, dampening 1.5"],
+)
+def test_sgd_edges_pytorch_accepts_are_carried(options):
+  """``momentum = 1`` (allowed by PyTorch: no decay of the buffer) is carried with its buffer.
+  ``momentum = 0`` with ``dampening = 1.5``: PyTorch's constructor accepts it (it checks no
   dampening) and its step ignores it, so the bridge carries it as plain SGD instead of refusing a
-  dampening outside ``[0, 1]``; equal to PyTorch's run."""
-  N, M = 2, 3
-  with jax.enable_x64(True):
-    x0, grads = initial(np.float64), gradients(N + M, np.float64)
-    ps_ref = torch_parameters(x0)
-    torch_steps(torch.optim.SGD(ps_ref, lr=0.01, momentum=0.0, dampening=1.5), ps_ref, grads)
-    ps = torch_parameters(x0)
-    opt = torch.optim.SGD(ps, lr=0.01, momentum=0.0, dampening=1.5)
-    torch_steps(opt, ps, grads[:N])
-    params = torch_params(opt, like(jnp.float64))
-    tx, state = from_torch(opt, params)
-    params, _ = jax_steps(tx, state, params, grads[N:])
-    for x, p in zip(jax.tree.leaves(params), ps_ref):
-      np.testing.assert_allclose(x, p.detach().numpy(), rtol=1e-12)
-
-
-def test_sgd_with_momentum_one_carries_its_buffer():
-  """``momentum = 1`` (allowed by PyTorch: no decay of the buffer) is carried with its buffer."""
+  dampening outside ``[0, 1]``. Equal to PyTorch's run."""
   N, M = 3, 4
   with jax.enable_x64(True):
     x0, grads = initial(np.float64), gradients(N + M, np.float64)
     ps_ref = torch_parameters(x0)
-    torch_steps(torch.optim.SGD(ps_ref, lr=0.01, momentum=1.0), ps_ref, grads)
+    torch_steps(torch.optim.SGD(ps_ref, lr=0.01, **options), ps_ref, grads)
     ps = torch_parameters(x0)
-    opt = torch.optim.SGD(ps, lr=0.01, momentum=1.0)
+    opt = torch.optim.SGD(ps, lr=0.01, **options)
     torch_steps(opt, ps, grads[:N])
     params = torch_params(opt, like(jnp.float64))
     tx, state = from_torch(opt, params)

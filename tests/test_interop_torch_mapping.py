@@ -286,6 +286,20 @@ def test_named_optimizer_refuses_other_names():
   assert not opt.state  # nothing written
 
 
+def _carried_as_pytorch_runs(reference, carried, grads):
+  """One parameter's optimizer: ``reference`` runs every step in PyTorch, ``carried`` two, then
+  ``from_torch`` and the rest in JAX; they end within 1e-12."""
+  (p_ref, opt_ref), (p, opt) = reference, carried
+  _torch_steps(opt_ref, [p_ref], grads)
+  _torch_steps(opt, [p], grads[:2])
+  params = torch_params(opt)
+  tx, state = from_torch(opt, params)
+  for g in grads[2:]:
+    updates, state = tx.update([jnp.asarray(g[0])], state, params)
+    params = optax.apply_updates(params, updates)
+  np.testing.assert_allclose(np.asarray(params[0]), p_ref.detach().numpy(), rtol=1e-12)
+
+
 def f32(x: float) -> Any:
   """A NumPy float32 scalar where PyTorch's hints say float (what a user may pass all the same)."""
   return np.float32(x)
@@ -322,14 +336,7 @@ def test_a_numpy_float32_option_is_refused_and_the_advice_works(make, key):
         from_torch_state_dict(opt.state_dict(), torch_params(opt))
       torch_runs.follow_advice(refused.value, opt)
       torch_runs.follow_advice(refused.value, opt_ref)
-    _torch_steps(opt_ref, [p_ref], grads)
-    _torch_steps(opt, [p], grads[:2])
-    params = torch_params(opt)
-    tx, state = from_torch(opt, params)
-    for g in grads[2:]:
-      updates, state = tx.update([jnp.asarray(g[0])], state, params)
-      params = optax.apply_updates(params, updates)
-    np.testing.assert_allclose(np.asarray(params[0]), p_ref.detach().numpy(), rtol=1e-12)
+    _carried_as_pytorch_runs((p_ref, opt_ref), (p, opt), grads)
 
 
 def test_adagrad_float32_tensor_lr_with_lr_decay_is_refused_and_the_advice_works():
@@ -358,14 +365,7 @@ def test_adagrad_float32_tensor_lr_with_lr_decay_is_refused_and_the_advice_works
       if fix:
         torch_runs.follow_advice(refused.value, opt)
         torch_runs.follow_advice(refused.value, opt_ref)
-      _torch_steps(opt_ref, [p_ref], grads)
-      _torch_steps(opt, [p], grads[:2])
-      params = torch_params(opt)
-      tx, state = from_torch(opt, params)
-      for g in grads[2:]:
-        updates, state = tx.update([jnp.asarray(g[0])], state, params)
-        params = optax.apply_updates(params, updates)
-      np.testing.assert_allclose(np.asarray(params[0]), p_ref.detach().numpy(), rtol=1e-12)
+      _carried_as_pytorch_runs((p_ref, opt_ref), (p, opt), grads)
 
 
 def _scheduled(lrs, lr_as_tensor=False):
