@@ -2,7 +2,7 @@
 
 ::
 
-    python tests/fsdp_worker.py RANK WORLD_SIZE TORCH_PORT JAX_PORT OUT
+    python tests/fsdp_worker.py RANK WORLD_SIZE TORCH_PORT JAX_PORT OUT [DEVICES]
 
 Each rank is a PyTorch process (``fully_shard`` on the CPU, a gloo process
 group) and a JAX process: at world size 2 the two join one JAX job
@@ -46,6 +46,9 @@ shards):
   a gathered template is refused and the advice run as printed
   (``process_allgather``) writes the tensors the sharded write holds, bit for
   bit; into DTensors split by columns, refused;
+* world size 2 with two JAX devices per process (``DEVICES`` 2): ``fine/AdamW``,
+  the sharded journey of a model whose first dimensions (8 and 4) split over
+  the four devices, each rank's rows over its process's two;
 * world size 1: ``refused``, a ``Partial`` DTensor and one whose local shape is
   not its placement's piece, refused.
 
@@ -67,8 +70,9 @@ import time
 START = time.monotonic()
 RANK, WORLD, TORCH_PORT, JAX_PORT = (int(a) for a in sys.argv[1:5])
 OUT = pathlib.Path(sys.argv[5])
+LOCAL = int(sys.argv[6]) if len(sys.argv) > 6 else 2 if WORLD == 1 else 1  # JAX devices per process
 os.environ["JAX_PLATFORMS"] = "cpu"
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={2 if WORLD == 1 else 1}"
+os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={LOCAL}"
 
 import jax  # noqa: E402
 
@@ -113,6 +117,7 @@ SPLIT = NamedSharding(Mesh(np.array(DEVICES), ("fsdp",)), PartitionSpec("fsdp"))
 BOTH = NamedSharding(Mesh(np.array(DEVICES), ("fsdp",)), PartitionSpec())  # whole on every process's device
 OWN = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])  # this process's device, the whole array
 EVEN = ((3, 4), (4, 2))  # Linear(3, 4), Tanh, Linear(4, 2): each first dimension splits over 2 evenly
+FINE = ((3, 8), (8, 4))  # first dimensions 8 and 4: over 2 ranks x 2 devices, 2 and 1 rows a device
 UNEVEN = ((3, 3), (3, 1))  # first dimensions 3 (rows 2 and 1) and 1 (rows 1 and none)
 NAMES = ["0.weight", "0.bias", "2.weight", "2.bias"]
 OPTIMIZERS = {
@@ -181,6 +186,8 @@ def weights_into(model, params):
     for p, x in zip(model.parameters(), params):
       if x.is_fully_addressable:
         mine = np.asarray(x)[rows(p)]
+      elif LOCAL > 1:  # this rank's rows over several devices: gathered (a collective every rank joins)
+        mine = np.asarray(jax.experimental.multihost_utils.process_allgather(x, tiled=True))[rows(p)]
       else:
         (shard,) = x.addressable_shards  # one device per process, holding this rank's rows or all
         held = shard.index[0].indices(x.shape[0])[:2]
@@ -217,11 +224,11 @@ def split_like(model, dtype):
   return [jax.ShapeDtypeStruct(tuple(p.shape), dtype, sharding=SPLIT) for p in model.parameters()]
 
 
-def sharded(kind, dtype=torch.float64, options=None, spread=False):
+def sharded(kind, dtype=torch.float64, options=None, spread=False, dims=EVEN):
   """Each rank's shards onto its own devices and back into DTensors."""
   options = options or StateDictOptions()
-  ref, grads = reference(kind, EVEN, dtype)
-  model, opt = model_and_optimizer(kind, EVEN, dtype)
+  ref, grads = reference(kind, dims, dtype)
+  model, opt = model_and_optimizer(kind, dims, dtype)
   torch_steps(model, opt, grads[:N])
   saved = get_optimizer_state_dict(model, opt, options=options)
   params = torch_params(opt, split_like(model, grads[0][0].dtype))
@@ -229,15 +236,16 @@ def sharded(kind, dtype=torch.float64, options=None, spread=False):
   params, state = jax_steps(tx, state, params, grads[N : N + M])
   back = to_torch_state_dict(state, saved)
   refusals = None
-  if WORLD > 1 and kind == "AdamW" and dtype == torch.float64 and options == StateDictOptions():
+  plain = kind == "AdamW" and dtype == torch.float64 and options == StateDictOptions()
+  if WORLD > 1 and dims == EVEN and plain:
     refusals = write_refusals(model, opt, state, back)  # before loading back: the steps change its tensors
-  fresh, opt2 = model_and_optimizer(kind, EVEN, dtype, seed=1)
+  fresh, opt2 = model_and_optimizer(kind, dims, dtype, seed=1)
   weights_into(fresh, params)
   set_optimizer_state_dict(fresh, opt2, back, options=options)
   torch_steps(fresh, opt2, grads[N + M :])
   report = compare(fresh, ref)
   if spread:
-    fused, _ = reference(kind, EVEN, dtype, fused=True)
+    fused, _ = reference(kind, dims, dtype, fused=True)
     report["spread_ulp"] = compare(fused, ref)["ulp"]
   if refusals:
     report["refused"] = refusals
@@ -435,20 +443,23 @@ def main():
     journeys[name] = fn(*args, **kwargs)
     report["seconds"][name] = time.monotonic() - begin
 
-  # At world size 1 a rank's shard is the whole tensor: what is checked there is the DTensors' layout
-  # (and every optimizer's state fields); at world size 2, the shards.
-  for kind in OPTIMIZERS if WORLD == 1 else ["AdamW"]:
-    timed(f"sharded/{kind}", sharded, kind)
-  timed("flat/AdamW", sharded, "AdamW", options=StateDictOptions(flatten_optimizer_state_dict=True))
-  timed("gathered/AdamW", gathered)
-  if WORLD > 1:
-    timed("float32/AdamW", sharded, "AdamW", torch.float32, spread=True)
-    timed("replicated/AdamW", replicated)
-    timed("uneven/AdamW", uneven)
-    timed("live/AdamW", live)
-    timed("nested/AdamW", nested)
+  if WORLD > 1 and LOCAL > 1:
+    timed("fine/AdamW", sharded, "AdamW", dims=FINE)
   else:
-    timed("refused", read_refusals)
+    # At world size 1 a rank's shard is the whole tensor: what is checked there is the DTensors' layout
+    # (and every optimizer's state fields); at world size 2, the shards.
+    for kind in OPTIMIZERS if WORLD == 1 else ["AdamW"]:
+      timed(f"sharded/{kind}", sharded, kind)
+    timed("flat/AdamW", sharded, "AdamW", options=StateDictOptions(flatten_optimizer_state_dict=True))
+    timed("gathered/AdamW", gathered)
+    if WORLD > 1:
+      timed("float32/AdamW", sharded, "AdamW", torch.float32, spread=True)
+      timed("replicated/AdamW", replicated)
+      timed("uneven/AdamW", uneven)
+      timed("live/AdamW", live)
+      timed("nested/AdamW", nested)
+    else:
+      timed("refused", read_refusals)
   OUT.mkdir(exist_ok=True)
   (OUT / f"rank_{RANK}.json").write_text(json.dumps(report, indent=1))
 

@@ -2,7 +2,8 @@
 
 Each rank runs ``fsdp_worker.py`` (its docstring lists the journeys): a
 PyTorch rank in a gloo process group and, at world size 2, a JAX process of a
-two-process job. Every journey ends in PyTorch's own resume
+two-process job, with one JAX device per process, or two (each rank's rows
+split over its process's devices). Every journey ends in PyTorch's own resume
 (``set_optimizer_state_dict``, then ``optimizer.step()``) and is compared with
 the FSDP2 run that never left PyTorch: float64 to 1e-12 relative; float32 within
 PyTorch's own spread (its ``fused=True`` run against the default one, on the
@@ -30,9 +31,9 @@ TIMEOUT_S = (
   300  # ~20 s (one rank) and ~40 s (two) on an idle 2-core machine; a hung collective must not hang CI
 )
 
-JOURNEYS = {
-  1: {"sharded/SGD", "sharded/Adagrad", "sharded/AdamW", "flat/AdamW", "gathered/AdamW", "refused"},
-  2: {
+JOURNEYS = {  # by (ranks, JAX devices per process)
+  (1, 2): {"sharded/SGD", "sharded/Adagrad", "sharded/AdamW", "flat/AdamW", "gathered/AdamW", "refused"},
+  (2, 1): {
     "sharded/AdamW",
     "flat/AdamW",
     "gathered/AdamW",
@@ -42,6 +43,7 @@ JOURNEYS = {
     "live/AdamW",
     "nested/AdamW",
   },
+  (2, 2): {"fine/AdamW"},
 }
 
 
@@ -56,7 +58,7 @@ def _free_ports(n: int) -> list[int]:
       s.close()
 
 
-def _run(world: int, out: pathlib.Path) -> list[dict]:
+def _run(world: int, devices: int, out: pathlib.Path) -> list[dict]:
   """Starts the ranks together; on the first failure or the timeout, kills the others (a rank whose peer
   died waits in a collective)."""
   torch_port, jax_port = _free_ports(2)
@@ -72,6 +74,7 @@ def _run(world: int, out: pathlib.Path) -> list[dict]:
     str(torch_port),
     str(jax_port),
     str(out),
+    str(devices),
   ]
   procs = [
     subprocess.Popen(argv(rank), env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -97,12 +100,14 @@ def _run(world: int, out: pathlib.Path) -> list[dict]:
   return [json.loads((out / f"rank_{rank}.json").read_text()) for rank in range(world)]
 
 
-@pytest.mark.parametrize("world", [1, 2])
-def test_fsdp2_state_dicts_continue_in_jax_and_back(world, tmp_path):
-  reports = _run(world, tmp_path)
+@pytest.mark.parametrize(
+  "world, devices", [(1, 2), (2, 1), (2, 2)], ids=["1 rank", "2 ranks", "2 ranks x 2 devices"]
+)
+def test_fsdp2_state_dicts_continue_in_jax_and_back(world, devices, tmp_path):
+  reports = _run(world, devices, tmp_path)
   for report in reports:
-    assert set(report["journeys"]) == JOURNEYS[world], report["journeys"].keys()
-  for name in JOURNEYS[world] - {"refused"}:
+    assert set(report["journeys"]) == JOURNEYS[world, devices], report["journeys"].keys()
+  for name in JOURNEYS[world, devices] - {"refused"}:
     results = [report["journeys"][name] for report in reports]
     if name.startswith("float32"):
       carried, spread = max(r["ulp"] for r in results), max(r["spread_ulp"] for r in results)
@@ -125,6 +130,8 @@ def test_fsdp2_state_dicts_continue_in_jax_and_back(world, tmp_path):
         "get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))"
         in message
       )
+    return
+  if devices > 1:
     return
 
   # World size 2: the uneven model's rows (3 rows: 2 and 1; 1 row: 1 and none), each rank's own.
