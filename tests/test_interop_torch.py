@@ -806,6 +806,20 @@ def test_refuses_a_learning_rate_that_is_not_a_real_scalar(value, error, match):
     from_torch(opt, structure)
 
 
+@pytest.mark.parametrize(
+  "value, match",
+  [
+    ("0.1", r"learning_rate must be a real scalar, got str '0.1'"),  # a string is no sequence of rates
+    (True, r"learning_rate must be a real number, got True"),
+  ],
+)
+def test_refuses_a_learning_rate_argument_that_is_not_a_number(value, match):
+  ps, structure = _params32()
+  opt = torch.optim.SGD(ps, lr=0.1, momentum=0.9)
+  with pytest.raises(TypeError, match=match):
+    from_torch(opt, structure, learning_rate=value)
+
+
 def test_refuses_a_hyperparameter_numpy_cannot_read():
   class Unreadable:
     def __array__(self, *args, **kwargs):
