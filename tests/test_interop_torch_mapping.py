@@ -300,6 +300,12 @@ def _carried_as_pytorch_runs(reference, carried, grads):
   np.testing.assert_allclose(np.asarray(params[0]), p_ref.detach().numpy(), rtol=1e-12)
 
 
+def _edited(opt, **options):
+  """``opt`` with its group's options replaced after construction (PyTorch checks them only then)."""
+  opt.param_groups[0].update(options)
+  return opt
+
+
 def f32(x: float) -> Any:
   """A NumPy float32 scalar where PyTorch's hints say float (what a user may pass all the same)."""
   return np.float32(x)
@@ -313,9 +319,18 @@ def f32(x: float) -> Any:
     (lambda ps: torch.optim.Adagrad(ps, lr=0.1, lr_decay=f32(0.3)), "lr_decay"),
     (lambda ps: torch.optim.AdamW(ps, lr=f32(0.01)), "lr"),
     (lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=f32(0.1)), "weight_decay"),
+    (lambda ps: _edited(torch.optim.AdamW(ps, lr=0.01), betas=(f32(0.9), f32(0.999))), "betas"),
     (lambda ps: torch.optim.Adagrad(ps, lr=np.float64(0.1), lr_decay=0.3), None),
   ],
-  ids=["SGD dampening", "Adagrad lr", "Adagrad lr_decay", "AdamW lr", "AdamW weight_decay", "float64"],
+  ids=[
+    "SGD dampening",
+    "Adagrad lr",
+    "Adagrad lr_decay",
+    "AdamW lr",
+    "AdamW weight_decay",
+    "AdamW betas",
+    "float64",
+  ],
 )
 def test_a_numpy_float32_option_is_refused_and_the_advice_works(make, key):
   """NumPy keeps a scalar's dtype against a Python number, so PyTorch computes with a NumPy float32

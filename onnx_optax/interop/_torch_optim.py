@@ -190,7 +190,7 @@ def check_group(g: int, group: dict, kind: str, *, source: str = "optimizer") ->
       f"they change the update"
     )
   for key, value in group.items():
-    for v in value if key == "betas" and isinstance(value, tuple) else (value,):
+    for v in value if key == "betas" and isinstance(value, (tuple, list)) else (value,):
       if _narrow_float(v):
         # NumPy's promotion keeps a scalar's dtype against Python numbers: PyTorch's
         # ``lr / bias_correction1``, ``1 - dampening``... are then rounded to it.
@@ -250,8 +250,11 @@ def _is_tensor(value: Any) -> bool:
 
 
 def _narrow_float(value: Any) -> bool:
-  """A NumPy (or JAX) floating scalar narrower than float64: not a Python float, and not a tensor."""
+  """A NumPy (or JAX) floating scalar narrower than float64: not a Python float, and not a tensor
+  (an array of another shape is refused later, as not a real scalar)."""
   if isinstance(value, (bool, int, float)) or _is_tensor(value) or not hasattr(value, "dtype"):
+    return False
+  if getattr(value, "ndim", 0) != 0:
     return False
   dtype = _common.dtype_name(value.dtype)
   return bool(jax.numpy.issubdtype(dtype, jax.numpy.floating)) and dtype != "float64"
