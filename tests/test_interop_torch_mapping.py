@@ -306,7 +306,7 @@ def _edited(opt, **options):
   return opt
 
 
-def f32(x: float) -> Any:
+def _f32(x: float) -> Any:
   """A NumPy float32 scalar where PyTorch's hints say float (what a user may pass all the same)."""
   return np.float32(x)
 
@@ -314,12 +314,12 @@ def f32(x: float) -> Any:
 @pytest.mark.parametrize(
   "make, key",
   [
-    (lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, dampening=f32(0.1)), "dampening"),
-    (lambda ps: torch.optim.Adagrad(ps, lr=f32(0.1), lr_decay=0.3), "lr"),
-    (lambda ps: torch.optim.Adagrad(ps, lr=0.1, lr_decay=f32(0.3)), "lr_decay"),
-    (lambda ps: torch.optim.AdamW(ps, lr=f32(0.01)), "lr"),
-    (lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=f32(0.1)), "weight_decay"),
-    (lambda ps: _edited(torch.optim.AdamW(ps, lr=0.01), betas=(f32(0.9), f32(0.999))), "betas"),
+    (lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, dampening=_f32(0.1)), "dampening"),
+    (lambda ps: torch.optim.Adagrad(ps, lr=_f32(0.1), lr_decay=0.3), "lr"),
+    (lambda ps: torch.optim.Adagrad(ps, lr=0.1, lr_decay=_f32(0.3)), "lr_decay"),
+    (lambda ps: torch.optim.AdamW(ps, lr=_f32(0.01)), "lr"),
+    (lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=_f32(0.1)), "weight_decay"),
+    (lambda ps: _edited(torch.optim.AdamW(ps, lr=0.01), betas=(_f32(0.9), _f32(0.999))), "betas"),
     (lambda ps: torch.optim.Adagrad(ps, lr=np.float64(0.1), lr_decay=0.3), None),
   ],
   ids=[
@@ -404,10 +404,9 @@ def test_scheduler_refusal_gives_a_value_that_works(lrs):
     params = torch_params(opt)
     with pytest.raises(ValueError, match=r"scheduler is attached") as refused:
       from_torch(opt, params)
-    advised = re.search(r"Pass learning_rate=(\[[^\]]*\]|\S+) \(([^)]*)\)", str(refused.value))
-    each = "the current lr" if len(set(lrs)) == 1 else "the groups' current lrs, one per group"
-    assert advised.group(2) == each
-    advised = advised.group(1)
+    found = re.search(r"Pass learning_rate=(\[[^\]]*\]|\S+) \(([^)]*)\)", str(refused.value))
+    advised, each = found.group(1), found.group(2)
+    assert each == ("the current lr" if len(set(lrs)) == 1 else "the groups' current lrs, one per group")
     tx, state = from_torch(opt, params, learning_rate=eval(advised))
     for g in grads[2:]:
       updates, state = tx.update([jnp.asarray(x) for x in g], state, params)
