@@ -5,6 +5,9 @@ Usage::
     python -m onnx_optax.conformance [--platform cpu|gpu|tpu] [--json FILE]
         [--markdown FILE] [--rule RULE] [--dtype DTYPE] [--no-onnx] [--no-large] [--pinned]
 
+``--rule`` takes a rule of the suite, or a function's name for all of its variants
+(``momentum``: ``momentum_standard`` and ``momentum_nesterov``; :func:`rule_names`).
+
 Exit codes (one per outcome, :data:`EXIT_CODES`):
 
 * 0: every selected case was checked and passed;
@@ -34,7 +37,7 @@ from typing import TextIO
 from onnx_optax.conformance import cases, devices, report
 from onnx_optax.conformance.cases import DTYPES
 
-__all__ = ["EXIT_CODES", "main"]
+__all__ = ["EXIT_CODES", "main", "rule_names"]
 
 PASSED, FAILED, USAGE, NO_PLATFORM, NOTHING_CHECKED, NOT_WRITTEN, CRASHED = 0, 1, 2, 3, 4, 5, 6
 
@@ -51,6 +54,29 @@ EXIT_CODES = {
   "the verdict printed)",
   CRASHED: "the run itself raised (a bug or a broken installation; the traceback is printed, no verdict)",
 }
+
+
+def rule_names() -> dict[str, tuple[str, ...]]:
+  """What ``--rule`` accepts, each with the suite rules it selects, in the suite's order: each of
+  the suite's rules by its own name, and before its first variant a function's name (``momentum``),
+  which selects all of its variants.
+
+  Example:
+    >>> rule_names()["momentum"], rule_names()["momentum_nesterov"], rule_names()["adam"]
+    (('momentum_standard', 'momentum_nesterov'), ('momentum_nesterov',), ('adam',))
+  """
+  suite = cases.suite_rules()
+  accepted: dict[str, tuple[str, ...]] = {}
+  for name in cases.names():
+    function = suite[name].rule.name
+    if function != name:
+      accepted[function] = (*accepted.get(function, ()), name)
+    accepted[name] = (name,)
+  return accepted
+
+
+def _variants_help(accepted: dict[str, tuple[str, ...]]) -> str:
+  return "; ".join(f"{name}: {', '.join(rules)}" for name, rules in accepted.items() if rules != (name,))
 
 
 def unwritable(path: str) -> str | None:
@@ -116,11 +142,14 @@ def main(argv: list[str] | None = None) -> int:
   )
   parser.add_argument("--json", metavar="FILE", help="write the report as JSON")
   parser.add_argument("--markdown", metavar="FILE", help="write the report as Markdown")
+  accepted = rule_names()
   parser.add_argument(
     "--rule",
-    choices=cases.names(),
+    choices=accepted,
     action="append",
-    help="rule to check (repeatable); default: all. Filters ONNX's references too",
+    help="rule to check (repeatable); default: all. A function's name checks all of its variants ("
+    + _variants_help(accepted)
+    + "). Filters ONNX's references too",
   )
   parser.add_argument(
     "--dtype",
@@ -152,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
   if missing:
     print(f"JAX finds no {', '.join(missing)} device (found: {', '.join(found)})", file=sys.stderr)
     return NO_PLATFORM
+  # A function's name as its variants; a rule named twice (``momentum``, ``momentum_nesterov``) runs once.
+  rules = list(dict.fromkeys(rule for name in args.rule or () for rule in accepted[name]))
   log = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
   progress = None if args.quiet else Progress(sys.stderr)
   try:
@@ -159,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
       platforms,
       include_onnx=not args.no_onnx,
       large=not args.no_large,
-      rules=args.rule or cases.names(),
+      rules=rules or cases.names(),
       dtypes=args.dtype or DTYPES,
       log=log,
       pinned=args.pinned,
