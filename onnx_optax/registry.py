@@ -42,6 +42,7 @@ __all__ = [
   "Policy",
   "Rule",
   "TestConfig",
+  "TorchOptimizer",
   "Variant",
   "get",
   "register",
@@ -122,6 +123,59 @@ class Policy:
   params_when_given: bool
 
 
+#: The param-group keys of every ``torch.optim`` class the bridges read (PyTorch 2.13); a
+#: :class:`TorchOptimizer` lists its class's others.
+TORCH_COMMON_OPTIONS = frozenset(
+  {"params", "lr", "maximize", "foreach", "differentiable", "param_names", "initial_lr"}
+)
+
+
+def _no_refusal(kind: str, g: int, group: Mapping[str, Any], advice: Callable[[str], str]) -> None:
+  """A class with nothing to refuse beyond the bridges' own checks."""
+
+
+@dataclass(frozen=True)
+class TorchOptimizer:
+  """What the PyTorch bridges need to know of a ``torch.optim`` class (a :class:`Binding`'s ``torch``).
+
+  The twin's :attr:`Rule.fields` are PyTorch's state keys; this declares the rest: which
+  options the class has, how its state dict is recognised, its ``step``, and what no twin
+  reproduces. The bridges (:mod:`onnx_optax.interop`) read it and keep no table of classes.
+
+  Attributes:
+    options: the keys of its param groups in PyTorch 2.13 besides :data:`TORCH_COMMON_OPTIONS`
+      (a group with another key is refused: a newer PyTorch's option may change the update).
+    signature: the keys that tell its param groups apart from other classes' in a state dict.
+    step: PyTorch keeps a per-parameter ``step`` (updates done) beside the fields, the twin's
+      count; without one, a parameter whose fields exist has taken its first step (count 1).
+    optional: state field -> the group option under which PyTorch keeps it (SGD's
+      ``momentum_buffer`` under ``momentum``): with the option 0 or False it keeps none.
+    fixed: options the class sets in every group it steps or loads, whatever the file says
+      (AdamW's ``decoupled_weight_decay=True``); a state dict whose groups say otherwise is
+      refused as this class's.
+    older: options that a PyTorch older than 2.13 saved no key for, with the behaviour it had.
+    refuse: ``refuse(kind, g, group, advice)`` raises for a group of options no twin
+      reproduces exactly, naming ``torch.optim.<kind>``, ``param_groups[g][key]`` and what to
+      do; ``advice(key)`` is the bridge's advice for making an option a Python float (from the
+      optimizer or the state dict).
+    ignores: ``ignores(options) -> options``: the twin's hyperparameters where PyTorch ignores
+      one (plain SGD's ``dampening``); identity by default.
+  """
+
+  options: frozenset[str]
+  signature: frozenset[str]
+  step: bool = True
+  optional: Mapping[str, str] = field(default_factory=dict)
+  fixed: Mapping[str, Any] = field(default_factory=dict)
+  older: Mapping[str, Any] = field(default_factory=dict)
+  refuse: Callable[[str, int, Mapping[str, Any], Callable[[str], str]], None] = _no_refusal
+  ignores: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+
+  def keys(self) -> frozenset[str]:
+    """Every key a param group of the class has in PyTorch 2.13."""
+    return TORCH_COMMON_OPTIONS | self.options
+
+
 @dataclass(frozen=True)
 class Binding:
   """A rule's counterpart in another runtime or framework.
@@ -132,12 +186,14 @@ class Binding:
     name: the operator's ``op_type`` or the optimizer's class name.
     domain: the ONNX domain (``kind == "onnx"``).
     names: the counterpart's name of each hyperparameter that it spells otherwise.
+    torch: for ``kind == "torch"``, what the PyTorch bridges read of the class.
   """
 
   kind: str
   name: str
   domain: str = ""
   names: Mapping[str, str] = field(default_factory=dict)
+  torch: TorchOptimizer | None = None
 
 
 class Edge(NamedTuple):
@@ -339,6 +395,12 @@ def register(rule: Rule) -> Rule:
   missing = [h for h in (*rule.hyperparameters, "initial_count", "state_dtype") if h not in parameters]
   if missing:
     raise ValueError(f"{rule.name}: the transform takes no {', '.join(missing)}")
+  for binding in rule.bindings:
+    if binding.kind == "torch" and binding.torch is None:
+      raise ValueError(f"{rule.name}: Binding('torch', {binding.name!r}) has no torch=TorchOptimizer(...)")
+    stray = sorted(set(binding.torch.optional) - {f.name for f in rule.fields}) if binding.torch else []
+    if stray:
+      raise ValueError(f"{rule.name}: torch.optional names {stray}, which are not fields of the rule")
   _RULES[rule.name] = rule
   return rule
 
@@ -363,6 +425,11 @@ def get(name: str) -> Rule:
 def rules() -> Iterator[Rule]:
   """Every registered rule, in registration order (the package's own first)."""
   return iter(list(_RULES.values()))
+
+
+def replace_torch(declared: TorchOptimizer, **changes: Any) -> TorchOptimizer:
+  """A copy of a class's declaration with some attributes changed (a class that differs in a few)."""
+  return dataclasses.replace(declared, **changes)
 
 
 def replace(rule: Rule, **changes: Any) -> Rule:

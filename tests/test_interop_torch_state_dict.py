@@ -771,14 +771,28 @@ def test_a_piece_that_lacks_a_shard_is_not_put():
 
 @pytest.mark.parametrize("saved_by, read_as", [("Adam", "AdamW"), ("AdamW", "Adam")])
 def test_a_file_read_as_the_other_adam_continues_as_that_class_loads_it(saved_by, read_as):
-  """``torch.optim.AdamW.load_state_dict`` of an Adam's file runs AdamW (its ``__setstate__`` sets
-  ``decoupled_weight_decay`` True in every group), and ``torch.optim.Adam``'s of an AdamW's file
-  keeps the file's True: ``optimizer=`` continues as that class would. The expectation is PyTorch's
-  run: the file loaded into the named class, then K more steps."""
+  """An Adam's file (``decoupled_weight_decay=False``) read with ``optimizer="AdamW"`` contradicts
+  itself: refused before anything is read, naming the group's option; the advice followed literally
+  (the flag set True in every group) continues as ``torch.optim.AdamW.load_state_dict`` of that file
+  does. ``torch.optim.Adam``'s of an AdamW's file keeps the file's True: no contradiction. The
+  expectation is PyTorch's run: the file loaded into the named class, then K more steps."""
   model = _model()
   opt = _optimizer(saved_by, model, named=False)
   _torch_steps(model, opt, N)
   saved = opt.state_dict()
+  if saved_by == "Adam":
+    with jax.enable_x64(True):
+      params = [jnp.asarray(p.detach().numpy()) for p in model.parameters()]
+      with pytest.raises(
+        ValueError,
+        match=r"optimizer='AdamW', but state_dict\['param_groups'\]\[0\]\['decoupled_weight_decay'\] is "
+        r"False: .* pass optimizer='Adam', the file's class, or leave optimizer=None; .* set "
+        r"'decoupled_weight_decay' to True in every group of state_dict\['param_groups'\] first",
+      ):
+        from_torch_state_dict(saved, params, optimizer=read_as)
+    saved = copy.deepcopy(saved)
+    for group in saved["param_groups"]:  # the advice, as written
+      group["decoupled_weight_decay"] = True
   values = {n: p.detach().clone() for n, p in model.named_parameters()}
   ref = _model(seed=1)
   with torch.no_grad():

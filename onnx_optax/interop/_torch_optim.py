@@ -14,7 +14,6 @@ PyTorch keeps a parameter's state (the twin's fields are PyTorch's keys;
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -27,12 +26,11 @@ from onnx_optax.interop import _common, _dtensor
 
 __all__ = [
   "FLOAT32_EXACT_COUNT",
-  "KEYS",
-  "STEPS",
   "View",
   "as_pytorch_computes",
   "check_group",
   "check_scheduler",
+  "declared",
   "kind",
   "listed",
   "read_state",
@@ -44,64 +42,10 @@ __all__ = [
   "write",
 ]
 
-_SGD_KEYS = frozenset(
-  {
-    "params",
-    "lr",
-    "momentum",
-    "dampening",
-    "weight_decay",
-    "nesterov",
-    "maximize",
-    "foreach",
-    "differentiable",
-    "fused",
-    "param_names",
-    "initial_lr",
-  }
-)
-_ADAGRAD_KEYS = frozenset(
-  {
-    "params",
-    "lr",
-    "lr_decay",
-    "eps",
-    "weight_decay",
-    "initial_accumulator_value",
-    "foreach",
-    "maximize",
-    "differentiable",
-    "fused",
-    "param_names",
-    "initial_lr",
-  }
-)
-# torch.optim.Adagrad keeps ``step`` as a float32 tensor: it counts exactly up
-# to 2**24, and PyTorch's own ``step += 1`` stops there.
+# A ``step`` kept as a float32 tensor (fused optimizers, or a float32 default dtype) counts
+# exactly up to 2**24, and PyTorch's own ``step += 1`` stops there.
 FLOAT32_EXACT_COUNT = 2**24
 
-_ADAM_KEYS = frozenset(
-  {
-    "params",
-    "lr",
-    "betas",
-    "eps",
-    "weight_decay",
-    "amsgrad",
-    "maximize",
-    "foreach",
-    "capturable",
-    "differentiable",
-    "fused",
-    "decoupled_weight_decay",
-    "param_names",
-    "initial_lr",
-  }
-)
-#: The options of each class the bridge reads, in PyTorch 2.13 (a group with another is refused).
-KEYS = {"SGD": _SGD_KEYS, "Adagrad": _ADAGRAD_KEYS, "Adam": _ADAM_KEYS, "AdamW": _ADAM_KEYS}
-#: The classes that keep a ``step`` beside the twin's fields; SGD keeps none (a buffer means a step).
-STEPS = frozenset({"Adagrad", "Adam", "AdamW"})
 # The group option that the bridge applies before the twin, as optax.scale(-1) (docs/interop.md):
 # the twin runs with its own default, maximize=False.
 _NEGATED_FIRST = "maximize"
@@ -113,12 +57,19 @@ def torch() -> Any:
 
 
 def twins() -> dict[str, registry.Rule]:
-  """Per ``torch.optim`` class the bridge reads (:data:`KEYS`), by name: the twin the registry binds to it.
+  """Per ``torch.optim`` class the bridges carry, by name: the twin the registry binds to it.
 
-  Read from the registry at each call (``Binding("torch", "SGD")`` ...), in :data:`KEYS`' order.
+  Read from the registry at each call (the rules declaring ``Binding("torch", "SGD", torch=...)``
+  ...), in registration order.
   """
-  bound = {b.name: rule for rule in registry.rules() if (b := rule.binding("torch")) is not None}
-  return {kind: bound[kind] for kind in KEYS if kind in bound}
+  return {b.name: rule for rule in registry.rules() if (b := rule.binding("torch")) is not None}
+
+
+def declared(kind: str) -> registry.TorchOptimizer:
+  """What the twin of ``torch.optim.<kind>`` declares of its class (its options, ``step``, refusals)."""
+  binding = twins()[kind].binding("torch")
+  assert binding is not None and binding.torch is not None  # registry.register checks it
+  return binding.torch
 
 
 def listed(kinds: Sequence[str], word: str = "and") -> str:
@@ -181,7 +132,7 @@ class View(NamedTuple):
 
 def check_group(g: int, group: dict, kind: str, *, source: str = "optimizer") -> None:
   """Refuses a group of ``kind`` with an option the bridge cannot carry exactly, naming it and the fix."""
-  known = KEYS[kind]
+  known = declared(kind).keys()
   unknown = sorted(set(group) - known)
   if unknown:
     raise ValueError(
@@ -200,33 +151,13 @@ def check_group(g: int, group: dict, kind: str, *, source: str = "optimizer") ->
           f"torch.optim.{kind} then computes with it in {dtype}, not in float64, so no transform "
           f"follows its rounding. {_float_advice(key, source)}"
         )
-  lr = group["lr"]
-  if kind == "Adagrad" and _is_tensor(lr) and str(lr.dtype) != "torch.float64" and group["lr_decay"] != 0:
-    # PyTorch's Adagrad computes lr / (1 + (step - 1) * lr_decay) in the
-    # tensor's dtype; a Python float (or a float64 tensor) computes in float64.
-    raise ValueError(
-      f"param_groups[{g}]['lr'] is a {str(lr.dtype).removeprefix('torch.')} tensor ({lr!r}) and "
-      f"lr_decay is {group['lr_decay']}: torch.optim.Adagrad then computes "
-      f"lr / (1 + (step - 1) * lr_decay) in {str(lr.dtype).removeprefix('torch.')}, not in float64 as "
-      f"for a Python float, so no transform follows its rounding. {_float_advice('lr', source)}"
-    )
   if group.get("differentiable"):
     raise ValueError(
       f"param_groups[{g}] has differentiable=True: it differentiates through PyTorch's step, "
       f"which a copy of the state cannot carry; build the optimizer with differentiable=False "
       f"(JAX differentiates through the transform itself)"
     )
-  if kind in ("Adam", "AdamW"):
-    _check_adam_group(g, group, kind, source=source)
-  if kind == "SGD":
-    if group["nesterov"] and (group["momentum"] == 0 or group["dampening"] != 0):
-      # PyTorch's constructor refuses this too; a group edited after it is not.
-      raise ValueError(
-        f"param_groups[{g}] has nesterov=True with momentum={group['momentum']} and "
-        f"dampening={group['dampening']}: PyTorch refuses Nesterov momentum without momentum "
-        f"or with dampening, and ONNX Momentum's Nesterov mode is PyTorch's only for "
-        f"dampening=0. Use dampening=0 (beta=1), or nesterov=False"
-      )
+  declared(kind).refuse(kind, g, group, lambda key: _float_advice(key, source))
 
 
 def _float_advice(key: str, source: str = "optimizer") -> str:
@@ -327,113 +258,76 @@ def transform(kind: str, g: int, group: dict, R: Any, T: int) -> optax.GradientT
     for h, declared in rule.hyperparameters.items()
     if h != _NEGATED_FIRST
   }
-  if kind == "SGD" and options["momentum"] == 0:
-    options["dampening"] = 0.0  # momentum = 0 is plain SGD: PyTorch ignores dampening.
+  ignores = declared(kind).ignores
+  if ignores is not None:
+    options = ignores(options)
   return rule.transform(R, **rule.checked(options, name=name), initial_count=T)
 
 
 def read_state(torch: Any, view: View, group: dict, p: Any, where: str) -> tuple[int, tuple[Any, ...]]:
-  """``(T, state tensors, each a NumPy array or None for zeros)`` of one parameter."""
-  kind, slot = view.kind, view.state.get(p, {})
-  if kind in ("Adam", "AdamW"):
-    return _read_adam_state(torch, kind, slot, where)
-  if kind == "SGD":
-    if group["momentum"] == 0:
-      return 0, (None,)  # plain SGD keeps no buffer, and its T does not matter (beta = 1)
-    buffer = slot.get("momentum_buffer")
-    return (0, (None,)) if buffer is None else (1, (_dtensor.to_host(torch, buffer, where),))
-  if "sum" not in slot:
-    # Adagrad fills the state of a parameter added after its constructor at
-    # that parameter's first step, from the optimizer's defaults.
-    if view.defaults is None:
-      raise ValueError(
-        f"Adagrad's state has no 'sum' for {p!r}: PyTorch fills it at the parameter's first step from "
-        f"the constructor's initial_accumulator_value, which a state dict does not hold. Take one step "
-        f"in PyTorch before saving, or use from_torch on the live optimizer"
-      )
-    value = view.defaults["initial_accumulator_value"]
-    return 0, (np.full(tuple(p.shape), value, _common.dtype_name(p.dtype)),)
+  """``(T, state tensors, each a NumPy array or None for zeros)`` of one parameter.
+
+  Read by the class's declaration (:func:`declared`): a field kept only under an option is
+  absent without it (the twin runs from zeros); an entry without the fields is a parameter that
+  has not stepped (PyTorch creates its state at the first step: count 0, the fields' initial
+  values, which a field that starts at a constructor option takes from the optimizer's
+  defaults); else the count is PyTorch's ``step``, or 1 for a class that keeps none.
+  """
+  kind, slot, twin, cls = view.kind, view.state.get(p, {}), twins()[view.kind], declared(view.kind)
+  fields = [f for f in twin.fields if not (f.name in cls.optional and not group[cls.optional[f.name]])]
+  if not any(slot.get(f.name) is not None for f in fields):
+    return 0, tuple(_unstepped(view, f, p) for f in twin.fields)
+  tensors = tuple(
+    _dtensor.to_host(torch, slot[f.name], where) if f in fields and slot.get(f.name) is not None else None
+    for f in twin.fields
+  )
+  if not cls.step:
+    return 1, tensors
   step = float(slot["step"])
   if step != int(step) or not 0 <= step <= 2**31 - 1:
-    raise ValueError(f"Adagrad's step of a parameter is {step}, not a count of updates")
-  return int(step), (_dtensor.to_host(torch, slot["sum"], where),)
+    raise ValueError(f"{kind}'s step of a parameter is {step}, not a count of updates")
+  return int(step), tensors
+
+
+def _unstepped(view: View, field: registry.Field, p: Any) -> Any:
+  """A field of a parameter that has not stepped: None for zeros, or its constructor option's value."""
+  if not isinstance(field.initial, str):
+    assert field.initial == 0  # the twins' fields start at zeros or at an option
+    return None
+  binding = twins()[view.kind].binding("torch")
+  option = binding.names.get(field.initial, field.initial) if binding is not None else field.initial
+  if view.defaults is None:
+    raise ValueError(
+      f"{view.kind}'s state has no {field.name!r} for {p!r}: PyTorch fills it at the parameter's first step "
+      f"from the constructor's {option}, which a state dict does not hold. Take one step "
+      f"in PyTorch before saving, or use from_torch on the live optimizer"
+    )
+  return np.full(tuple(p.shape), view.defaults[option], _common.dtype_name(p.dtype))
 
 
 def write(torch: Any, kind: str, slot: dict, group: dict, p: Any, count: int, tensors: tuple) -> None:
   """Rewrites one parameter's state entry ``slot`` (``optimizer.state[p]``) in place, from a checked
-  write (``count``: PyTorch's ``step``, the updates done)."""
-  if kind in ("Adam", "AdamW"):
-    _write_adam_state(torch, slot, group, p, count, tensors)
-    return
-  (tensor,) = tensors
-  if kind == "SGD":
-    if group["momentum"] == 0 or count == 0:
-      # No buffer: PyTorch's next step is a first step (count = 0), or keeps none.
-      slot.pop("momentum_buffer", None)
-    else:
-      slot["momentum_buffer"] = tensor
-  else:
+  write (``count``: PyTorch's ``step``, the updates done).
+
+  A class without ``step`` keeps no state before its first step (``count == 0``: PyTorch's next
+  step is a first one), and none of a field kept only under an option the group has not set.
+  """
+  cls, twin = declared(kind), twins()[kind]
+  if cls.step:
     old = slot.get("step")
-    step_dtype = old.dtype if isinstance(old, torch.Tensor) else torch.float32
-    step_device = old.device if isinstance(old, torch.Tensor) else "cpu"
-    slot["step"] = torch.tensor(float(count), dtype=step_dtype, device=step_device)
-    slot["sum"] = tensor
-
-
-# --- torch.optim.Adam and AdamW: the twins of ONNX Runtime AdamW, adam_mode = 0 ---------
-
-
-def _check_adam_group(g: int, group: dict, kind: str, *, source: str = "optimizer") -> None:
-  """Refuses what no transform reproduces exactly (before anything is read or written)."""
-  if group["amsgrad"]:
-    raise ValueError(
-      f"param_groups[{g}] has amsgrad=True: torch.optim.{kind} then divides by the running maximum "
-      f"of exp_avg_sq (max_exp_avg_sq), which no onnx_optax rule keeps. Build the optimizer with "
-      f"amsgrad=False; optax.amsgrad is the nearest Optax rule (it takes the maximum of the "
-      f"bias-corrected second moment, and eps outside the root: a different rule)"
-    )
-  for key in ("lr", "betas", "eps", "weight_decay"):
-    values = group[key] if key == "betas" else (group[key],)
-    if any(not isinstance(v, numbers.Real) for v in values):
-      raise ValueError(
-        f"param_groups[{g}][{key!r}] is a tensor ({group[key]!r}): PyTorch then computes the step "
-        f"size in the tensor's dtype (float32 unless made otherwise), not in float64 as for a Python "
-        f"number, so no transform follows its rounding. {_float_advice(key, source)}"
-      )
-  complex_params = [j for j, p in enumerate(group["params"]) if p.is_complex()]
-  if complex_params:
-    raise ValueError(
-      f"param_groups[{g}]['params'][{complex_params[0]}] is complex: torch.optim.{kind} updates its "
-      f"real and imaginary parts as two real tensors (torch.view_as_real). Carry real parameters: "
-      f"optimize torch.view_as_real views in PyTorch and float pairs in JAX"
-    )
-
-
-def _read_adam_state(torch: Any, kind: str, slot: dict, where: str) -> tuple[int, tuple[Any, ...]]:
-  """``(count, (exp_avg, exp_avg_sq))``: ``count`` is PyTorch's ``step`` (updates done)."""
-  if "exp_avg" not in slot:
-    # PyTorch creates the state at a parameter's first step: zeros, step 0.
-    return 0, (None, None)
-  step = float(slot["step"])
-  if step != int(step) or not 0 <= step <= 2**31 - 1:
-    raise ValueError(f"{kind}'s step of a parameter is {step}, not a count of updates")
-  return int(step), (
-    _dtensor.to_host(torch, slot["exp_avg"], where),
-    _dtensor.to_host(torch, slot["exp_avg_sq"], where),
-  )
-
-
-def _write_adam_state(torch: Any, slot: dict, group: dict, p: Any, steps: int, tensors: tuple) -> None:
-  """``step`` (updates done), ``exp_avg`` and ``exp_avg_sq`` of one parameter."""
-  old = slot.get("step")
-  if isinstance(old, torch.Tensor):
-    dtype, device = old.dtype, old.device
-  else:
-    # Where PyTorch's own first step puts it: float32 on the parameter's
-    # device for fused or capturable, else a default-dtype scalar on the CPU.
-    on_device = bool(group["fused"]) or bool(group["capturable"])
-    default = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
-    dtype = torch.float32 if group["fused"] else default
-    device = p.device if on_device else "cpu"
-  slot["step"] = torch.tensor(float(steps), dtype=dtype, device=device)
-  slot["exp_avg"], slot["exp_avg_sq"] = tensors
+    if isinstance(old, torch.Tensor):
+      dtype, device = old.dtype, old.device
+    else:
+      # Where PyTorch's own first step puts it (its _get_scalar_dtype): float32 on the
+      # parameter's device for fused or capturable, else a default-dtype scalar on the CPU.
+      on_device = bool(group.get("fused")) or bool(group.get("capturable"))
+      default = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+      dtype = torch.float32 if group.get("fused") else default
+      device = p.device if on_device else "cpu"
+    slot["step"] = torch.tensor(float(count), dtype=dtype, device=device)
+  for f, tensor in zip(twin.fields, tensors):
+    option = cls.optional.get(f.name)
+    if (option is not None and not group[option]) or (not cls.step and count == 0):
+      slot.pop(f.name, None)
+    else:
+      slot[f.name] = tensor

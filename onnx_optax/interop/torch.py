@@ -351,7 +351,7 @@ def checked_writes(
       # PyTorch's step counts the updates done: a twin's count; the spec rule's T can start higher.
       offset = _torch_optim.step_offset(kind, owner.rule_state)
       steps = count - offset
-      if kind in _torch_optim.STEPS and steps > _torch_optim.FLOAT32_EXACT_COUNT:
+      if _torch_optim.declared(kind).step and steps > _torch_optim.FLOAT32_EXACT_COUNT:
         raise ValueError(
           f"the state of {where} has count {count}, beyond 2**24, where torch's float32 step stops counting"
         )

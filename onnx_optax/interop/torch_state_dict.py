@@ -45,14 +45,6 @@ from onnx_optax.interop import torch as bridge
 
 __all__ = ["from_torch_state_dict", "to_torch_state_dict"]
 
-# The keys that tell each optimizer's param groups apart (with _KEYS, the keys it may have).
-_SIGNATURE = {
-  "SGD": frozenset({"momentum", "dampening", "nesterov"}),
-  "Adagrad": frozenset({"lr_decay", "initial_accumulator_value"}),
-  "Adam": frozenset({"betas", "amsgrad"}),
-}
-
-
 _OLDER_DEFAULTS = {
   "maximize": False,
   "foreach": None,
@@ -110,13 +102,13 @@ def from_torch_state_dict(
       each group's ``params`` in order): a list. The state comes back with
       each leaf's dtype and sharding (a ``NamedSharding`` stays one: each
       device receives its own shard from the host).
-    optimizer: ``"SGD"``, ``"Adagrad"``, ``"Adam"`` or ``"AdamW"`` (or the
-      ``torch.optim`` class); None to infer it from the param groups' keys,
-      which tell them apart except an ``Adam`` from an ``AdamW`` of a
-      PyTorch without ``decoupled_weight_decay``. Given, the run continues as
-      that class's ``load_state_dict`` would: ``"AdamW"`` decouples the decay of
-      an Adam's file too (``torch.optim.AdamW`` sets the flag in every group it
-      loads), ``"Adam"`` keeps the file's flag.
+    optimizer: a class name the bridges carry (``"SGD"``, ``"AdamW"``, ...: the
+      ``torch.optim`` classes of docs/interop.md's table), or the ``torch.optim``
+      class; None to infer it from the param groups' keys, which tell them
+      apart except an ``Adam`` from an ``AdamW`` of a PyTorch without
+      ``decoupled_weight_decay``. A class the groups contradict is refused
+      (``"AdamW"`` for groups with ``decoupled_weight_decay=False``: an Adam's
+      run; ``"Adam"`` keeps the file's flag).
     learning_rate: as for :func:`~onnx_optax.interop.from_torch` (a
       scheduler's groups carry ``initial_lr``: pass the rate or schedule).
     param_names: the names of the parameters of a state dict keyed by
@@ -498,56 +490,90 @@ def _read(state_dict: Any, optimizer: Any, argument: str) -> tuple[str, list[dic
   return kind, groups, entries, keys, names
 
 
+def _fits(kind: str, groups: list[dict]) -> bool:
+  """The param groups have the class's signature and no key it lacks."""
+  declared = _torch_optim.declared(kind)
+  allowed = declared.keys() | {"params", "param_names"}
+  return bool(groups) and all(declared.signature <= set(group) <= allowed for group in groups)
+
+
+def _contradicts(kind: str, groups: list[dict]) -> tuple[int, str, Any] | None:
+  """The first group option that says the state dict is not the class's: one the class fixes
+  (AdamW's ``decoupled_weight_decay=True``), written otherwise. ``(g, key, value)``."""
+  for key, value in _torch_optim.declared(kind).fixed.items():
+    for g, group in enumerate(groups):
+      if key in group and group[key] != value:
+        return g, key, group[key]
+  return None
+
+
 def _kind(groups: list[dict], optimizer: Any, argument: str) -> str:
-  """The optimizer's kind: given, or told by the param groups' keys."""
-  fitting = []
-  for kind, signature in _SIGNATURE.items():
-    allowed = _torch_optim.KEYS[kind] | {"params", "param_names"}
-    if groups and all(signature <= set(group) <= allowed for group in groups):
-      fitting.append(kind)
+  """The optimizer's class: given (and not contradicted by the groups), or told by the groups' keys.
+
+  Classes whose groups have the same keys (Adam and AdamW) are told apart by the options one
+  of them fixes: the class whose fixed options every group has, else the one that fixes none;
+  a group without such a key (a PyTorch older than the option) tells neither.
+  """
+  kinds = list(_torch_optim.twins())
+  fitting = [kind for kind in kinds if _fits(kind, groups)]
+  agreeing = [kind for kind in fitting if _contradicts(kind, groups) is None]
+  fixed = {key for kind in fitting for key in _torch_optim.declared(kind).fixed}
+  told = all(key in group for key in fixed for group in groups)
+  # The most specific: a class that fixes an option every group has, over one that fixes none.
+  ranked = sorted(agreeing, key=lambda kind: -len(_torch_optim.declared(kind).fixed))
   inferred = None
-  if fitting == ["Adam"]:
-    flags = {group.get("decoupled_weight_decay") for group in groups}
-    inferred = "AdamW" if flags == {True} else "Adam" if None not in flags else None
-  elif len(fitting) == 1:
-    inferred = fitting[0]
+  if told and ranked and (len(ranked) == 1 or len(_torch_optim.declared(ranked[0]).fixed) > 0):
+    inferred = ranked[0]
   if optimizer is None:
     if inferred is None:
       keys = sorted(set().union(*map(set, groups)) - {"params"}) if groups else []
+      several = len(fitting) > 1
       raise TypeError(
         f"{argument}'s param groups (options {keys}) are not those of "
-        f"torch.optim.{_torch_optim.listed(list(_torch_optim.twins()), 'or')} in PyTorch 2.13"
+        f"torch.optim.{_torch_optim.listed(kinds, 'or')} in PyTorch 2.13"
         + (
-          ": an Adam's or an AdamW's without 'decoupled_weight_decay'; pass optimizer='Adam' or 'AdamW'"
-          if fitting == ["Adam"]
+          f": {_torch_optim.listed([repr(k) for k in fitting], 'or')}'s without "
+          f"{_torch_optim.listed([repr(k) for k in sorted(fixed)], 'or')}; pass optimizer="
+          f"{_torch_optim.listed([repr(k) for k in fitting], 'or')}"
+          if several
           else ""
         )
       )
     return inferred
   given = getattr(optimizer, "__name__", optimizer)
-  kinds = list(_torch_optim.twins())
   if given not in kinds:
     raise TypeError(
       f"optimizer must be {_torch_optim.listed([repr(k) for k in kinds], 'or')} (or the class), "
       f"got {optimizer!r}"
     )
-  family = "Adam" if given in ("Adam", "AdamW") else given
-  if fitting and family not in fitting:
+  if fitting and given not in fitting:
     raise TypeError(f"optimizer={given!r}, but {argument}'s param groups are torch.optim.{fitting[0]}'s")
+  contradiction = _contradicts(given, groups)
+  if contradiction is not None:
+    g, key, value = contradiction
+    others = [kind for kind in agreeing if kind != given]
+    advice = f"pass optimizer={others[0]!r}, the file's class, or " if others else ""
+    raise ValueError(
+      f"optimizer={given!r}, but {argument}['param_groups'][{g}][{key!r}] is {value!r}: torch.optim."
+      f"{given} runs with {key}={_torch_optim.declared(given).fixed[key]!r}, so the file is not its "
+      f"run. To continue the file's run, {advice}leave optimizer=None; to change the run to "
+      f"{given}'s, set {key!r} to {_torch_optim.declared(given).fixed[key]!r} in every group of "
+      f"{argument}['param_groups'] first"
+    )
   return given
 
 
 def _entry(kind: str) -> frozenset[str]:
   """The keys of a parameter's state entry: the twin's fields (PyTorch's names), and ``step`` where kept."""
   fields = {field.name for field in _torch_optim.twins()[kind].fields}
-  return frozenset(fields | ({"step"} if kind in _torch_optim.STEPS else set()))
+  return frozenset(fields | ({"step"} if _torch_optim.declared(kind).step else set()))
 
 
 def _check_entry(kind: str, key: Any, entry: Mapping[str, Any], shape: tuple, dtype: str, path: str) -> None:
   """A state entry's tensors have the parameter's shape and dtype; its ``step`` is a count."""
   where = f"state_dict['state'][{key!r}]"
   keeps = _entry(kind)
-  missing = sorted(keeps - {"momentum_buffer"} - set(entry)) if entry else []
+  missing = sorted(keeps - set(_torch_optim.declared(kind).optional) - set(entry)) if entry else []
   if missing:
     raise ValueError(
       f"{where} has no {missing}: torch.optim.{kind} keeps {sorted(keeps)} for every "
@@ -578,22 +604,20 @@ def _check_entry(kind: str, key: Any, entry: Mapping[str, Any], shape: tuple, dt
 def _groups(kind: str, groups: list[dict], stand_ins: dict, names: list | None) -> list[dict]:
   """The param groups with stand-ins for ``params`` (and the names, when there are names).
 
-  A PyTorch older than ``decoupled_weight_decay`` told Adam from AdamW by the
-  class alone: the given kind says it then. And ``torch.optim.AdamW`` sets it True in every
-  group it loads (its ``__setstate__``), an Adam's file included, where ``torch.optim.Adam``
-  keeps the file's: ``optimizer="AdamW"`` continues as AdamW's ``load_state_dict`` would.
+  Options an older PyTorch saved no key for take the behaviour it had (the class's
+  :attr:`~onnx_optax.registry.TorchOptimizer.older`: an Adam's file without
+  ``decoupled_weight_decay`` couples its decay), and the options the class fixes take its value
+  (:attr:`~onnx_optax.registry.TorchOptimizer.fixed`: AdamW's flag, refused beforehand where a
+  group says otherwise).
   """
   out, k = [], 0
   for group in groups:
     members = [stand_ins[key] for key in group["params"]]
     # Options an older PyTorch saved no key for: the behaviour it had (none of them but maximize
     # changes the arithmetic, and maximize did not exist).
-    older = {key: value for key, value in _OLDER_DEFAULTS.items() if key in _torch_optim.KEYS[kind]}
-    view = {**older, **group, "params": members}
-    if kind == "AdamW":
-      view["decoupled_weight_decay"] = True
-    elif kind == "Adam":
-      view.setdefault("decoupled_weight_decay", False)
+    declared = _torch_optim.declared(kind)
+    older = {key: value for key, value in _OLDER_DEFAULTS.items() if key in declared.keys()}
+    view = {**older, **declared.older, **group, **declared.fixed, "params": members}
     if names is not None:
       view["param_names"] = names[k : k + len(members)]
     out.append(view)

@@ -69,9 +69,10 @@ def pytorch_adagrad_elementwise(
   if s.weight_decay is not None:
     if x is None:
       raise ValueError("weight_decay multiplies the parameters: call update(grads, state, params)")
-    g = _pytorch.stored(x * s.weight_decay + g, G.dtype)
+    g = _pytorch.stored(x * _pytorch.alpha(s.weight_decay, jnp.promote_types(G.dtype, X.dtype)) + g, G.dtype)
   sum_new = _pytorch.stored(g * g + state_sum.astype(dt), state_sum.dtype)
-  std = _pytorch.stored(_pytorch.stored(_numerics.sqrt(sum_new), state_sum.dtype) + s.eps, state_sum.dtype)
+  root = _pytorch.stored(_numerics.sqrt(sum_new), state_sum.dtype)
+  std = _pytorch.stored(root + _pytorch.alpha(s.eps, state_sum.dtype), state_sum.dtype)  # add_(eps)
   return _pytorch.added(x, (s.neg_clr * g) / std, X, dt, G), sum_new.astype(state_sum.dtype)
 
 
@@ -138,6 +139,20 @@ def pytorch_adagrad(
   return _engine.transform(RULE, learning_rate, initial_count, state_dtype, hyper)
 
 
+def _refuse(kind: str, g: int, group: Any, advice: Any) -> None:
+  """A float32 (or narrower) tensor ``lr`` with ``lr_decay``: PyTorch computes
+  ``lr / (1 + (step - 1) * lr_decay)`` in the tensor's dtype; a Python float (or a float64
+  tensor) computes in float64, as the twin."""
+  lr = group["lr"]
+  dtype = str(getattr(lr, "dtype", "")).removeprefix("torch.")
+  if hasattr(lr, "detach") and dtype and dtype != "float64" and group["lr_decay"] != 0:
+    raise ValueError(
+      f"param_groups[{g}]['lr'] is a {dtype} tensor ({lr!r}) and lr_decay is {group['lr_decay']}: "
+      f"torch.optim.Adagrad then computes lr / (1 + (step - 1) * lr_decay) in {dtype}, not in "
+      f"float64 as for a Python float, so no transform follows its rounding. {advice('lr')}"
+    )
+
+
 def _bind(rule: registry.Rule, hyper: dict[str, Any]) -> tuple[Any, Any]:
   numbers = {k: hyper[k] for k in ("lr_decay", "eps", "weight_decay")}
   maximize = hyper["maximize"]
@@ -166,7 +181,17 @@ RULE = registry.register(
     minimum_count=0,
     policy=_engine.FRAMEWORK,
     params_for=("weight_decay",),
-    bindings=(registry.Binding("torch", "Adagrad"),),
+    bindings=(
+      registry.Binding(
+        "torch",
+        "Adagrad",
+        torch=registry.TorchOptimizer(
+          options=frozenset({"lr_decay", "eps", "weight_decay", "initial_accumulator_value", "fused"}),
+          signature=frozenset({"lr_decay", "initial_accumulator_value"}),
+          refuse=_refuse,
+        ),
+      ),
+    ),
     twin_of=onnx_adagrad.RULE,
     conformance=registry.Conformance(
       hyper=dict(lr_decay=0.1, eps=1e-6, weight_decay=0.01),

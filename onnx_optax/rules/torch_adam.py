@@ -121,7 +121,7 @@ def pytorch_adam_elementwise(
   if s.decay_factor is not None:
     x = _pytorch.stored(x * s.decay_factor, G.dtype, nz)
   if s.weight_decay is not None:
-    g = _pytorch.stored(x * s.weight_decay + g, G.dtype)
+    g = _pytorch.stored(x * _pytorch.alpha(s.weight_decay, jnp.promote_types(G.dtype, X.dtype)) + g, G.dtype)
   m = _pytorch.stored(
     _pytorch.lerp(exp_avg.astype(dt), g, s.one_minus_beta1, small=lerp_small), exp_avg.dtype
   )
@@ -129,7 +129,8 @@ def pytorch_adam_elementwise(
   v = _pytorch.stored((s.one_minus_beta2 * g) * g + v2, exp_avg_sq.dtype)
   root = _pytorch.stored(_numerics.sqrt(v), exp_avg_sq.dtype)
   denom = _pytorch.stored(
-    _pytorch.stored(_pytorch.divide_by_scalar(root, s.bias_correction2_sqrt), exp_avg_sq.dtype) + s.eps,
+    _pytorch.stored(_pytorch.divide_by_scalar(root, s.bias_correction2_sqrt), exp_avg_sq.dtype)
+    + _pytorch.alpha(s.eps, exp_avg_sq.dtype),  # add_(eps)
     exp_avg_sq.dtype,
     nz,
   )
@@ -272,6 +273,42 @@ def _bind(rule: registry.Rule, hyper: dict[str, Any]) -> tuple[Any, Any]:
   )
 
 
+def _refuse(kind: str, g: int, group: Any, advice: Any) -> None:
+  """What no transform reproduces exactly, in ``torch.optim.Adam``'s and ``AdamW``'s groups."""
+  if group["amsgrad"]:
+    raise ValueError(
+      f"param_groups[{g}] has amsgrad=True: torch.optim.{kind} then divides by the running maximum "
+      f"of exp_avg_sq (max_exp_avg_sq), which no onnx_optax rule keeps. Build the optimizer with "
+      f"amsgrad=False; optax.amsgrad is the nearest Optax rule (it takes the maximum of the "
+      f"bias-corrected second moment, and eps outside the root: a different rule)"
+    )
+  for key in ("lr", "betas", "eps", "weight_decay"):
+    values = group[key] if key == "betas" else (group[key],)
+    if any(not isinstance(v, numbers.Real) for v in values):
+      raise ValueError(
+        f"param_groups[{g}][{key!r}] is a tensor ({group[key]!r}): PyTorch then computes the step "
+        f"size in the tensor's dtype (float32 unless made otherwise), not in float64 as for a Python "
+        f"number, so no transform follows its rounding. {advice(key)}"
+      )
+  complex_params = [j for j, p in enumerate(group["params"]) if p.is_complex()]
+  if complex_params:
+    raise ValueError(
+      f"param_groups[{g}]['params'][{complex_params[0]}] is complex: torch.optim.{kind} updates its "
+      f"real and imaginary parts as two real tensors (torch.view_as_real). Carry real parameters: "
+      f"optimize torch.view_as_real views in PyTorch and float pairs in JAX"
+    )
+
+
+_TORCH = registry.TorchOptimizer(
+  options=frozenset(
+    {"betas", "eps", "weight_decay", "amsgrad", "capturable", "fused", "decoupled_weight_decay"}
+  ),
+  signature=frozenset({"betas", "amsgrad"}),
+  # A PyTorch older than decoupled_weight_decay told Adam from AdamW by the class alone.
+  older={"decoupled_weight_decay": False},
+  refuse=_refuse,
+)
+
 _HYPERPARAMETERS = {
   "betas": registry.Hyperparameter(_betas, static=True),
   "eps": registry.Hyperparameter(_checks.epsilon),
@@ -305,7 +342,7 @@ RULE = registry.register(
     minimum_count=0,
     policy=_engine.FRAMEWORK,
     params_for=("weight_decay",),
-    bindings=(registry.Binding("torch", "Adam"),),
+    bindings=(registry.Binding("torch", "Adam", torch=_TORCH),),
     twin_of=ort.RULE,
     conformance=registry.Conformance(
       hyper=dict(betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01),
@@ -324,7 +361,14 @@ ADAMW_RULE = registry.register(
     name="pytorch_adamw",
     transform=pytorch_adamw,
     hyperparameters={h: v for h, v in _HYPERPARAMETERS.items() if h != "decoupled_weight_decay"},
-    bindings=(registry.Binding("torch", "AdamW"),),
+    bindings=(
+      registry.Binding(
+        "torch",
+        "AdamW",
+        # torch.optim.AdamW sets the flag in every group, loaded ones included (its __setstate__).
+        torch=registry.replace_torch(_TORCH, fixed={"decoupled_weight_decay": True}, older={}),
+      ),
+    ),
     conformance=registry.Conformance(
       hyper=dict(betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01),
       tiny_gradient={"weight_decay": 0.0},

@@ -85,17 +85,27 @@ def pytorch_sgd_elementwise(
   g_dtype = jnp.promote_types(G.dtype, X.dtype)
   if maximize:
     g = -g
+  # Each `add(alpha=a)` takes `a` in its operands' common dtype (`_pytorch.alpha`).
   if s.weight_decay is not None:
-    g = _pytorch.stored(x * s.weight_decay + g, g_dtype)
+    g = _pytorch.stored(x * _pytorch.alpha(s.weight_decay, g_dtype) + g, g_dtype)
   buf_new = buf
   if s.momentum is not None:
     b = buf.astype(dt)
     decayed = _pytorch.stored(b * s.momentum, buf.dtype, nz)
-    damped = g + decayed if s.one_minus_dampening is None else g * s.one_minus_dampening + decayed
+    b_dtype = jnp.promote_types(buf.dtype, g_dtype)
+    if s.one_minus_dampening is None:
+      damped = g + decayed
+    else:
+      damped = g * _pytorch.alpha(s.one_minus_dampening, b_dtype) + decayed
     b_new = jnp.where(s.first, _pytorch.stored(g, buf.dtype), _pytorch.stored(damped, buf.dtype))
     buf_new = b_new.astype(buf.dtype)
-    g = _pytorch.stored(b_new * s.momentum + g, jnp.promote_types(g_dtype, buf.dtype)) if nesterov else b_new
-  return _pytorch.in_place(g * s.neg_lr + x, X), buf_new
+    if nesterov:
+      g_dtype = jnp.promote_types(g_dtype, buf.dtype)
+      g = _pytorch.stored(b_new * _pytorch.alpha(s.momentum, g_dtype) + g, g_dtype)
+    else:
+      g, g_dtype = b_new, buf.dtype
+  neg_lr = _pytorch.alpha(s.neg_lr, jnp.promote_types(X.dtype, g_dtype))
+  return _pytorch.in_place(g * neg_lr + x, X), buf_new
 
 
 class PyTorchSGDState(NamedTuple):
@@ -171,6 +181,22 @@ def _validate(hyper: dict[str, Any], name: Any) -> None:
     )
 
 
+def _refuse(kind: str, g: int, group: Any, advice: Any) -> None:
+  """What ``torch.optim.SGD``'s constructor refuses, in a group edited after it."""
+  if group["nesterov"] and (group["momentum"] == 0 or group["dampening"] != 0):
+    raise ValueError(
+      f"param_groups[{g}] has nesterov=True with momentum={group['momentum']} and "
+      f"dampening={group['dampening']}: PyTorch refuses Nesterov momentum without momentum "
+      f"or with dampening, and ONNX Momentum's Nesterov mode is PyTorch's only for "
+      f"dampening=0. Use dampening=0 (beta=1), or nesterov=False"
+    )
+
+
+def _ignores(options: dict[str, Any]) -> dict[str, Any]:
+  """Plain SGD (``momentum = 0``): PyTorch ignores ``dampening``."""
+  return {**options, "dampening": 0.0} if options["momentum"] == 0 else options
+
+
 def _bind(rule: registry.Rule, hyper: dict[str, Any]) -> tuple[Any, Any]:
   numbers = {k: hyper[k] for k in ("momentum", "dampening", "weight_decay")}
   nesterov, maximize = hyper["nesterov"], hyper["maximize"]
@@ -200,7 +226,20 @@ RULE = registry.register(
     policy=_engine.FRAMEWORK,
     always_reads_params="Its update writes the parameters in place (PyTorch's param.add_)",
     validate=_validate,
-    bindings=(registry.Binding("torch", "SGD"),),
+    bindings=(
+      registry.Binding(
+        "torch",
+        "SGD",
+        torch=registry.TorchOptimizer(
+          options=frozenset({"momentum", "dampening", "weight_decay", "nesterov", "fused"}),
+          signature=frozenset({"momentum", "dampening", "nesterov"}),
+          step=False,
+          optional={"momentum_buffer": "momentum"},
+          refuse=_refuse,
+          ignores=_ignores,
+        ),
+      ),
+    ),
     twin_of=onnx_momentum.RULE,
     conformance=registry.Conformance(
       hyper=dict(momentum=0.9, dampening=0.1, weight_decay=0.01, nesterov=False),
