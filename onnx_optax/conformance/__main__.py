@@ -117,13 +117,20 @@ class Progress:
       bar = "#" * filled + "." * (self.width - filled)
       end = "\n" if done >= total else ""
       print(
-        f"\r{platform} [{bar}] {done}/{total} cases, {seconds:.0f} s", end=end, file=self.stream, flush=True
+        f"\r{platform} [{bar}] {done}/{report.count(total, 'case')}, {seconds:.0f} s",
+        end=end,
+        file=self.stream,
+        flush=True,
       )
       return
     tenth = 10 * done // max(total, 1)
     if tenth > self.tenths.get(platform, 0):
       self.tenths[platform] = tenth
-      print(f"{platform}: {done}/{total} cases checked, {seconds:.0f} s", file=self.stream, flush=True)
+      print(
+        f"{platform}: {done}/{report.count(total, 'case')} checked, {seconds:.0f} s",
+        file=self.stream,
+        flush=True,
+      )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,9 +21,19 @@ from onnx_optax.conformance import arithmetic, check, devices
 from onnx_optax.conformance import cases as cases_lib
 from onnx_optax.conformance.check import CaseResult
 
-__all__ = ["format_markdown", "format_table", "run", "verdict", "write_json", "write_markdown"]
+__all__ = ["count", "format_markdown", "format_table", "run", "verdict", "write_json", "write_markdown"]
 
 NO_FLOAT64 = "skipped: TPUs have no float64 arithmetic"
+
+
+def count(n: int, noun: str, plural: str | None = None) -> str:
+  """``n`` and ``noun``, in the plural (default ``noun + "s"``) unless ``n`` is 1.
+
+  Example:
+    >>> count(1, "rule"), count(2, "rule"), count(0, "case")
+    ('1 rule', '2 rules', '0 cases')
+  """
+  return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
 
 def _onnx_version() -> str | None:
@@ -57,7 +67,10 @@ def processor_name() -> str:
 def _device_name(platform: str) -> str:
   kind = str(devices.device(platform).device_kind)
   if platform == "cpu":
-    return f"{kind} ({processor_name()}, {os.cpu_count()} logical cores)"
+    cores = os.cpu_count()
+    return (
+      f"{kind} ({processor_name()}, {count(cores, 'logical core') if cores else 'logical cores unknown'})"
+    )
   return f"{kind} (x{len(jax.devices(platform))})"
 
 
@@ -96,7 +109,7 @@ def _why(r: CaseResult) -> str:
     return "count not advanced to T + 1"
   if r.wrong_dtypes:
     return r.wrong_dtypes
-  return f"{r.unchecked} elements unchecked (infinite tolerance) and no documented limit"
+  return f"{count(r.unchecked, 'element')} unchecked (infinite tolerance) and no documented limit"
 
 
 def run(
@@ -190,7 +203,8 @@ def _run_platform(
       grid.append((rule, dtype, cases_lib.cases(rule, dtype, large=large)))
   # One stream of every case, so that the next row's programs compile while a row is checked.
   total = sum(len(row_cases) for _, _, row_cases in grid)
-  log(f"{platform}: {total} cases of {len(grid)} rules and dtypes; measuring the arithmetic, compiling")
+  rows = count(len(grid), "rule-and-dtype row")
+  log(f"{platform}: {count(total, 'case')} of {rows}; measuring the arithmetic, compiling")
   stream = check.results([c for _, _, row_cases in grid for c in row_cases], platform)
   done = 0
   for rule, dtype, row_cases in grid:
@@ -388,8 +402,8 @@ def _summary(report: dict[str, Any]) -> list[str]:
   rows, onnx_rows = report["rows"], report["onnx_rows"]
   grid = sum(r["cases"] for r in rows)
   rules = sorted({r["rule"] for r in rows})
-  what = f"{grid} cases of {len(rules)} rules in {len(rows)} rule-and-dtype rows against the float64 NumPy "
-  what += "reference"
+  what = f"{count(grid, 'case')} of {count(len(rules), 'rule')} in {count(len(rows), 'rule-and-dtype row')}"
+  what += " against the float64 NumPy reference"
   if onnx_rows:
     what += f", and {len(onnx_rows)} of ONNX's own references"
   lines = [
@@ -405,14 +419,19 @@ def _summary(report: dict[str, Any]) -> list[str]:
   elif report["verdict"] == PASSED:
     worst = max(checked, key=lambda r: r["worst"])
     where = f"{worst['rule']} {worst['dtype']}" if "cases" in worst else worst["name"]
+    n = report["checked"]
+    within = "the 1 case within its tolerance" if n == 1 else f"all {n} cases within their tolerances"
     lines.append(
-      f"Verdict: PASSED: all {report['checked']} cases within their tolerances "
-      f"(worst {worst['worst']:.3f} of it, {where}), in {report['seconds']} s"
+      f"Verdict: PASSED: {within} (worst error {worst['worst']:.3f} times its tolerance, {where}; "
+      f"a case passes up to 1), in {report['seconds']} s"
     )
   else:
     failed = [r for r in checked if not r["passed"]]
     names = ", ".join(f"{r['rule']} {r['dtype']}" if "cases" in r else r["name"] for r in failed)
-    lines.append(f"Verdict: FAILED: {len(failed)} of {len(checked)} rows fail ({names}; why: under each row)")
+    fail = "fails" if len(failed) == 1 else "fail"
+    lines.append(
+      f"Verdict: FAILED: {len(failed)} of {count(len(checked), 'row')} {fail} ({names}; why: under each row)"
+    )
   for p, errors in report.get("arithmetic", {}).items():
     lines.append(f"{p} arithmetic, largest error measured, in ulp (units in the last place):")
     lines += [
@@ -466,7 +485,7 @@ def format_table(report: dict[str, Any]) -> str:
   if report["verdict"] == NOTHING_CHECKED:
     lines.append(f"{NOTHING_CHECKED}: every selected case was skipped ({report['seconds']} s)")
   else:
-    lines.append(f"{report['verdict']}: {report['checked']} cases checked in {report['seconds']} s")
+    lines.append(f"{report['verdict']}: {count(report['checked'], 'case')} checked in {report['seconds']} s")
   return "\n".join(lines)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -13,6 +14,7 @@ import pytest
 
 from onnx_optax import registry
 from onnx_optax.conformance import __main__ as cli
+from onnx_optax.conformance import cases as cases_lib
 from onnx_optax.conformance import check, devices, report
 from onnx_optax.conformance.cases import DTYPES
 from onnx_optax.conformance.cases import names as grid_names
@@ -47,7 +49,7 @@ def test_report_fails_on_a_wrong_rule(monkeypatch, capsys):
   out = capsys.readouterr().out
   assert "FAIL" in out
   # The summary, before the table, names the failing row.
-  assert out.index("Verdict: FAILED: 1 of 1 rows fail (adagrad float32") < out.index("device rule")
+  assert out.index("Verdict: FAILED: 1 of 1 row fails (adagrad float32") < out.index("device rule")
 
 
 def test_summary_first_then_explained_columns_then_the_table(capsys):
@@ -268,3 +270,71 @@ def test_rule_and_dtype_filter_onnx_references(monkeypatch):
   assert [kind for kind, _ in ran] == ["evaluator", "evaluator"]
   assert all("Momentum(nesterov)" in label for _, label in ran)
   assert {r["rule"] for r in result["onnx_rows"]} == {"momentum_nesterov"}
+
+
+def _recorded(monkeypatch, worst: float = 0.0) -> None:
+  """The grid's cases recorded with this ``worst``, nothing computed; with ``--pinned`` nothing is
+  measured either."""
+
+  def results(run_cases, platform="cpu", pinned=None):
+    for case in run_cases:
+      yield check.CaseResult(case.rule, case.dtype, case.name, platform, worst, "planted")
+
+  monkeypatch.setattr(check, "results", results)
+
+
+#: A count in the plural after 1 (``1 rules``), in any of the report's phrases.
+_ONE_PLURAL = re.compile(r"\b1 (rule|case|row|rule-and-dtype row|element|logical core)s\b|\b1/1 cases\b")
+
+
+def test_a_count_of_one_is_in_the_singular(monkeypatch, capsys):
+  one = cases_lib.cases("adagrad", "float32", large=False)[:1]
+  monkeypatch.setattr(cases_lib, "cases", lambda rule, dtype, large=True: one)
+  _recorded(monkeypatch)
+  assert cli.main(SMALL[:-1] + ["--pinned"]) == cli.PASSED  # Without --quiet: the progress too.
+  captured = capsys.readouterr()
+  out = captured.out
+  assert "Checked: 1 case of 1 rule in 1 rule-and-dtype row against" in out
+  assert "Verdict: PASSED: the 1 case within its tolerance (" in out
+  assert out.rstrip().splitlines()[-1].startswith("PASSED: 1 case checked in ")
+  assert "cpu: 1/1 case checked" in captured.err and "cpu: 1 case " in captured.err  # Progress, log.
+  assert "1 rule-and-dtype row" in captured.err
+  assert not _ONE_PLURAL.search(out + captured.err), _ONE_PLURAL.search(out + captured.err)
+  _recorded(monkeypatch, worst=2.0)
+  assert cli.main(SMALL) == cli.FAILED
+  assert "Verdict: FAILED: 1 of 1 row fails (adagrad float32; " in capsys.readouterr().out
+  bar = cli.Progress(_Stream(terminal=True), width=4)
+  bar("cpu", 1, 1)
+  assert bar.stream.getvalue().startswith("\rcpu [####] 1/1 case, ")
+  monkeypatch.setattr(report.os, "cpu_count", lambda: 1)
+  assert report._device_name("cpu").endswith(", 1 logical core)")
+  assert report._why(check.CaseResult("r", "float32", "c", "cpu", 0.5, "", unchecked=1)).startswith(
+    "1 element unchecked "
+  )
+
+
+def test_counts_above_one_are_in_the_plural(monkeypatch, capsys):
+  _recorded(monkeypatch)
+  argv = ["--platform", "cpu", "--rule", "adagrad", "--rule", "adam", "--dtype", "float32", "--no-large"]
+  assert cli.main(argv + ["--no-onnx", "--pinned", "--quiet"]) == cli.PASSED
+  out = capsys.readouterr().out
+  assert re.search(r"Checked: \d+ cases of 2 rules in 2 rule-and-dtype rows against", out)
+  assert re.search(r"Verdict: PASSED: all \d+ cases within their tolerances \(", out)
+  _recorded(monkeypatch, worst=2.0)
+  assert cli.main(argv + ["--no-onnx", "--pinned", "--quiet"]) == cli.FAILED
+  assert "Verdict: FAILED: 2 of 2 rows fail (adagrad float32, adam float32; " in capsys.readouterr().out
+  monkeypatch.setattr(report.os, "cpu_count", lambda: 2)
+  assert report._device_name("cpu").endswith(", 2 logical cores)")
+
+
+def test_the_verdict_line_says_what_its_worst_figure_means(capsys):
+  """The worst error is read beside its meaning, on the verdict line itself (before the legend)."""
+  assert cli.main(SMALL) == cli.PASSED
+  out = capsys.readouterr().out
+  (line,) = [line for line in out.splitlines() if line.startswith("Verdict: ")]
+  assert re.fullmatch(
+    r"Verdict: PASSED: all \d+ cases within their tolerances \(worst error (0\.\d{3}|1\.000) times its "
+    r"tolerance, adagrad float32; a case passes up to 1\), in [\d.]+ s",
+    line,
+  ), line
+  assert out.index(line) < out.index("How to read the table")
