@@ -166,3 +166,90 @@ def test_page_runs_as_printed(page, tmp_path):
   """The page top to bottom in one process, and each of its blocks alone in a fresh one."""
   failures = page_failures(page, tmp_path)
   assert not failures, "\n\n".join(failures)
+
+
+# -- Install lines ------------------------------------------------------------
+# onnx_optax is installed from a clone (`pip install ".[extra]"`); it is on no
+# package index, so `pip install onnx_optax[...]` fails for a reader.
+INSTALL_PAGES = [
+  *PAGES,
+  ROOT / "notebooks" / "README.md",
+  ROOT / "CONTRIBUTING.md",
+]
+# The arguments of one `pip install`, up to the end of the command: a shell
+# separator, a comment, a line continuation or the end of inline code.
+PIP_INSTALL = re.compile(r"pip install((?:[ \t]+[^\s`#;|&\\]+)*)")
+# This project as a requirement: the clone (`.`, `./`, `-e .`) or its name.
+THIS_PROJECT = re.compile(r"^(?P<what>\.|\./|onnx[_-]optax)(?:\[(?P<extras>[^\]]*)\])?$")
+
+
+def _extras() -> dict[str, list[str]]:
+  import tomllib
+
+  return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+
+
+def install_problems(text: str, extras: set[str]) -> tuple[list[str], int]:
+  """What is wrong with the `pip install` lines of ``text``, and how many name this project."""
+  import shlex
+
+  problems, ours = [], 0
+  for line_number, line in enumerate(text.splitlines(), start=1):
+    for match in PIP_INSTALL.finditer(line):
+      for token in shlex.split(match.group(1)):
+        found = THIS_PROJECT.match(token)
+        if not found:
+          continue
+        ours += 1
+        if found["what"] not in (".", "./"):
+          problems.append(f'line {line_number}: {token!r} is on no package index: pip install ".[...]"')
+        unknown = sorted({e.strip() for e in (found["extras"] or "").split(",") if e.strip()} - extras)
+        if unknown:
+          problems.append(f"line {line_number}: {token!r} names extras pyproject.toml lacks: {unknown}")
+  return problems, ours
+
+
+def test_install_lines_work_from_a_clone():
+  """Every `pip install` of this project installs the clone with extras pyproject.toml has."""
+  extras = set(_extras())
+  problems, counts = [], {}
+  for page in INSTALL_PAGES:
+    found, counts[_name(page)] = install_problems(page.read_text(), extras)
+    problems += [f"{_name(page)}, {problem}" for problem in found]
+  assert not problems, "\n".join(problems)
+  # The pattern finds the install lines it checks (a broken one would find none).
+  assert all(counts[n] for n in ("README.md", "CONTRIBUTING.md", "notebooks/README.md", "docs/interop.md"))
+
+
+def test_the_install_check_catches_a_wrong_line():
+  """An index install, an unknown extra, quoted or inline, is caught; third parties' extras are not ours."""
+  extras = {"onnx", "interop"}
+  wrong = "\n".join(
+    [
+      'pip install "onnx_optax[interop]"',
+      "`pip install onnx_optax[onnx]`",
+      'pip install -e ".[onnx,no]" && y',
+    ]
+  )
+  problems, ours = install_problems(wrong, extras)
+  assert [p.split(":")[0] for p in problems] == ["line 1", "line 2", "line 3"]
+  assert "['no']" in problems[2] and ours == 3
+  right = 'pip install ".[onnx]"  # not .[no]\npip install -q "jax[tpu]" onnx\npip install -e .\n'
+  assert install_problems(right, extras) == ([], 2)
+
+
+def test_the_client_examples_name_their_extra():
+  """The pages whose examples run Hugging Face's Trainer or Lightning install the `clients` extra.
+
+  That extra holds every client those examples import, and the `test` extra (which runs
+  them) includes it.
+  """
+  extras = _extras()
+  names = {re.split(r"[\s=<>\[;~!]", r, maxsplit=1)[0].lower() for r in extras["clients"]}
+  assert {"transformers", "accelerate", "safetensors", "lightning"} <= names
+  assert any(re.fullmatch(r"onnx_optax\[[\w,]*\bclients\b[\w,]*\]", r) for r in extras["test"])
+  clients = re.compile(r"^\s*(?:import|from)\s+[^\n]*\b(transformers|lightning|safetensors)\b", re.M)
+  pages = [page for page in PAGES if any(clients.search(code) for _, code in blocks(page))]
+  assert "docs/interop.md" in {_name(page) for page in pages}
+  install = re.compile(r"pip install[^\n`#]*[\"']?\.\[[^\]]*\bclients\b")
+  assert all(install.search(page.read_text()) for page in pages), [_name(p) for p in pages]
