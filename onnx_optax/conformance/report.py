@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 import platform as host_platform
@@ -134,7 +135,8 @@ def run(
       ``cases.DTYPES``); a rule runs in its own dtypes only (``cases.dtypes_of``).
     log: called with a line of what the run is doing (measuring, ONNX's references); no
       result: those are the table's.
-    progress: called with ``(platform, cases checked, cases of the platform)`` after each row.
+    progress: called with ``(platform, cases checked, cases of the platform)`` after each row and
+      each of ONNX's references; its count is the verdict's: the grid's cases and ONNX's references.
     pinned: charge the documented constants (``K_TRANSCENDENTAL``, ``k = 1`` on
       CPU) instead of each device's measured arithmetic and each case's
       measured scalars (``check.PINNED``); for comparison only.
@@ -191,7 +193,10 @@ def _run_platform(
   log: Callable[[str], None],
   progress: Callable[[str, int, int], None] | None = None,
 ) -> None:
-  """The grid's rows, then ONNX's references, of one platform, appended to ``report``."""
+  """The grid's rows, then ONNX's references, of one platform, appended to ``report``.
+
+  ``progress`` counts both, as the verdict does: the total is known before the first case runs.
+  """
   grid: list[tuple[str, str, list[cases_lib.Case]]] = []
   for rule in rules:
     for dtype in dtypes:
@@ -201,10 +206,14 @@ def _run_platform(
         report["skipped"].append(dict(platform=platform, rule=rule, dtype=dtype, reason=NO_FLOAT64))
         continue
       grid.append((rule, dtype, cases_lib.cases(rule, dtype, large=large)))
+  references = _onnx_references(report, platform, rules, dtypes) if include_onnx else []
+  grid_total = sum(len(row_cases) for _, _, row_cases in grid)
+  total = grid_total + len(references)
+  what = f"{count(grid_total, 'case')} of {count(len(grid), 'rule-and-dtype row')}"
+  if references:
+    what += f", {len(references)} of ONNX's own references"
+  log(f"{platform}: {count(total, 'case')} ({what}); measuring the arithmetic, compiling")
   # One stream of every case, so that the next row's programs compile while a row is checked.
-  total = sum(len(row_cases) for _, _, row_cases in grid)
-  rows = count(len(grid), "rule-and-dtype row")
-  log(f"{platform}: {count(total, 'case')} of {rows}; measuring the arithmetic, compiling")
   stream = check.results([c for _, _, row_cases in grid for c in row_cases], platform)
   done = 0
   for rule, dtype, row_cases in grid:
@@ -213,50 +222,66 @@ def _run_platform(
     done += len(results)
     if progress is not None:
       progress(platform, done, total)
-  if include_onnx:
-    from onnx_optax.conformance import onnx_references as refs
-
+  if references:
     log(f"{platform}: ONNX's own references")
-    backend = refs.backend_cases()
-    for name in refs.BACKEND_CASES:
-      rule, dtype = refs.backend_case_rule(backend[name])
-      if rule not in rules or dtype not in dtypes:
-        continue
-      r = refs.run_backend_case(name, platform, backend)
-      report["onnx_rows"].append(
-        dict(
-          platform=platform,
-          source="onnx backend test case",
-          name=name,
-          rule=rule,
-          dtype=r.dtype,
-          worst=r.worst,
-          unchecked=r.unchecked,
-          passed=r.passed,
-          error=r.error,
-        )
+  for reference in references:
+    report["onnx_rows"].append(reference())
+    done += 1
+    if progress is not None:
+      progress(platform, done, total)
+
+
+def _onnx_references(
+  report: dict[str, Any], platform: str, rules: Sequence[str], dtypes: Sequence[str]
+) -> list[Callable[[], dict[str, Any]]]:
+  """ONNX's references of the selected rules and dtypes on ``platform``, each a call that runs it
+  and gives its row; those this platform cannot run are appended to ``report["skipped"]``."""
+  from onnx_optax.conformance import onnx_references as refs
+
+  found: list[Callable[[], dict[str, Any]]] = []
+  backend = refs.backend_cases()
+  for name in refs.BACKEND_CASES:
+    rule, dtype = refs.backend_case_rule(backend[name])
+    if rule in rules and dtype in dtypes:
+      run = functools.partial(refs.run_backend_case, name, platform, backend)
+      found.append(
+        functools.partial(_reference_row, platform, "onnx backend test case", rule, run, name=name)
       )
-    for label, node, inputs in refs.evaluator_cases():
-      rule = refs.node_rule(node)
-      if rule not in rules or "float64" not in dtypes:
-        continue
-      if not devices.has_float64(platform):
-        report["skipped"].append(dict(platform=platform, rule=label, dtype="float64", reason=NO_FLOAT64))
-        continue
-      r = refs.run_evaluator_case(label, node, inputs, platform)
-      report["onnx_rows"].append(
-        dict(
-          platform=platform,
-          source="onnx ReferenceEvaluator",
-          name=r.name,
-          rule=rule,
-          dtype="float64",
-          worst=r.worst,
-          unchecked=r.unchecked,
-          passed=r.passed,
-          error=r.error,
-        )
-      )
+  for label, node, inputs in refs.evaluator_cases():
+    rule = refs.node_rule(node)
+    if rule not in rules or "float64" not in dtypes:
+      continue
+    if not devices.has_float64(platform):
+      report["skipped"].append(dict(platform=platform, rule=label, dtype="float64", reason=NO_FLOAT64))
+      continue
+    run = functools.partial(refs.run_evaluator_case, label, node, inputs, platform)
+    found.append(
+      functools.partial(_reference_row, platform, "onnx ReferenceEvaluator", rule, run, dtype="float64")
+    )
+  return found
+
+
+def _reference_row(
+  platform: str,
+  source: str,
+  rule: str,
+  run: Callable[[], CaseResult],
+  name: str | None = None,
+  dtype: str | None = None,
+) -> dict[str, Any]:
+  """Runs one of ONNX's references; its row (``name`` and ``dtype`` default to the result's)."""
+  r = run()
+  return dict(
+    platform=platform,
+    source=source,
+    name=name or r.name,
+    rule=rule,
+    dtype=dtype or r.dtype,
+    worst=r.worst,
+    unchecked=r.unchecked,
+    passed=r.passed,
+    error=r.error,
+  )
 
 
 #: Why a framework twin's grid leaves a dtype out, by the kind of its binding

@@ -283,6 +283,47 @@ def _recorded(monkeypatch, worst: float = 0.0) -> None:
   monkeypatch.setattr(check, "results", results)
 
 
+def _into(calls: list[tuple[str, int, int]]):
+  return lambda *call: calls.append(call)
+
+
+def test_progress_counts_what_the_verdict_counts(monkeypatch, capsys):
+  """The progress total is the verdict's count: the grid's cases and ONNX's references (backend
+  cases and ReferenceEvaluator nodes); those a device cannot run count in neither."""
+  pytest.importorskip("onnx")
+  from onnx_optax.conformance import onnx_references as refs
+
+  _recorded(monkeypatch)
+  monkeypatch.setattr(
+    refs,
+    "run_backend_case",
+    lambda name, platform, cases: check.CaseResult("r", "float32", name, platform, 0.0, ""),
+  )
+  monkeypatch.setattr(
+    refs,
+    "run_evaluator_case",
+    lambda label, node, inputs, platform: check.CaseResult("r", "float64", label, platform, 0.0, ""),
+  )
+  rules, dtypes = ["momentum_standard", "momentum_nesterov"], ["float32", "float64"]
+  for float64, references in [(True, 3 + 4), (False, 3)]:  # Momentum's backend cases, evaluator nodes.
+    monkeypatch.setattr(devices, "has_float64", lambda platform, float64=float64: float64)
+    calls: list[tuple[str, int, int]] = []
+    result = report.run(["cpu"], large=False, rules=rules, dtypes=dtypes, pinned=True, progress=_into(calls))
+    assert len(result["onnx_rows"]) == references
+    checked = result["checked"]
+    assert checked == sum(r["cases"] for r in result["rows"]) + references
+    assert {total for _, _, total in calls} == {checked} and calls[-1] == ("cpu", checked, checked)
+    assert [done for _, done, _ in calls] == sorted({done for _, done, _ in calls})
+  # The command's last progress line and its verdict: one count.
+  argv = ["--platform", "cpu", "--rule", "momentum", "--dtype", "float32", "--no-large", "--pinned"]
+  assert cli.main(argv) == cli.PASSED
+  captured = capsys.readouterr()
+  progress = [line for line in captured.err.splitlines() if "checked" in line]
+  (n,) = {int(total) for total in re.findall(r"Verdict: PASSED: all (\d+) cases", captured.out)}
+  assert progress[-1].startswith(f"cpu: {n}/{n} cases checked")
+  assert f"\nPASSED: {n} cases checked in " in captured.out
+
+
 #: A count in the plural after 1 (``1 rules``), in any of the report's phrases.
 _ONE_PLURAL = re.compile(r"\b1 (rule|case|row|rule-and-dtype row|element|logical core)s\b|\b1/1 cases\b")
 
