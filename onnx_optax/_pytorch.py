@@ -17,6 +17,7 @@ from jax.typing import ArrayLike, DTypeLike
 
 __all__ = [
   "added",
+  "alpha",
   "divide_by_scalar",
   "host_or_traced",
   "in_place",
@@ -65,8 +66,16 @@ def opmath(*dtypes: Any) -> Any:
 def stored(x: Array, dtype: DTypeLike, neg_zero: Array | None = None) -> Array:
   """``x`` (in the opmath dtype) as PyTorch stores an operation's result in ``dtype``.
 
-  Narrower than ``x``: rounded to ``dtype``'s precision and range, kept in ``x``'s
-  dtype (``lax.reduce_precision``, round to nearest even, as PyTorch's conversion).
+  Narrower than ``x``: rounded to ``dtype``'s precision and range, subnormals included, and
+  kept in ``x``'s dtype: PyTorch's conversion (round to nearest even) to the bit. Where
+  ``dtype`` has fewer exponent bits than ``x`` (float16 from float32; any narrower dtype from
+  float64), ``lax.reduce_precision`` flushes ``dtype``'s subnormals to zero: below its smallest
+  normal number ``x`` is rounded to a multiple of its smallest subnormal instead (scaled by a
+  power of two, exact, and rounded to the nearest even integer). bfloat16 has float32's
+  exponent: ``reduce_precision`` keeps its subnormals. Not ``x.astype(dtype).astype(x.dtype)``:
+  XLA may remove that pair of conversions (``xla_allow_excess_precision``, on by default; XLA:GPU
+  runs the pass), never ``reduce_precision``.
+
   The same dtype: ``x`` itself, or, for a product that PyTorch stores and then adds
   (``neg_zero`` given), ``x + neg_zero``: a run-time ``-0.0`` that XLA cannot fold, so
   that LLVM does not contract the product into the next addition (``x + -0.0`` is ``x``
@@ -74,9 +83,31 @@ def stored(x: Array, dtype: DTypeLike, neg_zero: Array | None = None) -> Array:
   """
   dtype = jnp.dtype(dtype)
   if dtype != x.dtype:
-    info = jnp.finfo(dtype)
-    return jax.lax.reduce_precision(x, exponent_bits=info.nexp, mantissa_bits=info.nmant)
+    info, wide = jnp.finfo(dtype), jnp.finfo(x.dtype)
+    rounded = jax.lax.reduce_precision(x, exponent_bits=info.nexp, mantissa_bits=info.nmant)
+    if info.nexp >= wide.nexp:
+      return rounded
+    quantum = float(info.smallest_subnormal)  # a power of two: scaling by it is exact
+    subnormal = jax.lax.round(x * (1 / quantum), jax.lax.RoundingMethod.TO_NEAREST_EVEN) * quantum
+    return jnp.where(jnp.abs(x) < float(info.smallest_normal), subnormal.astype(x.dtype), rounded)
   return x if neg_zero is None else x + neg_zero
+
+
+def alpha(value: Any, dtype: DTypeLike) -> Any:
+  """A scalar as PyTorch's ``add`` kernel takes it: ``add(other, alpha=value)``, ``add_(value)``.
+
+  ATen's CPU ``add`` converts its scalar to the tensors' own dtype (``scalar_t``: the common
+  dtype ``dtype`` of the operands) before its fused multiply-add in float32: for bfloat16 and
+  float16 tensors it is rounded once more, through float32 as ``c10::Half(float)`` and
+  ``c10::BFloat16(float)`` round a double (``weight_decay=0.01`` is 0.010009765625 in
+  bfloat16; ``eps=1e-8`` is 0 in float16). For float32 and float64 tensors ``value`` itself
+  (already in the opmath dtype). PyTorch's other kernels (``mul``, ``div``, ``lerp``,
+  ``addcmul``, ``addcdiv``) take their scalar in the opmath dtype.
+  """
+  dtype = jnp.dtype(dtype)
+  if value is None or jnp.finfo(dtype).bits >= 32:
+    return value
+  return stored(jnp.asarray(value, jnp.float32), dtype)
 
 
 def in_place(x_new: Array, X: Array) -> Array:

@@ -64,15 +64,19 @@ def pytorch_adagrad_elementwise(
   """
   dt = _pytorch.opmath(G.dtype, state_sum.dtype)
   x, g = None if X is None else X.astype(dt), G.astype(dt)
+  # `grad.add(param, alpha=weight_decay)` and `add_(eps)` take their scalar in the tensors' dtype.
+  g_dtype = G.dtype if X is None else jnp.promote_types(G.dtype, X.dtype)
+  s = s._replace(
+    weight_decay=_pytorch.alpha(s.weight_decay, g_dtype), eps=_pytorch.alpha(s.eps, state_sum.dtype)
+  )
   if maximize:
     g = -g
   if s.weight_decay is not None:
     if x is None:
       raise ValueError("weight_decay multiplies the parameters: call update(grads, state, params)")
-    g = _pytorch.stored(x * _pytorch.alpha(s.weight_decay, jnp.promote_types(G.dtype, X.dtype)) + g, G.dtype)
+    g = _pytorch.stored(x * s.weight_decay + g, G.dtype)
   sum_new = _pytorch.stored(g * g + state_sum.astype(dt), state_sum.dtype)
-  root = _pytorch.stored(_numerics.sqrt(sum_new), state_sum.dtype)
-  std = _pytorch.stored(root + _pytorch.alpha(s.eps, state_sum.dtype), state_sum.dtype)  # add_(eps)
+  std = _pytorch.stored(_pytorch.stored(_numerics.sqrt(sum_new), state_sum.dtype) + s.eps, state_sum.dtype)
   return _pytorch.added(x, (s.neg_clr * g) / std, X, dt, G), sum_new.astype(state_sum.dtype)
 
 

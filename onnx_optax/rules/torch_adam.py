@@ -114,6 +114,11 @@ def pytorch_adam_elementwise(
   """
   dt = _pytorch.opmath(G.dtype, exp_avg.dtype, exp_avg_sq.dtype)
   x, g, nz = None if X is None else X.astype(dt), G.astype(dt), jnp.asarray(s.neg_zero, dt)
+  # `grad.add(param, alpha=weight_decay)` and `add_(eps)` take their scalar in the tensors' dtype.
+  g_dtype = G.dtype if X is None else jnp.promote_types(G.dtype, X.dtype)
+  s = s._replace(
+    weight_decay=_pytorch.alpha(s.weight_decay, g_dtype), eps=_pytorch.alpha(s.eps, exp_avg_sq.dtype)
+  )
   if x is None and (s.decay_factor is not None or s.weight_decay is not None):
     raise ValueError("weight_decay multiplies the parameters: call update(grads, state, params)")
   if maximize:
@@ -121,7 +126,7 @@ def pytorch_adam_elementwise(
   if s.decay_factor is not None:
     x = _pytorch.stored(x * s.decay_factor, G.dtype, nz)
   if s.weight_decay is not None:
-    g = _pytorch.stored(x * _pytorch.alpha(s.weight_decay, jnp.promote_types(G.dtype, X.dtype)) + g, G.dtype)
+    g = _pytorch.stored(x * s.weight_decay + g, G.dtype)
   m = _pytorch.stored(
     _pytorch.lerp(exp_avg.astype(dt), g, s.one_minus_beta1, small=lerp_small), exp_avg.dtype
   )
@@ -129,8 +134,7 @@ def pytorch_adam_elementwise(
   v = _pytorch.stored((s.one_minus_beta2 * g) * g + v2, exp_avg_sq.dtype)
   root = _pytorch.stored(_numerics.sqrt(v), exp_avg_sq.dtype)
   denom = _pytorch.stored(
-    _pytorch.stored(_pytorch.divide_by_scalar(root, s.bias_correction2_sqrt), exp_avg_sq.dtype)
-    + _pytorch.alpha(s.eps, exp_avg_sq.dtype),  # add_(eps)
+    _pytorch.stored(_pytorch.divide_by_scalar(root, s.bias_correction2_sqrt), exp_avg_sq.dtype) + s.eps,
     exp_avg_sq.dtype,
     nz,
   )

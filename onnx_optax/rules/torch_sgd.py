@@ -83,29 +83,30 @@ def pytorch_sgd_elementwise(
   dt = _pytorch.opmath(X.dtype, G.dtype, buf.dtype)
   x, g, nz = X.astype(dt), G.astype(dt), jnp.asarray(s.neg_zero, dt)
   g_dtype = jnp.promote_types(G.dtype, X.dtype)
+  # Each `add(other, alpha=a)` takes `a` in its operands' common dtype (`_pytorch.alpha`): rounded
+  # for 16-bit tensors. `buf.mul_(momentum)` keeps `momentum` in the opmath dtype.
+  b_dtype = jnp.promote_types(buf.dtype, g_dtype)
+  nesterov_dtype = jnp.promote_types(g_dtype, buf.dtype)
+  nesterov_alpha = _pytorch.alpha(s.momentum, nesterov_dtype)
+  step_dtype = g_dtype if s.momentum is None else nesterov_dtype if nesterov else buf.dtype
+  s = s._replace(
+    weight_decay=_pytorch.alpha(s.weight_decay, g_dtype),
+    one_minus_dampening=_pytorch.alpha(s.one_minus_dampening, b_dtype),
+    neg_lr=_pytorch.alpha(s.neg_lr, jnp.promote_types(X.dtype, step_dtype)),
+  )
   if maximize:
     g = -g
-  # Each `add(alpha=a)` takes `a` in its operands' common dtype (`_pytorch.alpha`).
   if s.weight_decay is not None:
-    g = _pytorch.stored(x * _pytorch.alpha(s.weight_decay, g_dtype) + g, g_dtype)
+    g = _pytorch.stored(x * s.weight_decay + g, g_dtype)
   buf_new = buf
   if s.momentum is not None:
     b = buf.astype(dt)
     decayed = _pytorch.stored(b * s.momentum, buf.dtype, nz)
-    b_dtype = jnp.promote_types(buf.dtype, g_dtype)
-    if s.one_minus_dampening is None:
-      damped = g + decayed
-    else:
-      damped = g * _pytorch.alpha(s.one_minus_dampening, b_dtype) + decayed
+    damped = g + decayed if s.one_minus_dampening is None else g * s.one_minus_dampening + decayed
     b_new = jnp.where(s.first, _pytorch.stored(g, buf.dtype), _pytorch.stored(damped, buf.dtype))
     buf_new = b_new.astype(buf.dtype)
-    if nesterov:
-      g_dtype = jnp.promote_types(g_dtype, buf.dtype)
-      g = _pytorch.stored(b_new * _pytorch.alpha(s.momentum, g_dtype) + g, g_dtype)
-    else:
-      g, g_dtype = b_new, buf.dtype
-  neg_lr = _pytorch.alpha(s.neg_lr, jnp.promote_types(X.dtype, g_dtype))
-  return _pytorch.in_place(g * neg_lr + x, X), buf_new
+    g = _pytorch.stored(b_new * nesterov_alpha + g, nesterov_dtype) if nesterov else b_new
+  return _pytorch.in_place(g * s.neg_lr + x, X), buf_new
 
 
 class PyTorchSGDState(NamedTuple):
