@@ -41,8 +41,10 @@ __all__ = [
   "Hyperparameter",
   "Policy",
   "Rule",
+  "TORCH_COMMON_OPTIONS",
   "TestConfig",
   "TorchOptimizer",
+  "Trajectory",
   "Variant",
   "get",
   "register",
@@ -130,10 +132,6 @@ TORCH_COMMON_OPTIONS = frozenset(
 )
 
 
-def _no_refusal(kind: str, g: int, group: Mapping[str, Any], advice: Callable[[str], str]) -> None:
-  """A class with nothing to refuse beyond the bridges' own checks."""
-
-
 @dataclass(frozen=True)
 class TorchOptimizer:
   """What the PyTorch bridges need to know of a ``torch.optim`` class (a :class:`Binding`'s ``torch``).
@@ -157,7 +155,7 @@ class TorchOptimizer:
     refuse: ``refuse(kind, g, group, advice)`` raises for a group of options no twin
       reproduces exactly, naming ``torch.optim.<kind>``, ``param_groups[g][key]`` and what to
       do; ``advice(key)`` is the bridge's advice for making an option a Python float (from the
-      optimizer or the state dict).
+      optimizer or the state dict); None: nothing beyond the bridges' own checks.
     ignores: ``ignores(options) -> options``: the twin's hyperparameters where PyTorch ignores
       one (plain SGD's ``dampening``); identity by default.
   """
@@ -168,7 +166,7 @@ class TorchOptimizer:
   optional: Mapping[str, str] = field(default_factory=dict)
   fixed: Mapping[str, Any] = field(default_factory=dict)
   older: Mapping[str, Any] = field(default_factory=dict)
-  refuse: Callable[[str, int, Mapping[str, Any], Callable[[str], str]], None] = _no_refusal
+  refuse: Callable[[str, int, Mapping[str, Any], Callable[[str], str]], None] | None = None
   ignores: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
   def keys(self) -> frozenset[str]:
@@ -223,6 +221,40 @@ class TestConfig:
   sweep: str = ""
 
 
+def _no_gain(h: Mapping[str, Any], R: float, T0: int, steps: int) -> float:
+  return 0.0
+
+
+def _no_first_moment(h: Mapping[str, Any]) -> float:
+  return 0.0
+
+
+def _two_roundings(h: Mapping[str, Any]) -> int:
+  return 2
+
+
+@dataclass(frozen=True)
+class Trajectory:
+  """The tests' tolerance model of a run of many updates against the float64 expectation.
+
+  Written from the rule's formula (its terms in ``onnx_optax._feedback``), never from its code;
+  ``tests/rule_configs.trajectory_tolerances`` compounds it over a run.
+
+  Attributes:
+    gain: ``gain(hyper, R, T0, steps)``: an error ``e`` in ``X`` moves the next update by at
+      most ``gain * e`` (the coefficients that read ``X``; 0 for a rule that does not).
+    first_moment: ``first_moment(hyper)``: the decay of a ``(1 - decay)``-weighted first
+      moment (0: none), whose roundings are relative to ``G`` while its update is ``(1 -
+      decay) G`` until the moment fills.
+    x_roundings: ``x_roundings(hyper)``: roundings relative to ``X`` per update, the
+      expectation's included (4 for a decoupled decay, which subtracts twice).
+  """
+
+  gain: Callable[[Mapping[str, Any], float, int, int], float] = _no_gain
+  first_moment: Callable[[Mapping[str, Any]], float] = _no_first_moment
+  x_roundings: Callable[[Mapping[str, Any]], int] = _two_roundings
+
+
 @dataclass(frozen=True)
 class Conformance:
   """How the conformance suite and the tests check a rule.
@@ -240,6 +272,7 @@ class Conformance:
     outputs: the names of the rule's outputs in its spec, ``X``'s first, then one per
       :attr:`Rule.fields` entry, which the conformance report names an element by; empty:
       ``X_new``, then each field's ``spec`` followed by ``_new``.
+    trajectory: the tests' tolerance model of a run (:class:`Trajectory`).
   """
 
   hyper: Mapping[str, Any]
@@ -249,6 +282,7 @@ class Conformance:
   more_tests: Mapping[str, TestConfig] = field(default_factory=dict)
   tiny_gradient: Mapping[str, Any] = field(default_factory=dict)
   outputs: tuple[str, ...] = ()
+  trajectory: Trajectory = field(default_factory=Trajectory)
 
 
 class Variant(NamedTuple):

@@ -86,7 +86,7 @@ def _configuration(rule: registry.Rule, name: str, test: registry.TestConfig) ->
     tuple(h for h, declared in rule.hyperparameters.items() if declared.static),
     rule.first_count(),
     rule.fields,
-    rule.twin_of is not None,
+    rule.policy.name == "framework",
   )
 
 
@@ -129,52 +129,22 @@ def as_float32_sees(value: Any) -> Any:
 # The NumPy expectations
 
 
-def _pytorch_sgd(R, T, X, G, buf, *, dtype=np.float64, **hyper):
-  X_new, buf_new = reference.pytorch_sgd(R, T, X, G, buf, dtype=dtype, **hyper)
-  # Without momentum PyTorch keeps no buffer; the transform's stays as it was.
-  return X_new, (np.asarray(buf, X_new.dtype) if buf_new is None else buf_new)
-
-
-def _pytorch_adagrad(R, T, X, G, state_sum, *, initial_accumulator_value, dtype=np.float64, **hyper):
-  del initial_accumulator_value  # The state's starting value, not a term of the step.
-  return reference.pytorch_adagrad(R, T, X, G, state_sum, dtype=dtype, **hyper)
-
-
-def _pytorch_adam(R, T, X, G, m, v, *, dtype=np.float64, **hyper):
-  return reference.pytorch_adam(R, T, X, G, m, v, dtype=dtype, **hyper)
-
-
-def _pytorch_adamw(R, T, X, G, m, v, *, dtype=np.float64, **hyper):
-  return reference.pytorch_adam(R, T, X, G, m, v, dtype=dtype, decoupled_weight_decay=True, **hyper)
-
-
-def _keras_adam(R, T, X, G, m, v, *, beta_1, beta_2, epsilon, dtype=np.float64):
-  """Keras's ``m += (g - m) * (1 - beta_1)`` is ``beta_1 m + (1 - beta_1) g`` and its ``alpha``
-  DirectML's ``LearningRate * Alpha`` at ``T = iterations + 1``: DirectML Adam's expectation."""
-  return reference.directml_adam(
-    X, m, v, G, T + 1, learning_rate=R, beta1=beta_1, beta2=beta_2, epsilon=epsilon, dtype=dtype
-  )
-
-
-#: The framework twins' expectations, ``step(R, count, X, G, *state, dtype, **hyper)`` with the
-#: transform's hyperparameters, and their number of state tensors.
-TWIN_EXPECTATIONS: dict[str, tuple[Callable[..., tuple[np.ndarray, ...]], int]] = {
-  "pytorch_sgd": (_pytorch_sgd, 1),
-  "pytorch_adagrad": (_pytorch_adagrad, 1),
-  "pytorch_adam": (_pytorch_adam, 2),
-  "pytorch_adamw": (_pytorch_adamw, 2),
-  "keras_adam": (_keras_adam, 2),
-}
-
-
 def expectation(rule: str) -> tuple[Callable[..., tuple[np.ndarray, ...]], int]:
   """A rule's NumPy expectation ``step(R, T, X, G, *state, dtype, **hyper) -> (X_new, *state_new)``
-  (``T`` the state's count) and its number of state tensors: the twins' frameworks' called with the
-  transform's hyperparameters (:data:`TWIN_EXPECTATIONS`), else :data:`onnx_optax.reference.RULES`
-  (where a rule registered from outside registers its own)."""
-  if rule in TWIN_EXPECTATIONS:
-    return TWIN_EXPECTATIONS[rule]
-  return reference.RULES[rule]
+  (``T`` the state's count) and its number of state tensors, as :data:`onnx_optax.reference.RULES`
+  registers it (a rule registered from outside registers its own), called with the transform's
+  hyperparameters: those that only give a state field's starting value (PyTorch Adagrad's
+  ``initial_accumulator_value``) are not terms of the step and are left out."""
+  step, n_state = reference.RULES[rule]
+  fields = registry.get(rule).fields if rule in {r.name for r in registry.rules()} else ()
+  initials = {f.initial for f in fields if isinstance(f.initial, str)}
+  if not initials:
+    return step, n_state
+
+  def stepped(*args: Any, **hyper: Any) -> tuple[np.ndarray, ...]:
+    return step(*args, **{h: v for h, v in hyper.items() if h not in initials})
+
+  return stepped, n_state
 
 
 def trajectory(
@@ -219,106 +189,11 @@ def trajectory(
 ROUNDINGS = 16
 
 
-class Model(NamedTuple):
-  """The tests' tolerance model of a rule, written from its formula (:func:`trajectory_tolerances`).
-
-  ``gain(hyper, R, T0, steps)``: :func:`feedback_gain`. ``first_moment(hyper)``: the decay of
-  a ``(1 - decay)``-weighted first moment (0: none). ``x_roundings(hyper)``: roundings relative
-  to ``X`` per update, the expectation's included.
-  """
-
-  gain: Callable[[dict[str, Any], float, int, int], float]
-  first_moment: Callable[[dict[str, Any]], float] = lambda h: 0.0
-  x_roundings: Callable[[dict[str, Any]], int] = lambda h: 2
-
-
-def _momentum_gain(alpha: float, c: float, R: float) -> float:
-  """``V`` sums an error ``c e`` with weights ``beta alpha^j``: ``|dV| <= c e / (1 - alpha)``, and
-  ``|dU| <= R c e (1 + alpha) / (1 - alpha)`` (Nesterov's ``R (G' + alpha V)`` too)."""
-  return 0.0 if c == 0 else R * c * (1 + alpha) / (1 - alpha)
-
-
-def _adagrad_gain(c: float, eps: float, R: float) -> float:
-  """``r G' / (sqrt(H) + epsilon)`` moves by ``r c e / epsilon`` through ``G'`` and by as much
-  again through ``H`` (``G'^2 <= H``): ``2 R c / epsilon``."""
-  if c == 0:
-    return 0.0
-  if eps <= 0:
-    raise ValueError(f"the tolerance model needs epsilon > 0 to bound 1 / (sqrt(H) + epsilon), got {eps}")
-  return 2 * R * c / eps
-
-
-def _adam_gain(c: float, eps: float, rate: float) -> float:
-  """``V`` is an average (weights sum to 1), ``|dV| <= c e``; through ``V`` and ``H`` alike
-  ``2 max(rate) c / epsilon``, ``rate`` the largest factor of ``V / (sqrt(H) + epsilon)``."""
-  if c == 0:
-    return 0.0
-  if eps <= 0:
-    raise ValueError(f"the tolerance model needs epsilon > 0 to bound 1 / (sqrt(H) + epsilon), got {eps}")
-  return 2 * rate * c / eps
-
-
-def _steps(T0: int, steps: int, start: int = 1) -> np.ndarray:
-  """The bias corrections' exponents of a run: ``T`` (or the framework's ``step``) from ``start``."""
-  return np.arange(max(T0, start), T0 + steps + 1, dtype=np.float64)
-
-
-def _onnx_adam_gain(h: dict[str, Any], R: float, T0: int, steps: int) -> float:
-  alpha, beta = float(h["alpha"]), float(h["beta"])
-  T = _steps(T0, steps)
-  correction = max(1.0, float(np.max(np.sqrt(1 - beta**T) / (1 - alpha**T))))
-  return _adam_gain(float(h["norm_coefficient"]), float(h["epsilon"]), R * correction)
-
-
-def _pytorch_adam_gain(h: dict[str, Any], R: float, T0: int, steps: int) -> float:
-  """Decoupled (AdamW): ``R weight_decay``, as ONNX Runtime's AdamW. Coupled (L2):
-  ``U = -(lr / bc1) m / (sqrt(v) / sqrt(bc2) + eps)``, whose ``1 / (...)`` is at most
-  ``1 / eps``: ONNX Adam's gain with ``rate = lr / min(bc1)``, ``step = count + 1``."""
-  c = float(h["weight_decay"])
-  if h.get("decoupled_weight_decay", True):
-    return R * c
-  beta1 = float(h["betas"][0])
-  return _adam_gain(c, float(h["eps"]), R / float(np.min(1 - beta1 ** _steps(T0 + 1, steps))))
-
-
-def _decouples(h: dict[str, Any]) -> bool:
-  return bool(float(h["weight_decay"])) and h.get("decoupled_weight_decay", True)
-
-
-#: The tests' tolerance model of each rule (the twins mapped onto the rule they equal in exact
-#: arithmetic, their ``twin_of``, where they are that rule).
-MODELS: dict[str, Model] = {
-  "momentum": Model(lambda h, R, T0, n: _momentum_gain(float(h["alpha"]), float(h["norm_coefficient"]), R)),
-  "adagrad": Model(lambda h, R, T0, n: _adagrad_gain(float(h["norm_coefficient"]), float(h["epsilon"]), R)),
-  "adam": Model(_onnx_adam_gain, lambda h: float(h["alpha"])),
-  # DirectML Adam does not read X.
-  "directml_adam": Model(lambda h, R, T0, n: 0.0, lambda h: float(h["beta1"])),
-  # ONNX Runtime's AdamW reads X only in its decoupled decay lr * weight_decay * X (the step itself
-  # does not depend on X); with weight decay it rounds relative to X twice per update (the decay's
-  # subtraction and the step's), the expectation as often.
-  "ort_adamw": Model(
-    lambda h, R, T0, n: R * float(h["weight_decay"]),
-    lambda h: float(h["alpha"]),
-    lambda h: 4 if float(h["weight_decay"]) else 2,
-  ),
-  "ort_sgd": Model(lambda h, R, T0, n: 0.0),
-  # PyTorch's SGD is ONNX Momentum with alpha = momentum, beta = 1 - dampening,
-  # norm_coefficient = weight_decay.
-  "pytorch_sgd": Model(lambda h, R, T0, n: _momentum_gain(float(h["momentum"]), float(h["weight_decay"]), R)),
-  # PyTorch's Adagrad is ONNX Adagrad with decay_factor = lr_decay, epsilon = eps,
-  # norm_coefficient = weight_decay.
-  "pytorch_adagrad": Model(lambda h, R, T0, n: _adagrad_gain(float(h["weight_decay"]), float(h["eps"]), R)),
-  # AdamW (and Adam with decoupled_weight_decay) is ONNX Runtime's AdamW in mode 0; Adam with
-  # coupled weight decay is an L2 Adam with epsilon inside the bias correction.
-  "pytorch_adam": Model(
-    _pytorch_adam_gain, lambda h: float(h["betas"][0]), lambda h: 4 if _decouples(h) else 2
-  ),
-  "pytorch_adamw": Model(
-    _pytorch_adam_gain, lambda h: float(h["betas"][0]), lambda h: 4 if _decouples(h) else 2
-  ),
-  # Keras's Adam is DirectML Adam (T = count + 1): it does not read X.
-  "keras_adam": Model(lambda h, R, T0, n: 0.0, lambda h: float(h["beta_1"])),
-}
+def model(rule: str) -> registry.Trajectory:
+  """The tests' tolerance model of a rule's run: its declaration's (``Conformance.trajectory``)."""
+  conformance = registry.get(rule).conformance
+  assert conformance is not None, f"{rule} declares no conformance"
+  return conformance.trajectory
 
 
 def feedback_gain(rule: str, hyper: dict[str, Any], learning_rate: float, T0: int, steps: int) -> float:
@@ -327,7 +202,7 @@ def feedback_gain(rule: str, hyper: dict[str, Any], learning_rate: float, T0: in
   Only the coefficients that read ``X`` feed an error back (``norm_coefficient``, ``c``,
   through ``G_regularized = c X + G``; PyTorch's ``weight_decay``; a decoupled decay's
   ``lr * weight_decay * X``). An error that stays in ``X`` enters every later step; each
-  rule's bound is its :class:`Model`'s: Momentum ``R c (1 + alpha) / (1 - alpha)``,
+  rule's bound is its :class:`~onnx_optax.registry.Trajectory`'s: Momentum ``R c (1 + alpha) / (1 - alpha)``,
   Adagrad ``2 R c / epsilon``, the Adams ``2 max(R_adjusted) c / epsilon``, a decoupled
   decay ``R * weight_decay``, 0 for the rules that do not read ``X``.
 
@@ -335,7 +210,7 @@ def feedback_gain(rule: str, hyper: dict[str, Any], learning_rate: float, T0: in
   largest bias correction ``R_adjusted / R`` of the run.
   """
   hypers = hyper if isinstance(hyper, (list, tuple)) else [hyper]
-  return max(MODELS[rule].gain(h, float(learning_rate), T0, steps) for h in hypers)
+  return max(model(rule).gain(h, float(learning_rate), T0, steps) for h in hypers)
 
 
 def trajectory_tolerances(
@@ -344,7 +219,7 @@ def trajectory_tolerances(
   """``tol[k]``: a bound on ``max |x_k - x_ref_k|`` after update ``k`` of a run.
 
   Args:
-    rule: a registered rule with a :data:`MODELS` entry.
+    rule: a registered rule (its :class:`~onnx_optax.registry.Trajectory` is the model).
     hypers: the rule's hyperparameters, or a list of the sets a run uses
       (the bound takes the worst).
     learning_rate: the largest learning rate of the run.
@@ -381,11 +256,11 @@ def trajectory_tolerances(
   """
   hypers = [hypers] if isinstance(hypers, dict) else list(hypers)
   T0 = first_count(rule) if T0 is None else T0
-  model = MODELS[rule]
+  traj = model(rule)
   steps = len(xs)
   L = feedback_gain(rule, hypers, learning_rate, T0, steps)
-  A = 1 / (1 - max(model.first_moment(h) for h in hypers))
-  x_roundings = max(model.x_roundings(h) for h in hypers)
+  A = 1 / (1 - max(traj.first_moment(h) for h in hypers))
+  x_roundings = max(traj.x_roundings(h) for h in hypers)
   previous = [np.asarray(x, np.float64) for x in X0]
   total, M, out = 0.0, 0.0, []
   for k, X in enumerate(xs):

@@ -56,7 +56,7 @@ import optax
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from rule_configs import MODELS, RULE_CONFIGS, trajectory
+from rule_configs import RULE_CONFIGS, model, trajectory
 
 from onnx_optax import directml, registry
 from onnx_optax import onnx as ox
@@ -277,7 +277,7 @@ def _tolerance(rule, hyper, xs, state, params, T0):
     + [float(np.abs(a).max(initial=0)) for a in jax.tree.leaves((xs, state))]
     + [float(np.abs(b - a).max(initial=0)) for a, b in zip(jax.tree.leaves(params), xs[0])]
   )
-  alpha = MODELS[rule].first_moment(hyper)
+  alpha = model(rule).first_moment(hyper)
   tol = ROUNDINGS * 2.0**-24 * scale / (1 - alpha)
   if rule == "keras_adam":
     T = np.arange(T0 + 1, T0 + STEPS + 1, dtype=np.float64)

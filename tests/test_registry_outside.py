@@ -122,21 +122,15 @@ def expected(R, T, X, G, V, *, beta, epsilon, dtype=np.float64):
 
 
 def register() -> None:
-  """The rule, its expectation under its name and the tests' tolerance model of it (it does not
-  read ``X``: no feedback; no first moment)."""
+  """The rule (its declaration holds the tests' tolerance model of it: it does not read ``X``, no
+  feedback, no first moment: the default ``Trajectory``) and its expectation under its name."""
   registry.register(RULE)
   reference.RULES[NAME] = (expected, 1)
-  import rule_configs  # after the rule: a first import reads its configuration from the registry
-
-  rule_configs.MODELS[NAME] = rule_configs.Model(lambda h, R, T0, n: 0.0)
 
 
 def unregister() -> None:
-  import rule_configs
-
   registry.unregister(NAME)
   reference.RULES.pop(NAME, None)
-  rule_configs.MODELS.pop(NAME, None)
 
 
 def pytest_configure(config: pytest.Config) -> None:

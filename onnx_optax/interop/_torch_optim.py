@@ -157,7 +157,9 @@ def check_group(g: int, group: dict, kind: str, *, source: str = "optimizer") ->
       f"which a copy of the state cannot carry; build the optimizer with differentiable=False "
       f"(JAX differentiates through the transform itself)"
     )
-  declared(kind).refuse(kind, g, group, lambda key: _float_advice(key, source))
+  refuse = declared(kind).refuse
+  if refuse is not None:
+    refuse(kind, g, group, lambda key: _float_advice(key, source))
 
 
 def _float_advice(key: str, source: str = "optimizer") -> str:

@@ -189,6 +189,7 @@ RULE = registry.register(
     validate=_validate,
     bindings=(registry.Binding("directml", "DML_ADAM_OPTIMIZER_OPERATOR_DESC"),),
     conformance=registry.Conformance(
+      trajectory=registry.Trajectory(first_moment=lambda h: float(h["beta1"])),
       hyper=dict(beta1=0.9, beta2=0.999, epsilon=1e-8),
       tests=registry.TestConfig(dict(beta1=0.85, beta2=0.95, epsilon=0.3), 0.05, "beta1"),
       edges=(

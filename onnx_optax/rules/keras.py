@@ -193,6 +193,7 @@ RULE = registry.register(
     bindings=(registry.Binding("keras", "Adam"),),
     twin_of=directml.RULE,
     conformance=registry.Conformance(
+      trajectory=registry.Trajectory(first_moment=lambda h: float(h["beta_1"])),
       hyper=dict(beta_1=0.9, beta_2=0.999, epsilon=1e-7),
       outputs=("X_new", "m", "v"),
       tests=registry.TestConfig(dict(beta_1=0.9, beta_2=0.999, epsilon=0.3), 0.05, ""),

@@ -9,7 +9,7 @@ import optax
 from jax import Array
 from jax.typing import ArrayLike
 
-from onnx_optax import _checks, _engine, _numerics, registry
+from onnx_optax import _checks, _engine, _feedback, _numerics, registry
 
 __all__ = [
   "AdagradScalars",
@@ -168,6 +168,9 @@ RULE = registry.register(
     params_for=("norm_coefficient",),
     bindings=(registry.Binding("onnx", "Adagrad", domain="ai.onnx.preview.training"),),
     conformance=registry.Conformance(
+      trajectory=registry.Trajectory(
+        lambda h, R, T0, n: _feedback.adagrad(float(h["norm_coefficient"]), float(h["epsilon"]), R)
+      ),
       hyper=dict(decay_factor=0.1, epsilon=1e-6, norm_coefficient=0.01),
       tiny_gradient={"norm_coefficient": 0.0},
       tests=registry.TestConfig(

@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax import Array
 from jax.typing import ArrayLike
 
-from onnx_optax import _checks, _engine, _numerics, registry
+from onnx_optax import _checks, _engine, _feedback, _numerics, registry
 
 __all__ = ["AdamScalars", "AdamState", "adam", "adam_elementwise", "adam_scalars", "adam_tensor"]
 
@@ -213,6 +214,14 @@ def _validate(hyper: dict[str, Any], name: Any) -> None:
   _checks.second_moment_decay_at_one(name("beta"), hyper["beta"], hyper["epsilon"])
 
 
+def _gain(h: Any, R: float, T0: int, steps: int) -> float:
+  """Through ``norm_coefficient``: ONNX Adam's step ``R_adjusted V / (sqrt(H) + epsilon)``."""
+  alpha, beta = float(h["alpha"]), float(h["beta"])
+  T = _feedback.bias_steps(T0, steps)
+  correction = max(1.0, float(np.max(np.sqrt(1 - beta**T) / (1 - alpha**T))))
+  return _feedback.adam(float(h["norm_coefficient"]), float(h["epsilon"]), R * correction)
+
+
 RULE = registry.register(
   registry.Rule(
     name="adam",
@@ -235,6 +244,7 @@ RULE = registry.register(
     validate=_validate,
     bindings=(registry.Binding("onnx", "Adam", domain="ai.onnx.preview.training"),),
     conformance=registry.Conformance(
+      trajectory=registry.Trajectory(_gain, lambda h: float(h["alpha"])),
       hyper=dict(alpha=0.9, beta=0.999, epsilon=1e-6, norm_coefficient=0.01, norm_coefficient_post=0.0),
       tiny_gradient={"norm_coefficient": 0.0},
       outputs=("X_final", "V_new", "H_new"),

@@ -9,7 +9,7 @@ import optax
 from jax import Array
 from jax.typing import ArrayLike
 
-from onnx_optax import _checks, _engine, _numerics, registry
+from onnx_optax import _checks, _engine, _feedback, _numerics, registry
 
 __all__ = [
   "MODES",
@@ -207,6 +207,9 @@ RULE = registry.register(
       ),
     ),
     conformance=registry.Conformance(
+      trajectory=registry.Trajectory(
+        lambda h, R, T0, n: _feedback.momentum(float(h["alpha"]), float(h["norm_coefficient"]), R)
+      ),
       hyper=dict(alpha=0.9, beta=0.8, mode="standard", norm_coefficient=0.01),
       tiny_gradient={"norm_coefficient": 0.0},
       tests=registry.TestConfig(

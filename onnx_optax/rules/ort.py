@@ -402,6 +402,13 @@ RULE = registry.register(
       ),
     ),
     conformance=registry.Conformance(
+      trajectory=registry.Trajectory(
+        # Reads X only in its decoupled decay lr * weight_decay * X, rounding relative to X twice
+        # per update with weight decay (the decay's subtraction and the step's).
+        lambda h, R, T0, n: R * float(h["weight_decay"]),
+        lambda h: float(h["alpha"]),
+        lambda h: 4 if float(h["weight_decay"]) else 2,
+      ),
       # The schema's defaults but epsilon = 1e-6 (what generate_artifacts writes; 1e-8 is 0 in float16).
       hyper=dict(alpha=0.9, beta=0.999, epsilon=1e-6, weight_decay=0.01, adam_mode=0, correct_bias=True),
       tests=registry.TestConfig(
@@ -516,6 +523,7 @@ SGD_RULE = registry.register(
     policy=_engine.SPEC,
     bindings=(registry.Binding("onnx", "SGDOptimizerV2", domain=_DOMAIN),),
     conformance=registry.Conformance(
+      trajectory=registry.Trajectory(),
       hyper={},
       tests=registry.TestConfig({}, 0.05, ""),
       edges=(registry.Edge("R=1", {"R": 1.0}),),

@@ -9,7 +9,7 @@ import optax
 from jax import Array
 from jax.typing import ArrayLike
 
-from onnx_optax import _checks, _engine, _numerics, _pytorch, registry
+from onnx_optax import _checks, _engine, _feedback, _numerics, _pytorch, registry
 from onnx_optax.rules import onnx_adagrad
 
 __all__ = [
@@ -198,6 +198,9 @@ RULE = registry.register(
     ),
     twin_of=onnx_adagrad.RULE,
     conformance=registry.Conformance(
+      trajectory=registry.Trajectory(
+        lambda h, R, T0, n: _feedback.adagrad(float(h["weight_decay"]), float(h["eps"]), R)
+      ),
       hyper=dict(lr_decay=0.1, eps=1e-6, weight_decay=0.01),
       tiny_gradient={"weight_decay": 0.0},
       outputs=("X_new", "sum"),

@@ -6,11 +6,12 @@ import numbers
 from typing import Any, NamedTuple
 
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax import Array
 from jax.typing import ArrayLike
 
-from onnx_optax import _checks, _engine, _numerics, _pytorch, registry
+from onnx_optax import _checks, _engine, _feedback, _numerics, _pytorch, registry
 from onnx_optax.rules import ort
 
 __all__ = [
@@ -330,6 +331,26 @@ _EDGES = (
   registry.Edge("betas[0]=0.999,state=0", {"state": "zero", "hyper": {"betas": (0.999, 0.999)}}),
 )
 
+
+def _gain(h: Any, R: float, T0: int, steps: int) -> float:
+  """Decoupled (AdamW): ``R weight_decay``, as ONNX Runtime's AdamW. Coupled (L2):
+  ``U = -(lr / bc1) m / (sqrt(v) / sqrt(bc2) + eps)``, whose ``1 / (...)`` is at most
+  ``1 / eps``: ONNX Adam's gain with ``rate = lr / min(bc1)``, ``step = count + 1``."""
+  c = float(h["weight_decay"])
+  if h.get("decoupled_weight_decay", True):
+    return R * c
+  beta1 = float(h["betas"][0])
+  bias_correction1 = 1 - beta1 ** _feedback.bias_steps(T0 + 1, steps)
+  return _feedback.adam(c, float(h["eps"]), R / float(np.min(bias_correction1)))
+
+
+def _x_roundings(h: Any) -> int:
+  """A decoupled decay subtracts twice per update."""
+  return 4 if float(h["weight_decay"]) and h.get("decoupled_weight_decay", True) else 2
+
+
+_TRAJECTORY = registry.Trajectory(_gain, lambda h: float(h["betas"][0]), _x_roundings)
+
 RULE = registry.register(
   registry.Rule(
     name="pytorch_adam",
@@ -349,6 +370,7 @@ RULE = registry.register(
     bindings=(registry.Binding("torch", "Adam", torch=_TORCH),),
     twin_of=ort.RULE,
     conformance=registry.Conformance(
+      trajectory=_TRAJECTORY,
       hyper=dict(betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01),
       tiny_gradient={"weight_decay": 0.0},
       outputs=("X_new", "exp_avg", "exp_avg_sq"),
@@ -374,6 +396,7 @@ ADAMW_RULE = registry.register(
       ),
     ),
     conformance=registry.Conformance(
+      trajectory=_TRAJECTORY,
       hyper=dict(betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01),
       tiny_gradient={"weight_decay": 0.0},
       outputs=("X_new", "exp_avg", "exp_avg_sq"),

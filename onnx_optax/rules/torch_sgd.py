@@ -9,7 +9,7 @@ import optax
 from jax import Array
 from jax.typing import ArrayLike
 
-from onnx_optax import _checks, _engine, _numerics, _pytorch, registry
+from onnx_optax import _checks, _engine, _feedback, _numerics, _pytorch, registry
 from onnx_optax.rules import onnx_momentum
 
 __all__ = [
@@ -243,6 +243,9 @@ RULE = registry.register(
     ),
     twin_of=onnx_momentum.RULE,
     conformance=registry.Conformance(
+      trajectory=registry.Trajectory(
+        lambda h, R, T0, n: _feedback.momentum(float(h["momentum"]), float(h["weight_decay"]), R)
+      ),
       hyper=dict(momentum=0.9, dampening=0.1, weight_decay=0.01, nesterov=False),
       tiny_gradient={"weight_decay": 0.0},
       outputs=("X_new", "momentum_buffer"),
