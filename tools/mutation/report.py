@@ -123,7 +123,7 @@ def main():
   p()
   p("## Surviving mutants")
   p()
-  p("Verdicts (equivalent, or the test that now kills it): docs/mutation.md.")
+  p("Verdicts (equivalent, or the test that now kills it): tools/mutation/LOG.md.")
   p()
   p("| module:line | operator | before | after |")
   p("|---|---|---|---|")
