@@ -28,10 +28,12 @@ fails each journey: planted (``to_torch_state_dict`` keeping the groups' ``lr``)
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import pathlib
 import pickle
+import re
 import shutil
 import warnings
 from typing import Any
@@ -384,6 +386,7 @@ def test_trainer_refusals(trainer_root, tmp_path):
 # --- Lightning ------------------------------------------------------------------
 
 GAMMA, BATCHES = 0.9, 4  # ExponentialLR stepped every optimizer step; four batches an epoch
+_MANUAL = "epoch_loop.manual_optimization.optim_step_progress"  # manual optimization's step count
 
 
 def _lightning(
@@ -415,6 +418,12 @@ def _lightning(
   x = torch.randn(4 * BATCHES, 3, generator=generator, dtype=dtype)
   y = torch.randn(4 * BATCHES, 2, generator=generator, dtype=dtype)
   data = torch.utils.data.TensorDataset(x, y)
+  return Module, data, _lightning_fit(data, root)
+
+
+def _lightning_fit(data: Any, root: pathlib.Path) -> Any:
+  """``fit(module, epochs, ckpt_path=None, **trainer_options)``: Lightning on the CPU, batches of 4."""
+  import lightning
 
   def fit(module, epochs, ckpt_path=None, **kw):
     trainer = lightning.Trainer(
@@ -430,7 +439,7 @@ def _lightning(
       warnings.simplefilter("ignore")  # the dataloader's workers, the deprecation of LeafSpec
       trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=4), ckpt_path=ckpt_path)
 
-  return Module, data, fit
+  return fit
 
 
 @pytest.fixture(scope="module")
@@ -496,9 +505,12 @@ def test_lightning_float64_resumes_exactly(interval, lightning_root):
 
 def test_lightning_float32_within_pytorchs_spread_and_refusals(lightning_root):
   """float32: within max(4 ulp, 2 x fused Adam against the default). Then the refusals: a checkpoint saved
-  inside an epoch, of manual optimization, with counters that differ between epochs or epochs without an
-  optimizer step, not Lightning's, of two optimizers or two schedulers; steps that end inside an epoch
-  (the advice: the whole epochs either side), weights of other keys, steps the state's count contradicts."""
+  inside an epoch, counting manual optimization's steps too, with counters that differ between epochs or
+  epochs without an optimizer step, not Lightning's, of two optimizers under automatic optimization or two
+  schedulers; steps that end inside an epoch (the advice: the whole epochs either side), weights of other
+  keys, steps the state's count contradicts, scheduler_steps (which the loops count here: the advice, leave
+  it out, followed). Without manual optimization's counter (automatic optimization's count is the global
+  step: none manual) or ``_batches_that_stepped``, read, and written back the same without them."""
   root = lightning_root / "float32"
   reference, resumed, checkpoint, (state, names, weights, schedule) = _lightning_journey(torch.float32, root)
   Module, _, fit = _lightning(torch.float32, root / "fused", fused=True)
@@ -534,7 +546,7 @@ def test_lightning_float32_within_pytorchs_spread_and_refusals(lightning_root):
 
   with pytest.raises(ValueError, match=r"saved inside an epoch \(after its batch 4\)"):
     write(loops(inside))
-  with pytest.raises(ValueError, match=r"module with manual optimization"):
+  with pytest.raises(ValueError, match=r"count optimizer steps of automatic \(4\) and of manual \(3\)"):
     write(loops(manual))
   with pytest.raises(ValueError, match=r"\(epoch_loop\.batch_progress\), over 1 epochs: not the same"):
     write(loops(uneven))
@@ -542,7 +554,7 @@ def test_lightning_float32_within_pytorchs_spread_and_refusals(lightning_root):
     write(loops(stepless))
   with pytest.raises(TypeError, match=r"checkpoint has no \['loops'\]: a Lightning checkpoint"):
     write({k: v for k, v in checkpoint.items() if k != "loops"})
-  with pytest.raises(ValueError, match=r"checkpoint has 2 optimizer states"):
+  with pytest.raises(ValueError, match=r"checkpoint has 2 optimizer states, stepped by automatic optimiz"):
     write({**checkpoint, "optimizer_states": checkpoint["optimizer_states"] * 2})
   with pytest.raises(ValueError, match=r"checkpoint has 2 lr schedulers"):
     write({**checkpoint, "lr_schedulers": checkpoint["lr_schedulers"] * 2})
@@ -561,3 +573,290 @@ def test_lightning_float32_within_pytorchs_spread_and_refusals(lightning_root):
   with pytest.raises(ValueError, match=r"weights\['net.0.bias'\] has shape \(8,\) and dtype torch.float64"):
     write(weights={**weights, "net.0.bias": weights["net.0.bias"].double()})
   assert write(weights={k: v.numpy() for k, v in weights.items()})["global_step"] == 2 * BATCHES
+  with pytest.raises(ValueError, match=r"scheduler_steps=4 is given, but under automatic optimization") as e:
+    to_lightning_checkpoint(
+      state, checkpoint, weights, steps=BATCHES, learning_rate=schedule, param_names=names, scheduler_steps=4
+    )
+  assert str(e.value).endswith(": leave scheduler_steps out")  # as write() does
+
+  def dropped(fit):
+    del fit[_MANUAL]
+    del fit["epoch_loop.state_dict"]["_batches_that_stepped"]
+
+  expected, without = write(), write(loops(dropped))
+  assert _MANUAL not in without["loops"]["fit_loop"]
+  assert "_batches_that_stepped" not in without["loops"]["fit_loop"]["epoch_loop.state_dict"]
+  dropped(expected["loops"]["fit_loop"])
+  assert without["loops"] == expected["loops"] and without["global_step"] == expected["global_step"]
+
+
+# --- Lightning, two optimizers (manual optimization) ------------------------------
+
+
+def _gan(root: pathlib.Path) -> tuple[Any, Any, Any]:
+  """A generator and a discriminator in float64, each with its optimizer and scheduler, stepped by the
+  module (manual optimization) after every batch, the discriminator first: SGD with momentum and a StepLR,
+  then Adam and an ExponentialLR. Its data (four batches an epoch, as ``_lightning``'s) and a Trainer
+  factory."""
+  import lightning
+
+  logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+  dtype = torch.float64
+  softplus = torch.nn.functional.softplus
+
+  class GAN(lightning.LightningModule):
+    def __init__(self) -> None:
+      super().__init__()
+      self.automatic_optimization = False
+      torch.manual_seed(0)
+      self.generator = torch.nn.Linear(2, 3).to(dtype)
+      self.discriminator = torch.nn.Sequential(
+        torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1)
+      ).to(dtype)
+
+    def discriminator_loss(self, z, real):
+      fake = self.generator(z).detach()
+      return softplus(self.discriminator(fake)).mean() + softplus(-self.discriminator(real)).mean()
+
+    def generator_loss(self, z):
+      return softplus(-self.discriminator(self.generator(z))).mean()
+
+    def training_step(self, batch, batch_idx):
+      z, real = batch
+      (opt_g, opt_d), (sched_g, sched_d) = self.optimizers(), self.lr_schedulers()
+      opt_d.zero_grad()
+      self.manual_backward(self.discriminator_loss(z, real))
+      opt_d.step()
+      sched_d.step()
+      opt_g.zero_grad()
+      self.manual_backward(self.generator_loss(z))
+      opt_g.step()
+      sched_g.step()
+
+    def configure_optimizers(self):
+      opt_g = torch.optim.Adam(self.generator.parameters(), lr=1e-2, betas=(0.5, 0.999))
+      opt_d = torch.optim.SGD(self.discriminator.parameters(), lr=5e-2, momentum=0.9)
+      schedulers = [
+        torch.optim.lr_scheduler.ExponentialLR(opt_g, GAMMA),
+        torch.optim.lr_scheduler.StepLR(opt_d, step_size=2, gamma=0.5),
+      ]
+      return [opt_g, opt_d], schedulers
+
+  generator = torch.Generator().manual_seed(1)
+  z = torch.randn(4 * BATCHES, 2, generator=generator, dtype=dtype)
+  real = torch.randn(4 * BATCHES, 3, generator=generator, dtype=dtype)
+  data = torch.utils.data.TensorDataset(z, real)
+  return GAN, data, _lightning_fit(data, root)
+
+
+_GANS: dict[pathlib.Path, dict] = {}
+
+
+def _gan_journey(root: pathlib.Path) -> dict:
+  """Epoch 1 Lightning, epoch 2 JAX (both optimizers' states read from the .ckpt with
+  ``from_torch_state_dict``, the module's own gradients at JAX's weights), written back by
+  ``to_lightning_checkpoint``. Run once per root."""
+  if root in _GANS:
+    return _GANS[root]
+  import lightning
+
+  GAN, data, fit = _gan(root)
+  reference = GAN()
+  saves = lightning.pytorch.callbacks.ModelCheckpoint(root / "ckpt", save_top_k=-1, filename="{epoch}")
+  with jax.enable_x64(True):
+    fit(reference, 3, callbacks=[saves])
+    checkpoint = torch.load(root / "ckpt" / "epoch=0.ckpt", weights_only=False)
+
+    module = GAN()
+    names = [torch_param_names(opt, module) for opt in module.configure_optimizers()[0]]
+    # Each scheduler stepped after each update of its optimizer, from its last_epoch in the checkpoint on.
+    last = [scheduler["last_epoch"] for scheduler in checkpoint["lr_schedulers"]]
+    schedules = [
+      lambda n: 1e-2 * GAMMA ** (n + last[0]),
+      lambda n: 5e-2 * 0.5 ** ((n + last[1]) // 2),
+    ]
+    params, txs, states = [], [], []
+    for saved, own, schedule in zip(checkpoint["optimizer_states"], names, schedules):
+      params.append({name: jnp.asarray(checkpoint["state_dict"][name].numpy()) for name in own})
+      tx, state = from_torch_state_dict(saved, params[-1], learning_rate=schedule, param_names=own)
+      txs.append(jax.jit(tx.update))
+      states.append(state)
+
+    for k in range(BATCHES):  # the module's training_step, in JAX: the discriminator first
+      z, real = data[4 * k : 4 * k + 4]
+      for i in (1, 0):
+        _load(module, {**params[0], **params[1]})
+        module.zero_grad()
+        (module.discriminator_loss(z, real) if i else module.generator_loss(z)).backward()
+        g = {name: jnp.asarray(p.grad.numpy()) for name, p in module.named_parameters() if name in params[i]}
+        updates, states[i] = txs[i](g, states[i], params[i])
+        params[i] = optax.apply_updates(params[i], updates)
+    _load(module, {**params[0], **params[1]})
+  _GANS[root] = dict(
+    GAN=GAN,
+    fit=fit,
+    reference=reference,
+    checkpoint=checkpoint,
+    states=states,
+    weights=module.state_dict(),
+    kwargs=dict(steps=[BATCHES, BATCHES], learning_rate=schedules, param_names=names),
+  )
+  return _GANS[root]
+
+
+def test_lightning_two_optimizers_resume_exactly(lightning_root):
+  """A GAN-like module with manual optimization, two optimizers (Adam, SGD with momentum) and their
+  schedulers: both states carried to JAX and back, and Lightning's own resume ends at the uninterrupted
+  run's weights to 1e-12. The scheduler steps, which manual optimization's loops do not count, are
+  those the refusal advises; the written checkpoint's loops, steps and schedulers are those Lightning
+  saved itself at that epoch."""
+  root = lightning_root / "gan"
+  run = _gan_journey(root)
+  checkpoint, states, weights = run["checkpoint"], run["states"], run["weights"]
+  with jax.enable_x64(True):
+    with pytest.raises(ValueError, match=r"pass scheduler_steps=") as refused:
+      to_lightning_checkpoint(states, checkpoint, weights, **run["kwargs"])
+    advised = re.search(r"scheduler_steps=(\[[\d, ]+\]) if every epoch", str(refused.value))
+    assert advised, refused.value
+    written = to_lightning_checkpoint(
+      states, checkpoint, weights, **run["kwargs"], scheduler_steps=json.loads(advised[1])
+    )
+  torch.save(written, root / "jax.ckpt")
+  resumed = run["GAN"]()
+  run["fit"](resumed, 3, ckpt_path=root / "jax.ckpt")
+  assert _relative(resumed.parameters(), run["reference"].parameters()) <= 1e-12
+  own = torch.load(root / "ckpt" / "epoch=1.ckpt", weights_only=False)
+  assert written["loops"] == own["loops"]
+  assert (written["epoch"], written["global_step"]) == (own["epoch"], own["global_step"]) == (1, 4 * BATCHES)
+  assert written["lr_schedulers"] == own["lr_schedulers"]
+  for mine, theirs in zip(written["optimizer_states"], own["optimizer_states"]):
+    assert mine["param_groups"] == theirs["param_groups"]
+
+
+def test_lightning_two_optimizers_refusals(lightning_root):
+  """Arguments without one entry per optimizer; steps that are not whole epochs of all the optimizers'
+  steps, or that a state's count contradicts (each advice followed as printed); schedulers not one per
+  optimizer; manual and automatic steps both counted; manual steps that differ between epochs; no
+  optimizer at all; an optimizer's own refusal, noted with its place. A checkpoint without manual
+  optimization's counter is read where its global step tells the counter (the written one the same
+  without it), and refused where it does not, or where an older Lightning (before 2.0) keeps it under
+  another name: upgraded as the refusal prints, the result is the current checkpoint's."""
+  run = _gan_journey(lightning_root / "gan")
+  checkpoint, states, weights, kwargs = run["checkpoint"], run["states"], run["weights"], run["kwargs"]
+  kwargs = {**kwargs, "scheduler_steps": [BATCHES, BATCHES]}
+
+  def write(checkpoint=checkpoint, states=states, **edit):
+    with jax.enable_x64(True):
+      return to_lightning_checkpoint(states, checkpoint, weights, **{**kwargs, **edit})
+
+  def edited(edit):
+    """A copy of the checkpoint whose fit loop ``edit`` changed."""
+    copied = copy.deepcopy(checkpoint)
+    edit(copied["loops"]["fit_loop"], copied)
+    return copied
+
+  expected = write()
+  with pytest.raises(
+    ValueError, match=r"state must be a list with one entry per optimizer, 2, .* got a list of 1"
+  ):
+    write(states=states[:1])
+  with pytest.raises(ValueError, match=r"learning_rate must be a list with one entry per optimizer, 2"):
+    write(learning_rate=kwargs["learning_rate"][0])
+  with pytest.raises(ValueError, match=r"param_names must be a list .* got a tuple of 3"):
+    write(param_names=(*kwargs["param_names"], None))
+
+  # Whole epochs of both optimizers' steps (8 an epoch), and each state's count: advice followed.
+  with pytest.raises(ValueError, match=r"steps=\[4, 3\] take 7 optimizer steps in all, .* epochs of 8") as e:
+    write(steps=[4, 3])
+  assert "(steps summing to 8, or 0)" in str(e.value)
+  # (The schedulers' replayed rates, learning_rate left out: the schedules would disagree first.)
+  with pytest.raises(ValueError, match=r"steps\[0\] is 8, but state\[0\]'s count went on by 4") as e:
+    write(steps=[8, 0], learning_rate=None)
+  assert "pass 4 as steps[0]" in str(e.value)
+  with pytest.raises(ValueError, match=r"\(steps summing to 8, or 0\)"):
+    write(steps=[4, 0], learning_rate=None)
+  followed = write(steps=[4, 4], learning_rate=None)
+  assert followed["global_step"] == expected["global_step"] == 4 * BATCHES
+  assert [s["param_groups"] for s in followed["optimizer_states"]] == [
+    s["param_groups"] for s in expected["optimizer_states"]
+  ]
+
+  with pytest.raises(ValueError, match=r"checkpoint has 1 lr schedulers for 2 optimizer\(s\)"):
+    write({**checkpoint, "lr_schedulers": checkpoint["lr_schedulers"][:1]})
+  with pytest.raises(ValueError, match=r"scheduler_steps=\[4, 4\] is given, but checkpoint has no lr sched"):
+    write({**checkpoint, "lr_schedulers": []})
+  with pytest.raises(ValueError, match=r"checkpoint has no optimizer states"):
+    write({**checkpoint, "optimizer_states": []})
+
+  def both(fit, _):
+    fit["epoch_loop.automatic_optimization.optim_progress"]["optimizer"]["step"]["total"]["completed"] = 3
+
+  def uneven(fit, _):  # two epochs of 4 batches, 15 optimizer steps
+    for key in ("epoch_progress", "epoch_loop.batch_progress"):
+      for k in fit[key]["total"]:
+        fit[key]["total"][k] *= 2
+    fit[_MANUAL]["total"]["completed"] = 15
+
+  with pytest.raises(ValueError, match=r"automatic \(3\) and of manual \(8\) optimization"):
+    write(edited(both))
+  with pytest.raises(ValueError, match=r"count 15 optimizer steps of manual optimization .* over 2 epochs"):
+    write(edited(uneven))
+
+  # An optimizer's own refusal (a rate that is not its replayed StepLR's) says which optimizer.
+  with pytest.raises(ValueError, match=r"learning_rate\[0\] is 0.3, but the StepLR") as e:
+    write(learning_rate=[kwargs["learning_rate"][0], 0.3])
+  assert e.value.__notes__ == [
+    "(writing optimizer 1 of 2: state[1] into checkpoint['optimizer_states'][1] and lr_schedulers[1])"
+  ]
+
+  # Without manual optimization's counter: told by the global step (every step counted there), read,
+  # and written back without it; with another global step, refused, and the advice followed.
+  def drop(fit, _):
+    del fit[_MANUAL]
+
+  without = write(edited(drop))
+  assert _MANUAL not in without["loops"]["fit_loop"]
+  without["loops"]["fit_loop"][_MANUAL] = expected["loops"]["fit_loop"][_MANUAL]
+  assert without["loops"] == expected["loops"]
+  assert without["global_step"] == expected["global_step"]
+
+  def drop_and_step(fit, copied):  # automatic optimization's 3 steps: neither 0 nor the global step
+    drop(fit, copied)
+    both(fit, copied)
+
+  with pytest.raises(
+    ValueError, match=r"has no \['epoch_loop.manual_optimization.optim_step_progress'\], which Lightning "
+  ) as e:
+    write(edited(drop_and_step))
+  assert (
+    "pytorch-lightning_version is '2.6.6'): manual optimization's step count is not told by its global_step 8"
+    in str(e.value)
+  )
+  assert str(e.value).endswith(
+    "Pass the checkpoint as Lightning saved it (torch.load of its .ckpt, unedited)"
+  )
+  assert write(checkpoint)["loops"] == expected["loops"]  # the advice, followed
+
+  # Lightning 1.9's layout (the counters under the names Lightning 2.0.0's migration renames).
+  def older(fit, copied):
+    copied["pytorch-lightning_version"] = "1.9.5"
+    fit["epoch_loop.batch_loop.state_dict"] = {}
+    for old, new in (("manual_loop", "manual_optimization"), ("optimizer_loop", "automatic_optimization")):
+      for part in ("state_dict", "optim_step_progress" if old == "manual_loop" else "optim_progress"):
+        fit[f"epoch_loop.batch_loop.{old}.{part}"] = fit.pop(f"epoch_loop.{new}.{part}")
+    fit["epoch_loop.batch_loop.optimizer_loop.optim_progress"]["optimizer_position"] = 1
+
+  old = edited(older)
+  with pytest.raises(
+    ValueError, match=r"Lightning writes them from 2.0.0 on, and this checkpoint is of Lightning 1.9.5"
+  ) as e:
+    write(old)
+  assert "'epoch_loop.manual_optimization.optim_step_progress'" in str(e.value)
+  namespace = {"checkpoint": old}
+  exec(str(e.value).split("then pass that: ", 1)[1], namespace)
+  upgraded = write(namespace["checkpoint"])
+  assert upgraded["loops"] == expected["loops"]
+  assert upgraded["global_step"] == expected["global_step"]
+  assert [s["param_groups"] for s in upgraded["optimizer_states"]] == [
+    s["param_groups"] for s in expected["optimizer_states"]
+  ]

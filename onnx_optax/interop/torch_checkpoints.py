@@ -41,6 +41,7 @@ import copy
 import json
 import math
 import pathlib
+import re
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -248,6 +249,8 @@ def to_trainer_checkpoint(
   learning_rate: Any = None,
   param_names: Sequence[str] | None = None,
   optimizer: Any = None,
+  found_inf: Sequence[bool] | None = None,
+  rng_state: Mapping[str, Any] | None = None,
 ) -> pathlib.Path:
   """Writes a JAX run as a Hugging Face Trainer checkpoint, for ``trainer.train(resume_from_checkpoint=...)``.
 
@@ -256,15 +259,38 @@ def to_trainer_checkpoint(
   would have saved at step ``N + steps``, as ``Trainer.train`` reads it to
   resume there: ``optimizer.pt`` (:func:`~onnx_optax.interop.to_torch_state_dict`
   of ``state``, each group's ``lr`` the scheduler's), ``scheduler.pt`` (the
-  scheduler ``steps`` steps on, :func:`to_torch_scheduler_state_dict`) and
-  ``trainer_state.json`` (``global_step`` ``N + steps``, ``epoch`` scaled
-  with it, the rest copied; ``log_history``, ``total_flos`` and
-  ``num_input_tokens_seen`` do not count the JAX updates). The model's
-  weights are yours to write there, as the Trainer reads them
-  (``model.save_pretrained(directory)`` after loading the JAX parameters);
-  nothing else is copied (``rng_state.pth``: the JAX updates drew no
-  PyTorch random numbers, and the Trainer resumes without one; ``scaler.pt``
-  of a float16 run: the scaler starts afresh).
+  scheduler ``steps`` steps on, :func:`to_torch_scheduler_state_dict`),
+  ``trainer_state.json`` (``global_step`` ``N + steps``, or ``N +
+  len(found_inf)``, ``epoch`` scaled with it, the rest copied; ``log_history``, ``total_flos`` and
+  ``num_input_tokens_seen`` do not count the JAX updates), a float16 run's
+  ``scaler.pt`` (from ``found_inf``) and ``rng_state.pth`` (``rng_state``,
+  or the checkpoint's copied). The model's weights are yours to write
+  there, as the Trainer reads them (``model.save_pretrained(directory)``
+  after loading the JAX parameters).
+
+  A float16 run off the CPU (``fp16=True`` on a GPU) has a GradScaler: a
+  Trainer step whose gradients hold an inf or a NaN is skipped and the scale
+  backs off; the other steps grow it every ``growth_interval`` of them. Its
+  checkpoint holds ``scaler.pt``, and ``found_inf`` says which of the
+  Trainer steps the JAX run took were skipped: the scale and growth tracker
+  are PyTorch's own ``GradScaler.update`` replayed over them,
+  ``global_step`` counts every step, ``steps`` the applied ones, and the
+  scheduler those the Trainer steps it for: the applied ones, and the
+  skipped ones too where the optimizer's kernel is fused (``"fused": True``
+  in its groups, as the Trainer's default AdamW), which skips inside its
+  own step, where accelerate 1.15 sees no skip. On the CPU, accelerate makes
+  neither a GradScaler nor autocast for ``fp16=True``: the run trains in
+  the model's dtype, skips no step, saves no ``scaler.pt``, and its resume
+  fails (``AttributeError``) on a directory that holds one.
+
+  ``rng_state.pth`` holds Python's, NumPy's and PyTorch's generators, which
+  the Trainer restores when it resumes. Those of step ``N + steps`` are
+  known only to a loop that continued them (one that computed its
+  gradients with the PyTorch model in its process): pass them as
+  ``rng_state``. Without it, the checkpoint's file is copied, the
+  generators of step N: a run that draws PyTorch random numbers in its
+  steps (dropout, random augmentation) resumes drawing those of steps
+  N + 1, ... again.
 
   Args:
     state: the state of the transform that
@@ -273,7 +299,8 @@ def to_trainer_checkpoint(
     checkpoint: the Trainer checkpoint directory the run came from.
     directory: the directory to write (created if needed; not
       ``checkpoint``). Name it ``checkpoint-{N + steps}`` in the Trainer's
-      ``output_dir`` for ``resume_from_checkpoint=True`` to find it.
+      ``output_dir`` for ``resume_from_checkpoint=True`` to find it (with
+      ``found_inf``, ``N + len(found_inf)``).
     steps: the JAX updates since ``checkpoint``. For Adam, AdamW and Adagrad
       it must be the state's count less the saved ``step``.
     learning_rate: the ``learning_rate`` given to ``from_torch_state_dict``
@@ -285,6 +312,17 @@ def to_trainer_checkpoint(
     param_names: as for :func:`~onnx_optax.interop.from_torch_state_dict`
       (:func:`torch_param_names` of ``trainer.create_optimizer()``).
     optimizer: as for :func:`~onnx_optax.interop.from_torch_state_dict`.
+    found_inf: for a checkpoint with ``scaler.pt``, one bool per Trainer
+      step the JAX run took, ``True`` where its gradients held an inf or a
+      NaN and it applied no update (``steps`` counts the ``False``):
+      ``[False] * steps`` if it skipped none. Required there, refused for a
+      checkpoint without ``scaler.pt``.
+    rng_state: the generators at step ``N + steps``, in the Trainer's
+      layout, with the keys of the checkpoint's ``rng_state.pth``:
+      ``{"python": random.getstate(), "numpy": numpy.random.get_state(),
+      "cpu": torch.random.get_rng_state()}`` (and ``"cuda"`` where it has
+      it). None copies the checkpoint's ``rng_state.pth`` (or the
+      ``rng_state_{i}.pth`` of each process of a distributed run).
 
   Returns:
     ``directory``, as a ``pathlib.Path``.
@@ -294,8 +332,11 @@ def to_trainer_checkpoint(
       ``scheduler.pt`` or ``trainer_state.json``.
     TypeError, ValueError: as :func:`~onnx_optax.interop.to_torch_state_dict`
       and :func:`to_torch_scheduler_state_dict`; ``steps`` that disagree
-      with the state's count; ``directory`` that is ``checkpoint``.
-      Everything is checked before anything is written.
+      with the state's count or with ``found_inf``; ``found_inf`` missing
+      for a checkpoint with ``scaler.pt``, or given for one without;
+      ``rng_state`` not in the layout of the checkpoint's, or given for a
+      distributed run's; ``directory`` that is ``checkpoint``. Everything
+      is checked before anything is written.
   """
   torch = _torch_optim.torch()
   source, target = pathlib.Path(checkpoint), pathlib.Path(directory)
@@ -309,27 +350,181 @@ def to_trainer_checkpoint(
   if target.exists() and target.resolve() == source.resolve():
     raise ValueError(f"directory is checkpoint ({str(source)!r}): write the run's step to a new directory")
   steps = _steps(steps)
+  record = _found_inf(found_inf, source, steps)
+  skipped = sum(record) if record is not None else 0
+  rng_files = _rng_files(torch, source, rng_state)
   saved = torch.load(source / "optimizer.pt", weights_only=True, map_location="cpu")
   scheduler = torch.load(source / "scheduler.pt", weights_only=True, map_location="cpu")
   trainer_state = json.loads((source / "trainer_state.json").read_text())
   groups = _param_groups(saved, "optimizer.pt")
+  # A fused kernel skips an update inside its own step: accelerate sees a step, and the Trainer steps the
+  # scheduler; for the others it sees the skip, and does not.
+  fused = any(isinstance(group, Mapping) and group.get("fused") for group in groups)
   later = to_torch_scheduler_state_dict(
-    scheduler, saved, steps=steps, learning_rate=_evaluated(learning_rate, steps, len(groups))
+    scheduler,
+    saved,
+    steps=steps + (skipped if fused else 0),
+    learning_rate=_evaluated(learning_rate, steps, len(groups)),
   )
   written = to_torch_state_dict(
     state, saved, optimizer=optimizer, learning_rate=later["_last_lr"], param_names=param_names
   )
   _check_steps(written, saved, steps)
+  scaler = None
+  if record is not None:
+    applied = len(record) - skipped
+    if applied != steps:
+      raise ValueError(
+        f"found_inf has {len(record)} entries, {skipped} True (skipped) and {applied} False "
+        f"(applied), but steps={steps}: found_inf holds a False for each of the {steps} updates the JAX run "
+        f"applied (steps counts them) and a True for each Trainer step it skipped"
+      )
+    saved_scaler = torch.load(source / "scaler.pt", weights_only=True, map_location="cpu")
+    scaler = _grad_scaler(torch, saved_scaler, record, str(source))
   before = trainer_state["global_step"]
-  trainer_state["global_step"] = before + steps
+  taken = steps + skipped
+  trainer_state["global_step"] = before + taken
   if before > 0 and trainer_state.get("epoch") is not None:
     # The Trainer's epoch is its global step over the update steps of an epoch.
-    trainer_state["epoch"] = trainer_state["epoch"] * (before + steps) / before
+    trainer_state["epoch"] = trainer_state["epoch"] * (before + taken) / before
   target.mkdir(parents=True, exist_ok=True)
   torch.save(written, target / "optimizer.pt")
   torch.save(later, target / "scheduler.pt")
+  if scaler is not None:
+    torch.save(scaler, target / "scaler.pt")
+  for name, rng in rng_files.items():
+    if isinstance(rng, pathlib.Path):
+      (target / name).write_bytes(rng.read_bytes())
+    else:
+      torch.save(rng, target / name)
   (target / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2, sort_keys=True) + "\n")
   return target
+
+
+# The keys of a torch.amp.GradScaler's state dict (PyTorch 2.13), as the Trainer saves it in scaler.pt.
+_SCALER = frozenset({"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"})
+# A key of the Trainer's rng_state.pth, and the call that gives the generator's state.
+_RNG = {
+  "python": "random.getstate()",
+  "numpy": "numpy.random.get_state()",
+  "cpu": "torch.random.get_rng_state()",
+  "cuda": "torch.cuda.random.get_rng_state()",
+}
+
+
+def _found_inf(found_inf: Any, source: pathlib.Path, steps: int) -> list[bool] | None:
+  """``found_inf`` as a list of bools (None for a run without a GradScaler); refuses a record where the
+  checkpoint has no ``scaler.pt``, and no record where it has. A NumPy or JAX array of bools is read."""
+  has_scaler = (source / "scaler.pt").is_file()
+  if found_inf is None:
+    if has_scaler:
+      raise ValueError(
+        f"checkpoint {str(source)!r} has scaler.pt, a float16 run's GradScaler, whose scale after the JAX "
+        f"steps depends on which of them found an inf or a NaN gradient and were skipped: pass found_inf, "
+        f"one bool per Trainer step the JAX run took, True where it was skipped; found_inf=[False] * "
+        f"{steps} if each of the {steps} steps applied its update"
+      )
+    return None
+  if not has_scaler:
+    raise ValueError(
+      f"found_inf is given, but checkpoint {str(source)!r} has no scaler.pt: its run had no GradScaler "
+      f"(float32, bfloat16, or fp16=True on the CPU, where accelerate makes none), skipped no step, and its "
+      f"Trainer fails to resume from a directory that holds a scaler.pt. Leave found_inf out"
+    )
+  if getattr(found_inf, "dtype", None) == np.bool_ and getattr(found_inf, "ndim", None) == 1:
+    found_inf = np.asarray(found_inf).tolist()
+  if isinstance(found_inf, (str, bytes, Mapping)) or not isinstance(found_inf, Sequence):
+    raise TypeError(
+      f"found_inf must be a list of bools, one per Trainer step, got {type(found_inf).__name__}"
+    )
+  for k, entry in enumerate(found_inf):
+    if not isinstance(entry, (bool, np.bool_)):
+      raise TypeError(
+        f"found_inf[{k}] is {entry!r} ({type(entry).__name__}): found_inf holds a bool per Trainer step, "
+        f"True where it was skipped"
+      )
+  return [bool(entry) for entry in found_inf]
+
+
+def _grad_scaler(torch: Any, state_dict: Any, found_inf: Sequence[bool], source: str) -> dict[str, Any]:
+  """The GradScaler's state dict after PyTorch's own ``step`` and ``update`` over ``found_inf``, on a
+  stand-in optimizer whose gradient is an inf where a step found one."""
+  if not isinstance(state_dict, Mapping) or set(state_dict) != _SCALER:
+    found = sorted(map(str, state_dict)) if isinstance(state_dict, Mapping) else type(state_dict).__name__
+    raise TypeError(
+      f"checkpoint {source!r} has a scaler.pt that is not a torch.amp.GradScaler's state dict (the keys "
+      f"{sorted(_SCALER)}, as the Trainer saves accelerator.scaler.state_dict()), but {found}: pass as "
+      f"checkpoint the directory the Trainer saved"
+    )
+  scaler = torch.amp.GradScaler("cpu")
+  scaler.load_state_dict(dict(state_dict))
+  scaler.scale(torch.zeros(()))  # the scale and growth tracker, as tensors, from the state dict
+  param = torch.nn.Parameter(torch.zeros(1))
+  stand_in = torch.optim.SGD([param], lr=0.0)
+  for entry in found_inf:
+    param.grad = torch.full((1,), math.inf if entry else 0.0)
+    scaler.step(stand_in)
+    scaler.update()
+  return scaler.state_dict()
+
+
+def _rng_files(torch: Any, source: pathlib.Path, rng_state: Any) -> dict[str, Any]:
+  """The RNG files to write: ``rng_state`` as ``rng_state.pth``, or the checkpoint's files (paths) to copy.
+
+  ``rng_state`` is checked as the Trainer restores it: its keys those of the checkpoint's file (read as
+  the Trainer reads it, with NumPy's arrays allowed), each host generator's state set on a new one.
+  """
+  import random
+
+  own = {path.name: path for path in sorted(source.glob("rng_state*.pth"))}
+  if rng_state is None:
+    return own
+  if any(name != "rng_state.pth" for name in own):
+    raise ValueError(
+      f"rng_state is given, but checkpoint {str(source)!r} holds {', '.join(own)}, one per process of a "
+      f"distributed run, which its Trainer reads in place of rng_state.pth: leave rng_state out to copy them"
+    )
+  keys, whose = ["python", "numpy", "cpu"], "the three the Trainer restores on the CPU"
+  if "rng_state.pth" in own:
+    core = getattr(np, "_core", None) or np.core
+    allowed = [core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+    with torch.serialization.safe_globals(allowed):
+      saved = torch.load(own["rng_state.pth"], weights_only=True, map_location="cpu")
+    if isinstance(saved, Mapping):
+      keys = sorted(saved, key=lambda key: (list(_RNG).index(key) if key in _RNG else len(_RNG), str(key)))
+      whose = f"those of checkpoint {str(source)!r}'s rng_state.pth"
+  layout = ", ".join(f'"{key}": {_RNG.get(key, "its generator state")}' for key in keys)
+  advice = (
+    f"pass rng_state={{{layout}}}, taken where the JAX run reached the step written, or leave it out "
+    f"to copy the checkpoint's (the generators of its step)"
+  )
+  if not isinstance(rng_state, Mapping) or set(rng_state) != set(keys):
+    found = sorted(map(str, rng_state)) if isinstance(rng_state, Mapping) else type(rng_state).__name__
+    raise ValueError(
+      f"rng_state must hold the generators' states with the keys {keys}, {whose}, as the Trainer saves "
+      f"and restores them; got {found}: {advice}"
+    )
+  restore = {
+    "python": lambda value: random.Random().setstate(value),
+    "numpy": lambda value: np.random.RandomState().set_state(value),
+    "cpu": lambda value: torch.Generator().set_state(value),
+  }
+  for key, check in restore.items():
+    try:
+      check(rng_state[key])
+    except Exception as error:
+      raise ValueError(
+        f"rng_state[{key!r}] is not a state the Trainer can restore ({type(error).__name__}: {error}): "
+        f"{advice}"
+      ) from error
+  return {"rng_state.pth": dict(rng_state)}
+
+
+# Lightning's fit loop: the counters the bridge reads, under the names Lightning writes from 2.0.0 on.
+_MANUAL = "epoch_loop.manual_optimization.optim_step_progress"
+_AUTOMATIC = "epoch_loop.automatic_optimization.optim_progress"
+_PER_EPOCH = ("epoch_loop.batch_progress", "epoch_loop.scheduler_progress", _AUTOMATIC)  # reset every epoch
+_FIT_LOOP = ("epoch_progress", *_PER_EPOCH, _MANUAL)
 
 
 def to_lightning_checkpoint(
@@ -337,10 +532,11 @@ def to_lightning_checkpoint(
   checkpoint: Mapping[str, Any],
   weights: Mapping[str, Any],
   *,
-  steps: int,
+  steps: int | Sequence[int],
   learning_rate: Any = None,
-  param_names: Sequence[str] | None = None,
+  param_names: Sequence[Any] | None = None,
   optimizer: Any = None,
+  scheduler_steps: int | Sequence[int] | None = None,
 ) -> dict[str, Any]:
   """A JAX run as a Lightning checkpoint, to save and resume with ``trainer.fit(..., ckpt_path=...)``.
 
@@ -356,37 +552,72 @@ def to_lightning_checkpoint(
   everything else (callbacks, hyperparameters) is copied. ``checkpoint`` is
   not modified.
 
+  Several optimizers (a GAN's generator and discriminator:
+  ``configure_optimizers`` returning ``[opt0, opt1], [sched0, sched1]``,
+  which Lightning runs with manual optimization,
+  ``self.automatic_optimization = False``) are written each from its own
+  state: ``state``, ``steps``, ``learning_rate``, ``param_names``,
+  ``optimizer`` and ``scheduler_steps`` are then lists with one entry per
+  optimizer, in the order of ``checkpoint["optimizer_states"]`` (each entry
+  as for one optimizer; a None for an optional argument is None for all).
+  Read each into JAX with
+  :func:`~onnx_optax.interop.from_torch_state_dict` of
+  ``checkpoint["optimizer_states"][i]``. Under manual optimization the
+  module steps its schedulers itself and Lightning's loops count none of
+  those steps, so ``scheduler_steps`` gives them; ``lr_schedulers[i]`` is
+  the scheduler of ``optimizer_states[i]`` (each optimizer has one, or none
+  has). Lightning counts the steps of all optimizers: ``steps`` sum to whole
+  epochs of them.
+
   Lightning resumes a run saved mid-epoch from the start of a dataloader
   that cannot resume (it warns), so a step inside an epoch would not
   continue exactly: such a checkpoint, or ``steps`` that end inside an
-  epoch, are refused. One optimizer (automatic optimization) and at most
-  one scheduler.
+  epoch, are refused. The loops' counters are read under the names
+  Lightning writes from 2.0.0 on; a checkpoint of an older Lightning is
+  refused with the call that upgrades it as Lightning does when it loads it
+  (``lightning.pytorch.utilities.migration.migrate_checkpoint``). A
+  checkpoint without manual optimization's step count, but whose global
+  step tells it (that of automatic optimization, or with none of it), is
+  read, and written back without it.
 
   Args:
     state: the state of the transform that
       :func:`~onnx_optax.interop.from_torch_state_dict` returned for
-      ``checkpoint["optimizer_states"][0]``, after ``steps`` updates.
+      ``checkpoint["optimizer_states"][0]``, after ``steps`` updates; a list
+      of one per optimizer for several.
     checkpoint: the Lightning checkpoint (a dict).
     weights: the LightningModule's ``state_dict`` at the new step
       (``module.state_dict()`` after loading the JAX parameters), with
       ``checkpoint["state_dict"]``'s keys, shapes and dtypes; values may be
       tensors or arrays.
-    steps: the JAX updates since ``checkpoint``: whole epochs of its run.
-    learning_rate: as for :func:`to_trainer_checkpoint`.
+    steps: the JAX updates since ``checkpoint``: whole epochs of its run
+      (one per optimizer for several, summing to whole epochs).
+    learning_rate: as for :func:`to_trainer_checkpoint` (one per optimizer
+      for several).
     param_names: as for :func:`~onnx_optax.interop.from_torch_state_dict`
-      (:func:`torch_param_names` of the module's optimizer).
-    optimizer: as for :func:`~onnx_optax.interop.from_torch_state_dict`.
+      (:func:`torch_param_names` of the module's optimizer; one list per
+      optimizer for several).
+    optimizer: as for :func:`~onnx_optax.interop.from_torch_state_dict`
+      (one per optimizer for several).
+    scheduler_steps: under manual optimization, the steps the module took of
+      each scheduler during the JAX updates (one per optimizer for
+      several); left out under automatic optimization, whose schedulers'
+      steps the loops count.
 
   Returns:
     The new checkpoint (a dict).
 
   Raises:
-    TypeError, ValueError: a checkpoint that is not Lightning's, saved
-      mid-epoch, of several optimizers or schedulers or manual optimization;
-      ``steps`` that are not whole epochs or disagree with the state's count;
-      ``weights`` that do not match; and as
+    TypeError, ValueError: a checkpoint that is not Lightning's, of an
+      older Lightning, saved mid-epoch, of several optimizers under
+      automatic optimization, of other schedulers than one per optimizer;
+      ``steps`` that are not whole epochs or disagree with the states'
+      counts; an argument without one entry per optimizer;
+      ``scheduler_steps`` missing under manual optimization with
+      schedulers, or given otherwise; ``weights`` that do not match; and as
       :func:`~onnx_optax.interop.to_torch_state_dict` and
-      :func:`to_torch_scheduler_state_dict`.
+      :func:`to_torch_scheduler_state_dict` (noting the optimizer, for
+      several).
   """
   torch = _torch_optim.torch()
   missing = [
@@ -398,21 +629,38 @@ def to_lightning_checkpoint(
       f"ModelCheckpoint or trainer.save_checkpoint wrote, not saved with weights_only) holds "
       f"optimizer_states, lr_schedulers, loops and state_dict"
     )
-  steps = _steps(steps)
-  if len(checkpoint["optimizer_states"]) != 1:
+  count, schedulers = len(checkpoint["optimizer_states"]), list(checkpoint["lr_schedulers"])
+  if not count:
     raise ValueError(
-      f"checkpoint has {len(checkpoint['optimizer_states'])} optimizer states: the bridge writes one "
-      f"optimizer's (a LightningModule's configure_optimizers returning one optimizer)"
+      "checkpoint has no optimizer states (optimizer_states is empty): a module whose configure_optimizers "
+      "returns no optimizer has no optimizer state to write; pass a checkpoint of a module with one"
     )
-  if len(checkpoint["lr_schedulers"]) > 1:
+  fit, manual_progress = _fit_loop(checkpoint)
+  automatic_steps = fit[_AUTOMATIC]["optimizer"]["step"]["total"]["completed"]
+  manual = bool(manual_progress["total"]["completed"])
+  if manual and automatic_steps:
     raise ValueError(
-      f"checkpoint has {len(checkpoint['lr_schedulers'])} lr schedulers: the bridge writes one scheduler's"
+      f"checkpoint's loops count optimizer steps of automatic ({automatic_steps}) and of manual "
+      f"({manual_progress['total']['completed']}) optimization: a module runs one of them, so these are not "
+      f"the counters of one run. Pass the checkpoint as Lightning saved it (torch.load of its .ckpt)"
     )
-  fit = checkpoint["loops"]["fit_loop"]
-  if fit["epoch_loop.manual_optimization.optim_step_progress"]["total"]["completed"]:
+  if count > 1 and not manual:
     raise ValueError(
-      "checkpoint is of a module with manual optimization: the bridge writes automatic optimization's"
+      f"checkpoint has {count} optimizer states, stepped by automatic optimization: Lightning (from 2.0 on) "
+      f"runs several optimizers with manual optimization only, and the bridge writes them so. Save the run "
+      f"with self.automatic_optimization = False in the module"
     )
+  if len(schedulers) not in (0, count):
+    raise ValueError(
+      f"checkpoint has {len(schedulers)} lr schedulers for {count} optimizer(s): the bridge writes one "
+      f"scheduler per optimizer (lr_schedulers[i] that of optimizer_states[i]: configure_optimizers "
+      f"returning [opt0, opt1], [sched0, sched1]) or none; two schedulers of one optimizer are not written"
+    )
+  states = _each(state, count, "state")
+  step_counts = [_steps(n) for n in _each(steps, count, "steps")]
+  rates_given = _each(learning_rate, count, "learning_rate", optional=True)
+  names = _each(param_names, count, "param_names", optional=True)
+  kinds = _each(optimizer, count, "optimizer", optional=True)
   batches = fit["epoch_loop.batch_progress"]
   if not batches["is_last_batch"]:
     raise ValueError(
@@ -421,13 +669,7 @@ def to_lightning_checkpoint(
       f"continues exactly. Start from a checkpoint saved at the end of an epoch (ModelCheckpoint's default)"
     )
   epochs = fit["epoch_progress"]["total"]["processed"]
-  progress = {
-    "epoch_loop.batch_progress": batches,
-    "epoch_loop.scheduler_progress": fit["epoch_loop.scheduler_progress"],
-    "epoch_loop.automatic_optimization.optim_progress": fit[
-      "epoch_loop.automatic_optimization.optim_progress"
-    ],
-  }
+  progress = {key: fit[key] for key in _PER_EPOCH}
   for key, counters in progress.items():
     for where, pair in _counters(counters, key):
       if any(pair["total"][k] != epochs * pair["current"][k] for k in pair["current"]):
@@ -436,35 +678,73 @@ def to_lightning_checkpoint(
           f"({where}), over {epochs} epochs: not the same every epoch, so the counters of later epochs are "
           f"not known"
         )
-  per_epoch = progress["epoch_loop.automatic_optimization.optim_progress"]["optimizer"]["step"]["current"][
-    "completed"
-  ]
+  if manual:
+    # Manual optimization's count runs on over the epochs (its current is its total).
+    taken = manual_progress["total"]["completed"]
+    if not epochs or taken % epochs:
+      raise ValueError(
+        f"checkpoint's loops count {taken} optimizer steps of manual optimization ({_MANUAL}) over {epochs} "
+        f"epochs: not the same every epoch, so the counters of later epochs are not known"
+      )
+    per_epoch = taken // epochs
+  else:
+    per_epoch = progress[_AUTOMATIC]["optimizer"]["step"]["current"]["completed"]
   if per_epoch == 0:
     raise ValueError(
       "checkpoint's epochs took no optimizer step (its loops count none in its last epoch): the bridge "
       "writes a run back after whole epochs of optimizer steps, and these epochs have none"
     )
-  if steps % per_epoch:
+  total = sum(step_counts)
+  if total % per_epoch:
+    down = total - total % per_epoch
+    if count == 1:
+      raise ValueError(
+        f"steps={steps} is not a whole number of epochs of {per_epoch} optimizer steps: checkpoint was saved "
+        f"at the end of an epoch, and Lightning resumes there only, so a run written back ends at an epoch's "
+        f"end too (steps={down + per_epoch}, or {down})"
+      )
     raise ValueError(
-      f"steps={steps} is not a whole number of epochs of {per_epoch} optimizer steps: checkpoint was saved "
-      f"at the end of an epoch, and Lightning resumes there only, so a run written back ends at an epoch's "
-      f"end too (steps={steps - steps % per_epoch + per_epoch}, or {steps - steps % per_epoch})"
+      f"steps={step_counts} take {total} optimizer steps in all, not a whole number of epochs of {per_epoch} "
+      f"(Lightning counts the steps of all the optimizers): checkpoint was saved at the end of an epoch, and "
+      f"Lightning resumes there only, so a run written back ends at an epoch's end too (steps summing to "
+      f"{down + per_epoch}, or {down})"
     )
-  later_epochs = steps // per_epoch
-  saved = checkpoint["optimizer_states"][0]
-  groups = _param_groups(saved, "checkpoint['optimizer_states'][0]")
-  rates = _evaluated(learning_rate, steps, len(groups))
-  schedulers = []
-  if checkpoint["lr_schedulers"]:
-    scheduler_steps = later_epochs * fit["epoch_loop.scheduler_progress"]["current"]["completed"]
-    later = to_torch_scheduler_state_dict(
-      checkpoint["lr_schedulers"][0], saved, steps=scheduler_steps, learning_rate=rates
-    )
-    schedulers, rates = [later], later["_last_lr"]
-  written = to_torch_state_dict(
-    state, saved, optimizer=optimizer, learning_rate=rates, param_names=param_names
+  later_epochs = total // per_epoch
+  scheduler_counts = (
+    _scheduler_steps(scheduler_steps, checkpoint, count, manual, epochs, later_epochs)
+    or [later_epochs * fit["epoch_loop.scheduler_progress"]["current"]["completed"]] * count
   )
-  _check_steps(written, saved, steps)
+  written_states, later_schedulers = [], []
+  for i in range(count):
+    saved = checkpoint["optimizer_states"][i]
+    try:
+      groups = _param_groups(saved, f"checkpoint['optimizer_states'][{i}]")
+      rates = _evaluated(rates_given[i], step_counts[i], len(groups))
+      if schedulers:
+        later = to_torch_scheduler_state_dict(
+          schedulers[i], saved, steps=scheduler_counts[i], learning_rate=rates
+        )
+        later_schedulers.append(later)
+        rates = later["_last_lr"]
+      written_states.append(
+        to_torch_state_dict(states[i], saved, optimizer=kinds[i], learning_rate=rates, param_names=names[i])
+      )
+    except (TypeError, ValueError) as error:
+      if count > 1:
+        error.add_note(
+          f"(writing optimizer {i} of {count}: state[{i}] into checkpoint['optimizer_states'][{i}]"
+          f"{f' and lr_schedulers[{i}]' if schedulers else ''})"
+        )
+      raise
+  for i, (written, saved, n) in enumerate(zip(written_states, checkpoint["optimizer_states"], step_counts)):
+    taken = _taken(written, saved)
+    if count > 1 and taken is not None and taken != n:
+      raise ValueError(
+        f"steps[{i}] is {n}, but state[{i}]'s count went on by {taken} since "
+        f"checkpoint['optimizer_states'][{i}]: pass {taken} as steps[{i}], the JAX updates of optimizer {i} "
+        f"since the checkpoint"
+      )
+    _check_steps(written, saved, n)
   new_weights = _weights(torch, checkpoint["state_dict"], weights)
 
   loops = copy.deepcopy(checkpoint["loops"])
@@ -476,16 +756,124 @@ def to_lightning_checkpoint(
   for k in new_fit["epoch_progress"]["total"]:
     new_fit["epoch_progress"]["total"][k] += later_epochs
     new_fit["epoch_progress"]["current"][k] += later_epochs
-  new_fit["epoch_loop.state_dict"]["_batches_that_stepped"] += steps
+  if manual and _MANUAL in new_fit:
+    for counter in (new_fit[_MANUAL]["total"], new_fit[_MANUAL]["current"]):
+      for k in counter:
+        counter[k] += total
+  stepped = new_fit.get("epoch_loop.state_dict", {})
+  if "_batches_that_stepped" in stepped:
+    # Once per optimizer step (automatic optimization, accumulated batches counted once), or per batch.
+    stepped["_batches_that_stepped"] += later_epochs * batches["current"]["completed"] if manual else total
   return {
     **checkpoint,
     "epoch": checkpoint["epoch"] + later_epochs,
-    "global_step": checkpoint["global_step"] + steps,
+    "global_step": checkpoint["global_step"] + total,
     "state_dict": new_weights,
-    "optimizer_states": [written],
-    "lr_schedulers": schedulers,
+    "optimizer_states": written_states,
+    "lr_schedulers": later_schedulers,
     "loops": loops,
   }
+
+
+def _fit_loop(checkpoint: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+  """The fit loop's counters, and manual optimization's step count (derived where only it is missing)."""
+  fit = checkpoint["loops"].get("fit_loop", {})
+  version = checkpoint.get("pytorch-lightning_version")
+  missing = [key for key in _FIT_LOOP if key not in fit]
+  why = ""
+  if missing == [_MANUAL]:
+    # Lightning's global step is automatic optimization's step count, or manual optimization's when the
+    # module never stepped automatically; each optimizer step counts once, in one of them.
+    automatic = fit[_AUTOMATIC]["optimizer"]["step"]["total"]["completed"]
+    global_step = checkpoint["global_step"]
+    if automatic in (0, global_step):
+      taken = 0 if automatic == global_step else global_step
+      counter = {"ready": taken, "completed": taken}
+      return fit, {"total": counter, "current": dict(counter)}
+    why = (
+      f": manual optimization's step count is not told by its global_step {global_step}, which is neither "
+      f"automatic optimization's {automatic} nor that of a run without it"
+    )
+  if not missing:
+    return fit, fit[_MANUAL]
+  release = tuple(int(part) for part in re.findall(r"\d+", str(version))[:2])
+  if version is not None and release < (2, 0):
+    raise ValueError(
+      f"checkpoint['loops']['fit_loop'] has no {missing}: Lightning writes them from 2.0.0 on, and this "
+      f"checkpoint is of Lightning {version} (its pytorch-lightning_version), which keeps its loops' "
+      f"counters under other names. Upgrade it as Lightning 2 does when it loads it (and resumes it "
+      f"alike), then pass that: from lightning.pytorch.utilities.migration import migrate_checkpoint; "
+      f"checkpoint, _ = migrate_checkpoint(checkpoint)"
+    )
+  raise ValueError(
+    f"checkpoint['loops']['fit_loop'] has no {missing}, which Lightning writes from 2.0.0 on (its "
+    f"pytorch-lightning_version is {version!r}){why}. Pass the checkpoint as Lightning saved it (torch.load "
+    f"of its .ckpt, unedited)"
+  )
+
+
+def _each(value: Any, count: int, argument: str, *, optional: bool = False) -> list[Any]:
+  """``value`` for each of ``count`` optimizers: itself for one, its entries for several."""
+  if count == 1:
+    return [value]
+  if optional and value is None:
+    return [None] * count
+  if not isinstance(value, (list, tuple)) or len(value) != count:
+    found = f"a {type(value).__name__} of {len(value)}" if isinstance(value, (list, tuple)) else repr(value)
+    raise ValueError(
+      f"{argument} must be a list with one entry per optimizer, {count}, as checkpoint has {count} "
+      f"optimizer_states (in configure_optimizers' order), got {found}: pass [{argument} of optimizer 0, "
+      f"..., {argument} of optimizer {count - 1}]"
+    )
+  return list(value)
+
+
+def _scheduler_steps(
+  scheduler_steps: Any,
+  checkpoint: Mapping[str, Any],
+  count: int,
+  manual: bool,
+  epochs: int,
+  later_epochs: int,
+) -> list[int] | None:
+  """The steps of each scheduler under manual optimization, or None where the loops count them."""
+  schedulers = checkpoint["lr_schedulers"]
+  if not (manual and schedulers):
+    if scheduler_steps is not None:
+      why = "under automatic optimization Lightning steps the schedulers, and its loops count their steps"
+      if not schedulers:
+        why = "checkpoint has no lr schedulers"
+      raise ValueError(f"scheduler_steps={scheduler_steps!r} is given, but {why}: leave scheduler_steps out")
+    return None
+  if scheduler_steps is None:
+    last = [scheduler.get("last_epoch") for scheduler in schedulers]
+    advice = ""
+    if all(isinstance(n, int) and n % epochs == 0 for n in last):
+      advised = [n // epochs * later_epochs for n in last]
+      advice = (
+        f": their last_epoch are {last} after {epochs} epochs, so scheduler_steps="
+        f"{advised[0] if count == 1 else advised} if every epoch steps them alike"
+      )
+    raise ValueError(
+      "checkpoint is of a module with manual optimization, which steps its lr schedulers itself, so "
+      "Lightning's loops count none of their steps: pass scheduler_steps=, the steps the module took of each "
+      f"scheduler during the JAX updates{advice}"
+    )
+  out = []
+  for n in _each(scheduler_steps, count, "scheduler_steps"):
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+      raise ValueError(f"scheduler_steps must count scheduler steps, ints >= 0, got {scheduler_steps!r}")
+    out.append(int(n))
+  return out
+
+
+def _taken(written: Mapping[str, Any], saved: Mapping[str, Any]) -> int | None:
+  """The updates since ``saved`` that ``written``'s first ``step`` counts (Adam, AdamW, Adagrad), or None."""
+  for key, entry in written["state"].items():
+    before = saved["state"].get(key, {}).get("step")
+    if "step" in entry and before is not None:
+      return int(float(entry["step"])) - int(float(before))
+  return None
 
 
 def _scheduler_kind(state_dict: Any) -> str | None:
