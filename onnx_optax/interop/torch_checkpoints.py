@@ -6,7 +6,8 @@ resume continues it exactly, with no step by hand:
 
 * :func:`to_trainer_checkpoint` writes a Hugging Face Trainer
   ``checkpoint-N/`` directory (``optimizer.pt``, ``scheduler.pt``,
-  ``trainer_state.json``) for ``trainer.train(resume_from_checkpoint=...)``;
+  ``trainer_state.json``, ``rng_state.pth``, a float16 run's ``scaler.pt``)
+  for ``trainer.train(resume_from_checkpoint=...)``;
 * :func:`to_lightning_checkpoint` returns a Lightning checkpoint
   (``optimizer_states``, ``lr_schedulers``, the loops' counters, the global
   step, the weights) for ``trainer.fit(model, ckpt_path=...)``;
@@ -260,13 +261,14 @@ def to_trainer_checkpoint(
   resume there: ``optimizer.pt`` (:func:`~onnx_optax.interop.to_torch_state_dict`
   of ``state``, each group's ``lr`` the scheduler's), ``scheduler.pt`` (the
   scheduler ``steps`` steps on, :func:`to_torch_scheduler_state_dict`),
-  ``trainer_state.json`` (``global_step`` ``N + steps``, or ``N +
-  len(found_inf)``, ``epoch`` scaled with it, the rest copied; ``log_history``, ``total_flos`` and
+  ``trainer_state.json`` (``global_step`` ``N + steps``, ``epoch`` scaled
+  with it, the rest copied; ``log_history``, ``total_flos`` and
   ``num_input_tokens_seen`` do not count the JAX updates), a float16 run's
-  ``scaler.pt`` (from ``found_inf``) and ``rng_state.pth`` (``rng_state``,
-  or the checkpoint's copied). The model's weights are yours to write
-  there, as the Trainer reads them (``model.save_pretrained(directory)``
-  after loading the JAX parameters).
+  ``scaler.pt`` (from ``found_inf``, which also counts skipped steps in
+  ``global_step``) and ``rng_state.pth`` (``rng_state``, or the
+  checkpoint's copied). The model's weights are yours to write there, as
+  the Trainer reads them (``model.save_pretrained(directory)`` after
+  loading the JAX parameters).
 
   A float16 run off the CPU (``fp16=True`` on a GPU) has a GradScaler: a
   Trainer step whose gradients hold an inf or a NaN is skipped and the scale
