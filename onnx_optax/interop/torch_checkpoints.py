@@ -283,7 +283,10 @@ def to_trainer_checkpoint(
   own step, where accelerate 1.15 sees no skip. On the CPU, accelerate makes
   neither a GradScaler nor autocast for ``fp16=True``: the run trains in
   the model's dtype, skips no step, saves no ``scaler.pt``, and its resume
-  fails (``AttributeError``) on a directory that holds one.
+  fails (``AttributeError``) on a directory that holds one. Which steps
+  overflow is not carried: ``found_inf`` is the JAX run's own arithmetic,
+  not PyTorch's float16 autocast, and the scaler written is the one its
+  skips leave.
 
   ``rng_state.pth`` holds Python's, NumPy's and PyTorch's generators, which
   the Trainer restores when it resumes. Those of step ``N + steps`` are
