@@ -27,52 +27,10 @@ docs/spec.md.
 
 from onnx_optax import registry as registry  # the registry, filled by the rules
 from onnx_optax import rules as rules
-from onnx_optax.transforms import (
-  AdagradState,
-  AdamState,
-  DirectMLAdamState,
-  KerasAdamState,
-  MomentumState,
-  OrtAdamWState,
-  OrtSGDState,
-  PyTorchAdagradState,
-  PyTorchAdamState,
-  PyTorchSGDState,
-  adagrad,
-  adam,
-  directml_adam,
-  keras_adam,
-  momentum,
-  ort_adamw,
-  ort_sgd,
-  pytorch_adagrad,
-  pytorch_adam,
-  pytorch_adamw,
-  pytorch_sgd,
-)
+from onnx_optax import transforms as _transforms
+from onnx_optax.transforms import *  # noqa: F403  # every rule's transform and state, by its name
 
 __version__ = "0.1.0"
 
-__all__ = [
-  "AdagradState",
-  "AdamState",
-  "DirectMLAdamState",
-  "KerasAdamState",
-  "MomentumState",
-  "OrtAdamWState",
-  "OrtSGDState",
-  "PyTorchAdagradState",
-  "PyTorchAdamState",
-  "PyTorchSGDState",
-  "adagrad",
-  "adam",
-  "directml_adam",
-  "keras_adam",
-  "momentum",
-  "ort_adamw",
-  "ort_sgd",
-  "pytorch_adagrad",
-  "pytorch_adam",
-  "pytorch_adamw",
-  "pytorch_sgd",
-]
+#: The rules' transforms and states (:mod:`onnx_optax.transforms` lists them, one line a rule).
+__all__ = [name for name in _transforms.__all__ if name != "ScalarOrSchedule"]

@@ -47,6 +47,7 @@ __all__ = [
   "ort_sgd",
   "pytorch_adagrad",
   "pytorch_adam",
+  "pytorch_rmsprop",
   "pytorch_sgd",
   "register",
   "trajectory",
@@ -421,6 +422,51 @@ def pytorch_adam(
   )  # addcdiv_(exp_avg, denom, value=-step_size)
 
 
+def pytorch_rmsprop(
+  lr,
+  count,
+  X,
+  G,
+  square_avg,
+  momentum_buffer,
+  grad_avg,
+  *,
+  alpha,
+  eps,
+  weight_decay,
+  momentum,
+  centered,
+  maximize,
+  dtype=np.float64,
+):
+  """``torch.optim.RMSprop``'s step (written from PyTorch's ``_single_tensor_rmsprop``); ``count``
+  is its ``step``, which nothing reads. Returns ``(X_new, square_avg_new, momentum_buffer_new,
+  grad_avg_new)``, the buffer and ``grad_avg`` as they were where PyTorch keeps none."""
+  del count
+  X, G, square_avg, momentum_buffer, grad_avg = _arrays(dtype, X, G, square_avg, momentum_buffer, grad_avg)
+  s = lambda v: np.asarray(v, X.dtype)  # noqa: E731
+  grad = -G if maximize else G
+  if weight_decay != 0:
+    grad = _fma(X, s(weight_decay), grad, X.dtype)  # grad.add(param, alpha=weight_decay)
+  square_avg = square_avg * s(alpha)  # square_avg.mul_(alpha)
+  square_avg = _fma(s(1 - alpha) * grad, grad, square_avg, X.dtype)  # .addcmul_(grad, grad, value=1 - alpha)
+  if centered:
+    weight = s(1 - alpha)  # grad_avg.lerp_(grad, 1 - alpha), PyTorch's two branches
+    if abs(weight) < 0.5:
+      grad_avg = _fma(weight, grad - grad_avg, grad_avg, X.dtype)
+    else:
+      grad_avg = _fma(weight - s(1), grad - grad_avg, grad, X.dtype)
+    avg = np.sqrt(_fma(-grad_avg, grad_avg, square_avg, X.dtype))  # addcmul(.., value=-1).sqrt_()
+  else:
+    avg = np.sqrt(square_avg)
+  avg = avg + s(eps)
+  if momentum > 0:
+    momentum_buffer = momentum_buffer * s(momentum) + grad / avg  # buf.mul_(momentum).addcdiv_(grad, avg)
+    X_new = _fma(momentum_buffer, s(-lr), X, X.dtype)  # param.add_(buf, alpha=-lr)
+    return X_new, square_avg, momentum_buffer, grad_avg
+  return X + (s(-lr) * grad) / avg, square_avg, momentum_buffer, grad_avg  # addcdiv_(grad, avg, value=-lr)
+
+
 # -- the twins' steps, registered by rule: ``(R, T, X, G, *state)``, ``T`` their count ------------
 
 
@@ -463,6 +509,14 @@ def _pytorch_adamw_step(R, T, X, G, exp_avg, exp_avg_sq, *, maximize=False, **kw
   return pytorch_adam(
     R, T, X, G, exp_avg, exp_avg_sq, maximize=maximize, decoupled_weight_decay=True, **kwargs
   )
+
+
+@expectation("pytorch_rmsprop", state=3, framework_order=True)
+def _pytorch_rmsprop_step(R, T, X, G, square_avg, buf, grad_avg, *, maximize=False, scalars=None, **kwargs):
+  """:func:`pytorch_rmsprop` (``maximize`` off unless given). Its only scalar is ``-lr``, a Python
+  float: ``scalars`` changes nothing."""
+  del scalars
+  return pytorch_rmsprop(R, T, X, G, square_avg, buf, grad_avg, maximize=maximize, **kwargs)
 
 
 @expectation("keras_adam", state=2)

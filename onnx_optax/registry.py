@@ -63,12 +63,17 @@ class Field:
       operator's block and the conformance report's output (``"V_new"``).
     second_moment: a second moment (a running mean or sum of squares): never negative.
     initial: the value the state starts at, or the name of the hyperparameter that gives it.
+    root_of: the field (a second moment, declared before this one) whose square root bounds
+      this one's magnitude in every state the rule reaches (a running mean of the gradient
+      beside the running mean of its squares, RMSprop's centred ``grad_avg``): the conformance
+      grid draws states that hold it.
   """
 
   name: str
   spec: str
   second_moment: bool = False
   initial: float | str = 0.0
+  root_of: str = ""
 
 
 @dataclass(frozen=True)
@@ -158,6 +163,8 @@ class TorchOptimizer:
       optimizer or the state dict); None: nothing beyond the bridges' own checks.
     ignores: ``ignores(options) -> options``: the twin's hyperparameters where PyTorch ignores
       one (plain SGD's ``dampening``); identity by default.
+    examples: name -> the constructor's options (``lr`` included) of a configuration the
+      interop tests carry both ways (every option the twin reads, alone and combined).
   """
 
   options: frozenset[str]
@@ -168,6 +175,7 @@ class TorchOptimizer:
   older: Mapping[str, Any] = field(default_factory=dict)
   refuse: Callable[[str, int, Mapping[str, Any], Callable[[str], str]], None] | None = None
   ignores: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+  examples: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
   def keys(self) -> frozenset[str]:
     """Every key a param group of the class has in PyTorch 2.13."""
@@ -435,6 +443,10 @@ def register(rule: Rule) -> Rule:
     stray = sorted(set(binding.torch.optional) - {f.name for f in rule.fields}) if binding.torch else []
     if stray:
       raise ValueError(f"{rule.name}: torch.optional names {stray}, which are not fields of the rule")
+  for i, f in enumerate(rule.fields):
+    before = {g.name for g in rule.fields[:i] if g.second_moment}
+    if f.root_of and f.root_of not in before:
+      raise ValueError(f"{rule.name}: {f.name!r} has root_of={f.root_of!r}, not a second moment before it")
   _RULES[rule.name] = rule
   return rule
 

@@ -49,6 +49,7 @@ from onnx_optax.rules.onnx_momentum import MomentumState, momentum
 from onnx_optax.rules.ort import OrtAdamWState, OrtSGDState, ort_adamw, ort_sgd
 from onnx_optax.rules.torch_adagrad import PyTorchAdagradState, pytorch_adagrad
 from onnx_optax.rules.torch_adam import PyTorchAdamState, pytorch_adam, pytorch_adamw
+from onnx_optax.rules.torch_rmsprop import PyTorchRMSpropState, pytorch_rmsprop
 from onnx_optax.rules.torch_sgd import PyTorchSGDState, pytorch_sgd
 
 __all__ = [
@@ -61,6 +62,7 @@ __all__ = [
   "OrtSGDState",
   "PyTorchAdagradState",
   "PyTorchAdamState",
+  "PyTorchRMSpropState",
   "PyTorchSGDState",
   "ScalarOrSchedule",
   "adagrad",
@@ -73,5 +75,6 @@ __all__ = [
   "pytorch_adagrad",
   "pytorch_adam",
   "pytorch_adamw",
+  "pytorch_rmsprop",
   "pytorch_sgd",
 ]

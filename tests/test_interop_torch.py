@@ -458,15 +458,25 @@ def _params32():
 
 
 @pytest.mark.parametrize(
-  "cls, match",
+  "cls, why",
   [
-    (torch.optim.RMSprop, r"no onnx_optax rule is torch.optim.rmsprop.RMSprop.*torch.optim.SGD"),
+    (torch.optim.LBFGS, "its step calls a closure that re-evaluates the loss"),
+    (torch.optim.SparseAdam, "it updates only the rows a sparse gradient touches"),
   ],
 )
-def test_refuses_other_optimizers(cls, match):
+def test_refuses_other_optimizers(cls, why):
+  """The classes no rule binds are refused with the reason, and the refusal lists every class the
+  registry binds (read from the registry: a new binding changes nothing here)."""
+  from onnx_optax.interop._torch_optim import listed, twins
+
   ps, structure = _params32()
-  with pytest.raises(TypeError, match=match):
+  mapped = listed([f"torch.optim.{name} (onnx_optax.{rule.name})" for name, rule in twins().items()])
+  with pytest.raises(TypeError) as refusal:
     from_torch(cls(ps), torch_params(torch.optim.SGD(ps), structure))
+  message = str(refusal.value)
+  assert message.startswith(f"no onnx_optax rule is {cls.__module__}.{cls.__qualname__} (")
+  assert why in message and message.endswith(f": the PyTorch bridges map {mapped}")
+  assert "torch.optim.RMSprop (onnx_optax.pytorch_rmsprop)" in mapped
 
 
 def test_refusals_list_the_classes_in_english():

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import zlib
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -70,10 +71,17 @@ def _run(config, dtype, jit, nonzero_start):
   grads = [_tree(rng, dtype, scale=10.0 ** rng.uniform(-2, 1)) for _ in range(STEPS)]
   fields = RULE_CONFIGS[config].fields
   if nonzero_start:
-    # Second moments must be non-negative; first moments may be anything.
-    state0 = [
-      jax.tree.map(np.abs, _tree(rng, dtype)) if f.second_moment else _tree(rng, dtype) for f in fields
-    ]
+    # Second moments must be non-negative; first moments may be anything, but one declared the
+    # root_of a second moment stays below its root (a state the rule reaches).
+    drawn: dict[str, Any] = {}
+    for f in fields:
+      tree = _tree(rng, dtype)
+      if f.second_moment:
+        tree = jax.tree.map(np.abs, tree)
+      elif f.root_of:
+        tree = jax.tree.map(lambda x, v: (np.tanh(x) * np.sqrt(v)).astype(dtype), tree, drawn[f.root_of])
+      drawn[f.name] = tree
+    state0 = list(drawn.values())
     T0 = 7
   else:
     # Where init starts the state (zeros, or a hyperparameter's value such as PyTorch
@@ -174,7 +182,13 @@ def _twin_update_is_its_frameworks_to_the_bit(config):
   rng = np.random.default_rng(0)
   n = 10_000
   x, g = rng.normal(size=n).astype(np.float32), rng.normal(size=n).astype(np.float32)
-  s = [np.abs(rng.normal(size=n)).astype(np.float32) for _ in RULE_CONFIGS[config].fields]
+  s = []
+  for f in RULE_CONFIGS[config].fields:  # a field declared root_of a second moment stays below its root
+    drawn = np.abs(rng.normal(size=n))
+    if f.root_of:
+      bound = s[[h.name for h in RULE_CONFIGS[config].fields].index(f.root_of)]
+      drawn = np.tanh(rng.normal(size=n)) * np.sqrt(bound.astype(np.float64))
+    s.append(drawn.astype(np.float32))
   step, _ = expectation(rule)
   with jax.enable_x64(True):
     for T in (0, 1):

@@ -235,7 +235,8 @@ class Case:
     hyper: the rule's hyperparameters (Python floats, and Momentum's mode).
     shapes: one shape per leaf; more than one leaf makes a nested pytree.
     gradient: ``"normal"``, ``"zero"``, ``"tiny"`` or ``"huge"``.
-    state: ``"random"`` (non-zero) or ``"zero"``.
+    state: ``"random"`` (non-zero), ``"zero"``, or ``"tight"`` (random, a field declared
+      ``root_of`` a second moment within 0.1% of that bound).
     state_dtype: the transform's ``state_dtype`` (None: the parameters' dtype).
     schedule_steps: None for a constant learning rate ``R``; else the
       learning rate is ``optax.linear_schedule(R, 0, schedule_steps)``,
@@ -315,16 +316,28 @@ class Case:
     X = [draw(s, 0.5, 2.0, scale=self.x_scale) for s in self.shapes]
     G = [draw(s, 0.5, 1.0, scale=scale) for s in self.shapes]
     state_scale = _TINY[self.dtype] if self.gradient == "tiny" else 1.0
-    state = []
-    for _, second_moment in self.suite.state:
+    state: list[list[np.ndarray]] = []
+    drawn: dict[str, list[np.ndarray]] = {}
+    for f in self.suite.rule.fields:
       if self.state == "zero":
-        state.append([np.zeros(s, state_dtype) for s in self.shapes])
-      elif second_moment:
-        state.append(
-          [draw(s, 0.1, 1.0, signed=False, scale=state_scale**2, dtype=state_dtype) for s in self.shapes]
-        )
+        leaves = [np.zeros(s, state_dtype) for s in self.shapes]
+      elif f.second_moment:
+        leaves = [
+          draw(s, 0.1, 1.0, signed=False, scale=state_scale**2, dtype=state_dtype) for s in self.shapes
+        ]
+      elif f.root_of:
+        # A state the rule reaches: |field| below the root of the second moment it is the mean
+        # of ("tight": within 0.1% of it, where their difference cancels).
+        low, high = (0.999, 0.9999) if self.state == "tight" else (0.1, 0.9)
+        roots = [np.sqrt(np.asarray(v, np.float64)) for v in drawn[f.root_of]]
+        leaves = [
+          np.asarray(draw(s, low, high, dtype=np.float64) * r).astype(state_dtype)
+          for s, r in zip(self.shapes, roots)
+        ]
       else:
-        state.append([draw(s, 0.1, 1.0, scale=state_scale, dtype=state_dtype) for s in self.shapes])
+        leaves = [draw(s, 0.1, 1.0, scale=state_scale, dtype=state_dtype) for s in self.shapes]
+      drawn[f.name] = leaves
+      state.append(leaves)
     return X, G, state
 
 

@@ -109,9 +109,22 @@ def kind(torch: Any, optimizer: Any) -> str:
       f"step; the bridges map torch.optim.{listed(list(bound))} themselves"
     )
   mapped = [f"torch.optim.{name} (onnx_optax.{rule.name})" for name, rule in bound.items()]
-  raise TypeError(
-    f"no onnx_optax rule is {cls.__module__}.{cls.__qualname__}: the PyTorch bridges map {listed(mapped)}"
-  )
+  why = _NO_TWIN.get(cls.__name__, "") if cls.__module__.startswith("torch.optim") else ""
+  name = f"{cls.__module__}.{cls.__qualname__}"
+  raise TypeError(f"no onnx_optax rule is {name}{why}: the PyTorch bridges map {listed(mapped)}")
+
+
+#: Why PyTorch's classes that no rule binds have no exact twin (PyTorch's own facts, not a rule's).
+_NO_TWIN = {
+  "LBFGS": (
+    " (its step calls a closure that re-evaluates the loss, several times per step in its line "
+    "search: a rule of the gradients alone cannot take it; use optax.lbfgs in JAX, a different run)"
+  ),
+  "SparseAdam": (
+    " (it updates only the rows a sparse gradient touches, with moments of those rows only: JAX's "
+    "gradients are dense; use torch.optim.Adam for a dense run to carry)"
+  ),
+}
 
 
 class View(NamedTuple):

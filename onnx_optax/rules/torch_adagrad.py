@@ -193,6 +193,10 @@ RULE = registry.register(
           options=frozenset({"lr_decay", "eps", "weight_decay", "initial_accumulator_value", "fused"}),
           signature=frozenset({"lr_decay", "initial_accumulator_value"}),
           refuse=_refuse,
+          examples={
+            "plain": dict(lr=0.1),
+            "all": dict(lr=0.1, lr_decay=0.01, weight_decay=0.01, initial_accumulator_value=0.1, eps=1e-3),
+          },
         ),
       ),
     ),

@@ -312,6 +312,10 @@ _TORCH = registry.TorchOptimizer(
   # A PyTorch older than decoupled_weight_decay told Adam from AdamW by the class alone.
   older={"decoupled_weight_decay": False},
   refuse=_refuse,
+  examples={
+    "plain": dict(lr=0.01),
+    "all": dict(lr=0.01, betas=(0.8, 0.9), eps=1e-3, weight_decay=0.05, maximize=True),
+  },
 )
 
 _HYPERPARAMETERS = {

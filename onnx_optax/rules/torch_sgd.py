@@ -238,6 +238,11 @@ RULE = registry.register(
           optional={"momentum_buffer": "momentum"},
           refuse=_refuse,
           ignores=_ignores,
+          examples={
+            "plain": dict(lr=0.1),
+            "momentum": dict(lr=0.1, momentum=0.9, dampening=0.1, weight_decay=0.01),
+            "nesterov": dict(lr=0.1, momentum=0.9, nesterov=True, maximize=True),
+          },
         ),
       ),
     ),

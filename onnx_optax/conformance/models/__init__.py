@@ -16,5 +16,6 @@ A rule registered from outside the package registers its own model with
 # In the registry's order: the spec rules, then their twins (they register when imported).
 from onnx_optax.conformance.models import onnx_momentum, onnx_adagrad, onnx_adam, directml, ort  # noqa: F401
 from onnx_optax.conformance.models import torch_sgd, torch_adagrad, torch_adam, keras  # noqa: F401
+from onnx_optax.conformance.models import torch_rmsprop  # noqa: F401
 
 # isort: on
