@@ -371,7 +371,7 @@ RULE = registry.register(
     minimum_count=0,
     policy=_engine.FRAMEWORK,
     params_for=("weight_decay",),
-    bindings=(registry.Binding("torch", "Adam", torch=_TORCH),),
+    bindings=(registry.Binding("optax", "adam"), registry.Binding("torch", "Adam", torch=_TORCH)),
     twin_of=ort.RULE,
     conformance=registry.Conformance(
       trajectory=_TRAJECTORY,
@@ -392,6 +392,7 @@ ADAMW_RULE = registry.register(
     transform=pytorch_adamw,
     hyperparameters={h: v for h, v in _HYPERPARAMETERS.items() if h != "decoupled_weight_decay"},
     bindings=(
+      registry.Binding("optax", "adamw"),
       registry.Binding(
         "torch",
         "AdamW",

@@ -1,0 +1,164 @@
+"""Step time of each PyTorch twin against its Optax namesake and PyTorch's ``foreach`` step.
+
+For every registered rule that declares a ``Binding("torch", <class>)`` this script times one
+optimizer step on float32 parameters (one leaf of ``--size`` elements):
+
+* the twin (``rule.transform(lr)`` at its defaults, PyTorch's), jitted with
+  ``donate_argnums=(0, 1)``, the update applied inside the jit;
+* its Optax namesake, where the rule declares one (``Binding("optax", <name>)``: the nearest
+  Optax transform, which is not always the same rule, docs/from_optax.md), at its defaults,
+  jitted and donated the same way;
+* ``torch.optim.<class>(..., foreach=True)`` on the same number of elements (``--no-torch``
+  skips it),
+
+interleaved round-robin in one process (each repeat times every contender once, in a
+rotating order), and prints the median of each as a ratio to the twin (above 1: the twin is
+faster). Ratios, not seconds, are the result: the machine is shared, and a burst of load hits
+every contender of a repeat alike.
+
+Usage (from the repository root)::
+
+  python benchmarks/twins.py                               # 16M elements, every twin
+  python benchmarks/twins.py --size 1M --repeats 5 --rules pytorch_rmsprop
+  python benchmarks/twins.py --out docs/benchmarks/twins_cpu.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+try:
+  from onnx_optax import registry
+except ImportError:  # Run from a checkout without installing: use the checkout's package.
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  from onnx_optax import registry
+
+LR = 1e-3
+
+
+def namesake(rule: registry.Rule) -> Callable[[float], optax.GradientTransformation] | None:
+  """The Optax transform the rule declares as its namesake (``Binding("optax", "contrib.muon")``)."""
+  binding = rule.binding("optax")
+  if binding is None:
+    return None
+  target: Any = optax
+  for part in binding.name.split("."):
+    target = getattr(target, part)
+  return target
+
+
+def jax_step(tx: optax.GradientTransformation, n: int) -> Callable[[], None]:
+  """One donated, jitted step on ``n`` float32 elements, the parameters as a 2-D leaf when the
+  rule takes only matrices (PyTorch's Muon), else 1-D."""
+  shape = (n >> 10, 1 << 10)
+  key = jax.random.key(0)
+  params = jax.random.normal(key, shape, jnp.float32)
+  grads = 1e-3 * jax.random.normal(jax.random.fold_in(key, 1), shape, jnp.float32)
+  state = tx.init(params)
+
+  def step(params, state, grads):
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  step = jax.jit(step, donate_argnums=(0, 1))
+  box = [params, state]
+  box[:] = list(step(*box, grads))  # compiled, and warm
+  jax.block_until_ready(box[0])
+
+  def run() -> None:
+    box[:] = list(step(*box, grads))
+    jax.block_until_ready(box[0])
+
+  return run
+
+
+def torch_step(cls: str, n: int) -> Callable[[], None] | None:
+  """One ``foreach`` step of ``torch.optim.<cls>`` on ``n`` float32 elements."""
+  try:
+    import torch
+  except ImportError:
+    return None
+  g = torch.Generator().manual_seed(0)
+  p = torch.nn.Parameter(torch.randn(n >> 10, 1 << 10, generator=g))
+  p.grad = 1e-3 * torch.randn(p.shape, generator=g)
+  opt = getattr(torch.optim, cls)([p], lr=LR, foreach=True)
+  opt.step()
+
+  def run() -> None:
+    opt.step()
+
+  return run
+
+
+def median_times(contenders: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
+  """Each contender timed once per repeat, in a rotating order; the median per contender."""
+  names = list(contenders)
+  times: dict[str, list[float]] = {name: [] for name in names}
+  for r in range(repeats):
+    for name in names[r % len(names) :] + names[: r % len(names)]:
+      t0 = time.perf_counter()
+      contenders[name]()
+      times[name].append(time.perf_counter() - t0)
+  return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--size", default="16M", help="elements, <n>M (default 16M)")
+  parser.add_argument("--repeats", type=int, default=21)
+  parser.add_argument("--rules", default="", help="comma-separated twin names (default: every twin)")
+  parser.add_argument("--no-torch", action="store_true")
+  parser.add_argument("--out", default="", help="also write the table to this file")
+  args = parser.parse_args(argv)
+  n = int(args.size.removesuffix("M")) << 20
+  wanted = set(filter(None, args.rules.split(",")))
+  lines = [
+    f"benchmarks/twins.py --size {args.size} --repeats {args.repeats}: "
+    f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__}, "
+    f"optax {optax.__version__}, {jax.devices()[0].platform}",
+    "median step time of each contender over the twin's (above 1: the twin is faster)",
+    "",
+    f"{'twin':<18} {'class':<10} {'twin ms':>8} {'optax namesake':<22} {'ratio':>6} {'torch foreach':>13}",
+  ]
+  print("\n".join(lines), flush=True)
+  for rule in registry.rules():
+    binding = rule.binding("torch")
+    if binding is None or (wanted and rule.name not in wanted):
+      continue
+    contenders = {"twin": jax_step(rule.transform(LR), n)}
+    other = namesake(rule)
+    if other is not None:
+      contenders["optax"] = jax_step(other(LR), n)
+    if not args.no_torch:
+      step = torch_step(binding.name, n)
+      if step is not None:
+        contenders["torch"] = step
+    t = median_times(contenders, args.repeats)
+    ratios = {name: f"{t[name] / t['twin']:.2f}" if name in t else "-" for name in ("optax", "torch")}
+    declared = rule.binding("optax")
+    optax_name = f"optax.{declared.name}" if declared is not None else "(none)"
+    line = (
+      f"{rule.name:<18} {binding.name:<10} {1e3 * t['twin']:8.2f} {optax_name:<22} {ratios['optax']:>6} "
+      f"{ratios['torch']:>13}"
+    )
+    lines.append(line)
+    print(line, flush=True)
+  if args.out:
+    with open(args.out, "w") as f:
+      f.write("\n".join(lines) + "\n")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
