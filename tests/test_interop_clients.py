@@ -117,6 +117,10 @@ def _trainer_schedule(step: int) -> Any:
   return schedule
 
 
+#: The Trainer's ``optim_args`` of each optimizer the journeys run (every option the twin reads).
+OPTIM_ARGS = {"sgd": "momentum=0.9", "rmsprop": "momentum=0.5,centered=true,alpha=0.9,eps=0.001"}
+
+
 class _Trainer:
   """The tiny model, its data and the Trainer's arguments, one optimizer and dtype."""
 
@@ -155,7 +159,7 @@ class _Trainer:
       warmup_steps=WARMUP,
       weight_decay=0.01,
       optim=optim or self.optim,
-      optim_args="momentum=0.9" if self.optim == "sgd" else None,
+      optim_args=OPTIM_ARGS.get(self.optim),
       train_sampling_strategy="sequential",  # the batches of the JAX steps are known
       report_to="none",
       use_cpu=True,
@@ -238,10 +242,11 @@ def _trainer_journey(setup: _Trainer, name: str = "jax") -> tuple[Any, Any, tupl
   return reference, resumed.model, written
 
 
-@pytest.mark.parametrize("optim", ["adamw_torch_fused", "sgd", "adagrad"])
+@pytest.mark.parametrize("optim", ["adamw_torch_fused", "sgd", "adagrad", "rmsprop"])
 def test_trainer_float64_resumes_exactly(optim, trainer_root):
-  """AdamW (the Trainer's default, fused), SGD with momentum and Adagrad, with the default linear
-  schedule with warmup: the resumed run is the uninterrupted one to 1e-12."""
+  """AdamW (the Trainer's default, fused), SGD with momentum, Adagrad and RMSprop (centred, with
+  momentum), with the default linear schedule with warmup: the resumed run is the uninterrupted one
+  to 1e-12."""
   with jax.enable_x64(True):
     reference, resumed, (scheduler, trainer_state) = _trainer_journey(
       _Trainer(optim, torch.float64, trainer_root / optim)
