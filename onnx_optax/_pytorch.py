@@ -25,6 +25,7 @@ __all__ = [
   "neg_zero",
   "opmath",
   "power_complement",
+  "rounded_to",
   "scalar_dtype",
   "scalars_in",
   "stored",
@@ -66,15 +67,10 @@ def opmath(*dtypes: Any) -> Any:
 def stored(x: Array, dtype: DTypeLike, neg_zero: Array | None = None) -> Array:
   """``x`` (in the opmath dtype) as PyTorch stores an operation's result in ``dtype``.
 
-  Narrower than ``x``: rounded to ``dtype``'s precision and range, subnormals included, and
-  kept in ``x``'s dtype: PyTorch's conversion (round to nearest even) to the bit. Where
-  ``dtype`` has fewer exponent bits than ``x`` (float16 from float32; any narrower dtype from
-  float64), ``lax.reduce_precision`` flushes ``dtype``'s subnormals to zero: below its smallest
-  normal number ``x`` is rounded to a multiple of its smallest subnormal instead (scaled by a
-  power of two, exact, and rounded to the nearest even integer). bfloat16 has float32's
-  exponent: ``reduce_precision`` keeps its subnormals. Not ``x.astype(dtype).astype(x.dtype)``:
-  XLA may remove that pair of conversions (``xla_allow_excess_precision``, on by default; XLA:GPU
-  runs the pass), never ``reduce_precision``.
+  Narrower than ``x``: rounded to ``dtype``'s precision and range, subnormals included (round to
+  nearest even, as PyTorch's float32 -> float16 and float32 -> bfloat16 conversions), kept in
+  ``x``'s dtype; on the CPU by those very conversions, elsewhere by :func:`rounded_to` (XLA:GPU
+  may remove a pair of conversions, :func:`rounded_to` says why).
 
   The same dtype: ``x`` itself, or, for a product that PyTorch stores and then adds
   (``neg_zero`` given), ``x + neg_zero``: a run-time ``-0.0`` that XLA cannot fold, so
@@ -83,14 +79,31 @@ def stored(x: Array, dtype: DTypeLike, neg_zero: Array | None = None) -> Array:
   """
   dtype = jnp.dtype(dtype)
   if dtype != x.dtype:
-    info, wide = jnp.finfo(dtype), jnp.finfo(x.dtype)
-    rounded = jax.lax.reduce_precision(x, exponent_bits=info.nexp, mantissa_bits=info.nmant)
-    if info.nexp >= wide.nexp:
-      return rounded
-    quantum = float(info.smallest_subnormal)  # a power of two: scaling by it is exact
-    subnormal = jax.lax.round(x * (1 / quantum), jax.lax.RoundingMethod.TO_NEAREST_EVEN) * quantum
-    return jnp.where(jnp.abs(x) < float(info.smallest_normal), subnormal.astype(x.dtype), rounded)
+    # XLA:CPU keeps the pair (it removes a pair of conversions only with its experimental
+    # oneDNN custom calls): its hardware conversion, 3x faster than `rounded_to` there.
+    converted = lambda x: x.astype(dtype).astype(x.dtype)  # noqa: E731
+    return jax.lax.platform_dependent(x, cpu=converted, default=lambda x: rounded_to(x, dtype))
   return x if neg_zero is None else x + neg_zero
+
+
+def rounded_to(x: Array, dtype: DTypeLike) -> Array:
+  """``x`` rounded to the narrower ``dtype`` (nearest even), subnormals included, kept in ``x``'s dtype.
+
+  ``lax.reduce_precision`` is the rounding XLA never removes (``x.astype(dtype).astype(x.dtype)``
+  it may: ``xla_allow_excess_precision``, on by default, lets XLA:GPU drop the pair; openxla/xla
+  issue 41605), but where ``dtype`` has fewer exponent bits than ``x`` (float16 from float32, any
+  narrower dtype from float64) it flushes ``dtype``'s subnormals to zero. Below ``dtype``'s
+  smallest normal number ``x`` is therefore rounded to a multiple of its smallest subnormal (a
+  power of two: the scaling is exact) with one rounding to the nearest even integer. bfloat16 has
+  float32's exponent: ``reduce_precision`` keeps its subnormals.
+  """
+  info, wide = jnp.finfo(dtype), jnp.finfo(x.dtype)
+  rounded = jax.lax.reduce_precision(x, exponent_bits=info.nexp, mantissa_bits=info.nmant)
+  if info.nexp >= wide.nexp:
+    return rounded
+  quantum = float(info.smallest_subnormal)
+  subnormal = jax.lax.round(x * (1 / quantum), jax.lax.RoundingMethod.TO_NEAREST_EVEN) * quantum
+  return jnp.where(jnp.abs(x) < float(info.smallest_normal), subnormal.astype(x.dtype), rounded)
 
 
 def alpha(value: Any, dtype: DTypeLike) -> Any:
@@ -116,8 +129,12 @@ def in_place(x_new: Array, X: Array) -> Array:
   ``X + (X_new - X)`` is ``X_new`` to the bit when the two are within a factor of two of each
   other (Sterbenz); where a step shrinks a parameter below half its magnitude ``X_new`` may be
   finer than the spacing of ``X``, out of reach of any addition to ``X``: one rounding off.
+  Where the two are equal the update is ``-0.0`` (``X + -0.0`` is ``X``, a ``-0.0`` too), infinite
+  ones included: a parameter that overflowed to ``inf`` (float16: beyond 65504) stays ``inf`` as
+  in PyTorch, not ``inf + (inf - inf)``, NaN.
   """
-  return x_new.astype(X.dtype) - X
+  x_new = x_new.astype(X.dtype)
+  return jnp.where(x_new == X, jnp.asarray(-0.0, X.dtype), x_new - X)
 
 
 def added(x: Array | None, q: Array, X: Array | None, dt: Any, G: Array) -> Array:

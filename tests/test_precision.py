@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import optax
 import pytest
@@ -240,3 +241,95 @@ def test_a_float32_program_has_no_decay_callback():
 
   assert callbacks(jnp.float32) == 0
   assert callbacks(jnp.bfloat16, beta2=0.9) > 0
+
+
+# -- PyTorch's 16-bit stores (the framework twins) -------------------------------------------------
+
+_TORCH_16 = {"float16": "float16", "bfloat16": "bfloat16"}
+
+
+def _sweep(dtype: str) -> np.ndarray:
+  """float32 values over every binade of ``dtype``, its subnormals and its overflow included, each
+  with its neighbours and the halfway points between ``dtype``'s numbers (the ties), both signs,
+  zeros, infinities and a NaN."""
+  info = ml_dtypes.finfo(getattr(ml_dtypes, dtype) if dtype == "bfloat16" else np.float16)
+  low = float(info.smallest_subnormal)
+  exponents = np.arange(np.log2(low) - 2, min(np.log2(float(info.max)) + 2, 127))  # float32's too
+  rng = np.random.default_rng(0)
+  base = np.exp2(exponents)[:, None] * (1 + rng.uniform(0, 1, (exponents.size, 16)))
+  ties = np.exp2(exponents)[:, None] * (1 + (2 * np.arange(8) + 1) * 2.0 ** -(info.nmant + 1))
+  tiny_ties = low * (np.arange(12) + 0.5)  # halfway between two subnormals, 0 and the smallest
+  values = np.concatenate([base.ravel(), ties.ravel(), tiny_ties, [0.0, np.inf, np.nan, 2.0**-149]])
+  values = values.astype(np.float32)
+  neighbours = np.concatenate([np.nextafter(values, np.inf), np.nextafter(values, -np.inf)])
+  values = np.concatenate([values, neighbours])
+  return np.concatenate([values, -values])
+
+
+def _pytorch_store(x: np.ndarray, dtype: str) -> np.ndarray:
+  import torch
+
+  return torch.from_numpy(x).to(getattr(torch, _TORCH_16[dtype])).float().numpy()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_stored_is_pytorchs_16_bit_conversion_subnormals_included(dtype):
+  """``_pytorch.stored`` of a float32 result in float16 or bfloat16 is PyTorch's conversion to the
+  bit (``Tensor.to``: round to nearest even), on every value of the sweep: subnormals (float16's
+  from 2^-24, 1e-6 and 3e-8 among them), ties, overflow to inf, signed zeros, NaN. Both of its
+  ways: the CPU's conversion (jitted and eager) and ``rounded_to`` (the other platforms', run here
+  on the CPU). Planted, ``lax.reduce_precision`` alone (float16's subnormals flushed to 0, 1e-6
+  stored as 0) fails it in float16."""
+  from onnx_optax import _pytorch
+
+  x = _sweep(dtype)
+  want = _pytorch_store(x, dtype).view(np.uint32)
+  narrow = jnp.dtype(dtype)
+  ways = {
+    "stored": lambda x: _pytorch.stored(x, narrow),
+    "rounded_to": lambda x: _pytorch.rounded_to(x, narrow),
+  }
+  checked = 0
+  for name, f in ways.items():
+    for run in (f, jax.jit(f)):
+      got = np.asarray(run(jnp.asarray(x)))
+      assert got.dtype == np.float32
+      differ = np.flatnonzero((got.view(np.uint32) != want) & ~(np.isnan(got) & np.isnan(x)))
+      assert differ.size == 0, (name, x[differ[:4]], got[differ[:4]], want.view(np.float32)[differ[:4]])
+      checked += 1
+  subnormal = (x != 0) & (np.abs(x) < float(jnp.finfo(narrow).smallest_normal))
+  assert checked == 4 and subnormal.sum() > 100
+  if dtype == "float16":
+    assert (
+      _pytorch_store(np.array([1e-6, 3e-8], np.float32), dtype).tolist()
+      == [
+        float(np.float16(1e-6)),
+        float(np.float16(3e-8)),
+      ]
+      != [0.0, 0.0]
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_alpha_is_pytorchs_16_bit_scalar(dtype):
+  """``_pytorch.alpha``: the scalar of PyTorch's ``add(other, alpha=a)`` and ``add_(a)`` on 16-bit
+  tensors, which ATen's CPU kernel converts to the tensors' dtype, through float32 (a double one
+  ulp of float32 above a float16 tie rounds to the tie's even side, not up). Expected: PyTorch's
+  own ``zeros.add(ones, alpha=a)`` and ``zeros.add_(a)``. float32 keeps the scalar as it is.
+  Planted, the scalar returned unrounded fails it."""
+  import torch
+
+  from onnx_optax import _pytorch
+
+  one = 1.0 + (2.0**-11 if dtype == "float16" else 2.0**-8)  # a tie of the dtype, exact in float32
+  scalars = [0.01, 1e-8, 1e-4, 0.9, 1 - 0.9, -1e-3, one + 2.0**-40, 3e-39]
+  t = getattr(torch, dtype)
+  for a in scalars:
+    want = {
+      float(torch.zeros(40, dtype=t).add(torch.ones(40, dtype=t), alpha=a)[0]),
+      float(torch.zeros(40, dtype=t).add_(a)[0]),
+    }
+    got = _pytorch.alpha(jnp.asarray(a, jnp.float32), jnp.dtype(dtype))
+    assert {float(got)} == want, (a, float(got), want)
+  assert _pytorch.alpha(0.01, jnp.float32) == 0.01 and _pytorch.alpha(None, jnp.dtype(dtype)) is None
+
