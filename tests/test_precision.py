@@ -333,3 +333,24 @@ def test_alpha_is_pytorchs_16_bit_scalar(dtype):
     assert {float(got)} == want, (a, float(got), want)
   assert _pytorch.alpha(0.01, jnp.float32) == 0.01 and _pytorch.alpha(None, jnp.dtype(dtype)) is None
 
+
+def test_keras_adam_takes_no_step_on_bfloat16_with_beta_2_that_rounds_to_1():
+  """What ``keras_adam``'s docstring and docs/interop.md say: Keras casts ``beta_2`` to the
+  variable's dtype, so in bfloat16 a ``beta_2`` from 0.998046875 (the halfway point below 1,
+  rounded to 1.0, even) up, Keras's default 0.999 among them, makes ``1 - beta_2 ** step`` 0
+  and every update zero, as Keras 3.15.1 itself does (measured with ``keras.optimizers.Adam``
+  on a bfloat16 variable, JAX backend); just below the halfway point, and in float32, it moves."""
+  x = jnp.linspace(-1, 1, 6)
+  g = jnp.linspace(0.3, -0.5, 6)
+
+  def updates(dtype, **hyper):
+    tx = onnx_optax.keras_adam(1e-3, **hyper)
+    state = tx.init(x.astype(dtype))
+    for _ in range(3):
+      u, state = tx.update(g.astype(dtype), state, x.astype(dtype))
+    return np.asarray(u, np.float32)
+
+  for beta_2 in (0.999, 0.998046875):
+    assert not updates(jnp.bfloat16, beta_2=beta_2).any(), beta_2
+  assert updates(jnp.bfloat16, beta_2=0.998).all()
+  assert updates(jnp.float32).all()

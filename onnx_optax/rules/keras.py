@@ -125,6 +125,12 @@ def keras_adam(
   compiles as Keras's jitted step on the JAX backend (``model.fit``) compiles. Defaults are
   Keras's.
 
+  bfloat16 parameters take no step with ``beta_2 >= 0.998046875``, the default 0.999 among
+  them: Keras casts ``beta_2`` to the variable's dtype, where it is 1.0, so ``1 - beta_2 **
+  local_step`` and ``alpha`` are 0 and every update is zero, in Keras (3.15.1) as here. It is
+  Keras's step and is not refused; float32 parameters (Keras's ``mixed_bfloat16`` policy keeps
+  its variables float32), or a ``beta_2`` of 0.998 or less, move.
+
   Args:
     learning_rate: a float or an Optax schedule.
     beta_1: in ``[0, 1)``.  beta_2: in ``[0, 1]``.  epsilon: ``>= 0``.
