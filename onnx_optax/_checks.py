@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -235,6 +235,46 @@ def epsilon(name: str, value: Any) -> Any:
   return hyperparameter(name, value, minimum=0.0, why=why)
 
 
+def shrink_factor(name: str, value: Any) -> Any:
+  """A factor that shrinks a step size where the gradient changes sign (Rprop's ``etaminus``), in ``(0, 1)``.
+
+  1 or above does not shrink it, 0 stops that element for good, below 0 flips the step size's
+  sign. PyTorch's constructor refuses the same (``0 < etas[0] < 1``).
+  """
+  why = (
+    f"{name} shrinks a step size, in (0, 1): at 1 or above it does not shrink it, at 0 it stops the "
+    f"element for good, below 0 it flips the step size's sign; PyTorch refuses the same ({_RANGES})"
+  )
+  hyperparameter(name, value, minimum=0.0, maximum=1.0, maximum_exclusive=True, why=why)
+  if not is_traced(value) and float(value) == 0.0:
+    raise ValueError(f"{name} must be > 0, got 0.0: {why}")
+  return value
+
+
+def growth_factor(name: str, value: Any) -> Any:
+  """A factor that grows a step size where the gradient keeps its sign (Rprop's ``etaplus``), ``> 1``.
+
+  At 1 or below it does not grow it. PyTorch's constructor refuses the same (``1 < etas[1]``).
+  """
+  why = (
+    f"{name} grows a step size, > 1: at 1 or below it does not grow it; PyTorch refuses the same "
+    f"({_RANGES})"
+  )
+  hyperparameter(name, value, minimum=1.0, why=why)
+  if not is_traced(value) and float(value) == 1.0:
+    raise ValueError(f"{name} must be > 1, got 1.0: {why}")
+  return value
+
+
+def step_size(name: str, value: Any) -> Any:
+  """A bound of a step's size (Rprop's ``step_sizes``), ``>= 0``: a negative one is no size."""
+  why = (
+    f"{name} bounds the size of a step, the magnitude of a parameter's move: a negative one is none "
+    f"({_RANGES})"
+  )
+  return hyperparameter(name, value, minimum=0.0, why=why)
+
+
 def flag(name: str, value: Any) -> bool:
   """A bool that selects the formula (ONNX stores such attributes as ints): True, False, 1 or 0.
 
@@ -325,6 +365,17 @@ def floating_leaves(name: str, tree: Any) -> None:
       )
 
 
+def ranks(name: str, tree: Any, accepted: tuple[int, ...], rule: str) -> None:
+  """Every leaf of ``tree`` has one of the ``accepted`` numbers of dimensions (``Rule.ranks``)."""
+  for path, leaf in _leaves(tree):
+    if len(leaf.shape) not in accepted:
+      dims = " or ".join(f"{n}-D" for n in accepted)
+      raise ValueError(
+        f"{name}{path} has shape {tuple(leaf.shape)}: {rule} takes only {dims} parameters, as its "
+        f"framework does; give the others to another transform (optax.multi_transform)"
+      )
+
+
 def state(state_cls: Any, value: Any) -> None:
   """``value`` is a ``state_cls`` with an integer scalar count and float leaves.
 
@@ -346,12 +397,19 @@ def state(state_cls: Any, value: Any) -> None:
     floating_leaves(f"state.{field}", getattr(value, field))
 
 
-def same_trees(updates: Any, others: dict[str, Any]) -> None:
+def same_trees(
+  updates: Any,
+  others: dict[str, Any],
+  shapes: Mapping[str, Callable[[tuple[int, ...]], tuple[int, ...]]] | None = None,
+) -> None:
   """``updates`` and every tree in ``others`` share structure and shapes.
 
   Gradients must also have the dtype of their parameter (``others['params']``):
-  nothing is broadcast or cast silently.
+  nothing is broadcast or cast silently. ``shapes``: name -> ``shape(gradient's shape)``, the
+  shape a tree's leaves have where it is not the gradient's (a state field's
+  :attr:`~onnx_optax.registry.Field.shape`).
   """
+  shapes = shapes or {}
   floating_leaves("updates", updates)
   structure: Any = jax.tree.structure(updates)
   for name, tree in others.items():
@@ -362,8 +420,15 @@ def same_trees(updates: Any, others: dict[str, Any]) -> None:
       )
   grads = _leaves(updates)
   for name, tree in others.items():
+    shape_of = shapes.get(name)
     for (path, g), (_, x) in zip(grads, _leaves(tree)):
-      if tuple(g.shape) != tuple(x.shape):
+      want = tuple(g.shape) if shape_of is None else tuple(shape_of(tuple(g.shape)))
+      if want != tuple(x.shape):
+        if shape_of is not None and want != tuple(g.shape):
+          raise ValueError(
+            f"{name}{path} has shape {tuple(x.shape)}, but the rule keeps it in shape {want} for "
+            f"updates{path} of shape {tuple(g.shape)}; onnx_optax never broadcasts"
+          )
         raise ValueError(
           f"updates{path} has shape {tuple(g.shape)} but {name}{path} has shape "
           f"{tuple(x.shape)}; onnx_optax never broadcasts"

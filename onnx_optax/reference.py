@@ -29,6 +29,7 @@ its own expectation, written from its spec::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -45,9 +46,14 @@ __all__ = [
   "momentum",
   "ort_adamw",
   "ort_sgd",
+  "pytorch_adadelta",
   "pytorch_adagrad",
   "pytorch_adam",
+  "pytorch_muon",
+  "pytorch_adamax",
+  "pytorch_radam",
   "pytorch_rmsprop",
+  "pytorch_rprop",
   "pytorch_sgd",
   "register",
   "trajectory",
@@ -378,17 +384,20 @@ def pytorch_adam(
   G,
   exp_avg,
   exp_avg_sq,
+  max_exp_avg_sq=None,
   *,
   betas,
   eps,
   weight_decay,
   decoupled_weight_decay,
   maximize,
+  amsgrad=False,
   dtype=np.float64,
   scalars=None,
 ):
   """``torch.optim.Adam`` (``AdamW``: ``decoupled_weight_decay=True``); ``count``: PyTorch's
-  ``step`` before it. Returns ``(X_new, exp_avg_new, exp_avg_sq_new)``. ``scalars``:
+  ``step`` before it. Returns ``(X_new, exp_avg_new, exp_avg_sq_new)``, then
+  ``max_exp_avg_sq_new`` with ``amsgrad`` (``max_exp_avg_sq``: its running maximum). ``scalars``:
   ``{"step_size": value, "bias_correction2_sqrt": value}`` to use instead of PyTorch's float64
   numbers (a framework that computes them otherwise: the expectation then follows its numbers)."""
   X, G, exp_avg, exp_avg_sq = _arrays(dtype, X, G, exp_avg, exp_avg_sq)
@@ -414,12 +423,18 @@ def pytorch_adam(
   bias_correction2_sqrt = bias_correction2**0.5
   if scalars is not None:
     step_size, bias_correction2_sqrt = scalars["step_size"], scalars["bias_correction2_sqrt"]
-  denom = np.sqrt(exp_avg_sq) / s(bias_correction2_sqrt) + s(eps)
+  if amsgrad:  # torch.maximum(max_exp_avg_sq, exp_avg_sq, out=max_exp_avg_sq): the root of the maximum
+    (max_exp_avg_sq,) = _arrays(X.dtype, max_exp_avg_sq)
+    max_exp_avg_sq = np.maximum(max_exp_avg_sq, exp_avg_sq)
+    denom = np.sqrt(max_exp_avg_sq) / s(bias_correction2_sqrt) + s(eps)
+  else:
+    denom = np.sqrt(exp_avg_sq) / s(bias_correction2_sqrt) + s(eps)
   return (
-    X + (s(-step_size) * exp_avg) / denom,
+    X + (s(-step_size) * exp_avg) / denom,  # addcdiv_(exp_avg, denom, value=-step_size)
     exp_avg,
     exp_avg_sq,
-  )  # addcdiv_(exp_avg, denom, value=-step_size)
+    *((max_exp_avg_sq,) if amsgrad else ()),
+  )
 
 
 def pytorch_rmsprop(
@@ -467,6 +482,136 @@ def pytorch_rmsprop(
   return X + (s(-lr) * grad) / avg, square_avg, momentum_buffer, grad_avg  # addcdiv_(grad, avg, value=-lr)
 
 
+def pytorch_adamax(
+  lr, count, X, G, exp_avg, exp_inf, *, betas, eps, weight_decay, maximize, dtype=np.float64, scalars=None
+):
+  """``torch.optim.Adamax``'s step (written from PyTorch's ``_single_tensor_adamax``); ``count``: its
+  ``step`` before it. Returns ``(X_new, exp_avg_new, exp_inf_new)``. ``scalars``: ``{"clr": value}``
+  to use instead of PyTorch's float64 ``lr / (1 - beta1**step)``."""
+  X, G, exp_avg, exp_inf = _arrays(dtype, X, G, exp_avg, exp_inf)
+  s = lambda v: np.asarray(v, X.dtype)  # noqa: E731
+  beta1, beta2 = betas
+  step = count + 1
+  grad = -G if maximize else G
+  if weight_decay != 0:
+    grad = _fma(X, s(weight_decay), grad, X.dtype)  # grad.add(param, alpha=weight_decay)
+  weight = s(1 - beta1)  # exp_avg.lerp_(grad, 1 - beta1), PyTorch's two branches
+  if abs(weight) < 0.5:
+    exp_avg = _fma(weight, grad - exp_avg, exp_avg, X.dtype)
+  else:
+    exp_avg = _fma(weight - s(1), grad - exp_avg, grad, X.dtype)
+  # torch.maximum(exp_inf.mul_(beta2), grad.abs().add_(eps), out=exp_inf)
+  exp_inf = np.maximum(exp_inf * s(beta2), np.abs(grad) + s(eps))
+  clr = lr / (1 - beta1**step) if scalars is None else scalars["clr"]  # Python floats
+  return X + (s(-clr) * exp_avg) / exp_inf, exp_avg, exp_inf  # addcdiv_(exp_avg, exp_inf, value=-clr)
+
+
+def pytorch_adadelta(
+  lr, count, X, G, square_avg, acc_delta, *, rho, eps, weight_decay, maximize, dtype=np.float64
+):
+  """``torch.optim.Adadelta``'s step (written from PyTorch's ``_single_tensor_adadelta``); ``count``
+  is its ``step``, which nothing reads. Returns ``(X_new, square_avg_new, acc_delta_new)``."""
+  del count
+  X, G, square_avg, acc_delta = _arrays(dtype, X, G, square_avg, acc_delta)
+  s = lambda v: np.asarray(v, X.dtype)  # noqa: E731
+  grad = -G if maximize else G
+  if weight_decay != 0:
+    grad = _fma(X, s(weight_decay), grad, X.dtype)  # grad.add(param, alpha=weight_decay)
+  square_avg = square_avg * s(rho)  # square_avg.mul_(rho)
+  square_avg = _fma(s(1 - rho) * grad, grad, square_avg, X.dtype)  # .addcmul_(grad, grad, value=1 - rho)
+  std = np.sqrt(square_avg + s(eps))  # square_avg.add(eps).sqrt_()
+  delta = np.sqrt(acc_delta + s(eps))  # acc_delta.add(eps).sqrt_()
+  delta = (delta / std) * grad  # delta.div_(std).mul_(grad)
+  acc_delta = acc_delta * s(rho)  # acc_delta.mul_(rho)
+  acc_delta = _fma(s(1 - rho) * delta, delta, acc_delta, X.dtype)  # .addcmul_(delta, delta, value=1 - rho)
+  return _fma(delta, s(-lr), X, X.dtype), square_avg, acc_delta  # param.add_(delta, alpha=-lr)
+
+
+def _torch_sign(x: np.ndarray) -> np.ndarray:
+  """``torch.sign``: 0 for NaN and for -0.0."""
+  return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)
+
+
+def pytorch_rprop(lr, count, X, G, prev, step_size, *, etas, step_sizes, maximize, dtype=np.float64):
+  """``torch.optim.Rprop``'s step (written from PyTorch's ``_single_tensor_rprop``); ``lr`` only starts
+  ``step_size`` (``torch.full_like(grad, lr)``, before the first step: the caller's state), ``count``
+  is its ``step``, which nothing reads. Returns ``(X_new, prev_new, step_size_new)``."""
+  del lr, count
+  X, G, prev, step_size = _arrays(dtype, X, G, prev, step_size)
+  s = lambda v: np.asarray(v, X.dtype)  # noqa: E731
+  etaminus, etaplus = etas
+  step_size_min, step_size_max = step_sizes
+  grad = -G if maximize else G
+  sign = _torch_sign(np.asarray(grad * prev))  # grad.mul(prev).sign()
+  sign = np.where(sign > 0, s(etaplus), sign)  # sign[sign.gt(0)] = etaplus
+  sign = np.where(sign < 0, s(etaminus), sign)  # sign[sign.lt(0)] = etaminus
+  sign = np.where(sign == 0, s(1), sign)  # sign[sign.eq(0)] = 1
+  step_size = np.clip(step_size * sign, s(step_size_min), s(step_size_max))  # mul_(sign).clamp_(min, max)
+  grad = np.where(sign == s(etaminus), s(0), grad)  # grad.clone(); grad[sign.eq(etaminus)] = 0
+  X_new = X + (s(-1) * _torch_sign(grad)) * step_size  # param.addcmul_(grad.sign(), step_size, value=-1)
+  return X_new, grad, step_size  # prev.copy_(grad)
+
+
+def pytorch_radam(
+  lr,
+  count,
+  X,
+  G,
+  exp_avg,
+  exp_avg_sq,
+  *,
+  betas,
+  eps,
+  weight_decay,
+  decoupled_weight_decay,
+  maximize,
+  dtype=np.float64,
+  scalars=None,
+):
+  """``torch.optim.RAdam``'s step (written from PyTorch's ``_single_tensor_radam``); ``count``:
+  PyTorch's ``step`` before it. Returns ``(X_new, exp_avg_new, exp_avg_sq_new)``. ``scalars``:
+  ``{"bias_correction1", "bias_correction2_sqrt", "rho_t", "rect"}`` to use instead of PyTorch's
+  float64 numbers (a framework that computes them otherwise)."""
+  X, G, exp_avg, exp_avg_sq = _arrays(dtype, X, G, exp_avg, exp_avg_sq)
+  s = lambda v: np.asarray(v, X.dtype)  # noqa: E731
+  beta1, beta2 = betas
+  step = count + 1
+  grad = -G if maximize else G
+  if weight_decay != 0:
+    if decoupled_weight_decay:
+      X = X * s(1 - lr * weight_decay)  # param.mul_(1 - lr * weight_decay)
+    else:
+      grad = _fma(X, s(weight_decay), grad, X.dtype)  # grad.add(param, alpha=weight_decay)
+  weight = s(1 - beta1)  # exp_avg.lerp_(grad, 1 - beta1), PyTorch's two branches
+  if abs(weight) < 0.5:
+    exp_avg = _fma(weight, grad - exp_avg, exp_avg, X.dtype)
+  else:
+    exp_avg = _fma(weight - s(1), grad - exp_avg, grad, X.dtype)
+  exp_avg_sq = exp_avg_sq * s(beta2)  # exp_avg_sq.mul_(beta2)
+  exp_avg_sq = _fma(s(1 - beta2) * grad, grad, exp_avg_sq, X.dtype)  # .addcmul_(grad, grad, value=1 - beta2)
+  bias_correction1 = 1 - beta1**step  # Python floats
+  bias_correction2 = 1 - beta2**step
+  rho_inf = 2 / (1 - beta2) - 1
+  rho_t = rho_inf - 2 * step * (beta2**step) / bias_correction2
+  bias_correction2_sqrt = bias_correction2**0.5
+  if scalars is not None:
+    bias_correction1, bias_correction2_sqrt = scalars["bias_correction1"], scalars["bias_correction2_sqrt"]
+    rho_t = scalars["rho_t"]
+  bias_corrected = exp_avg / s(bias_correction1)  # exp_avg / bias_correction1
+  scaled = bias_corrected * s(lr)  # * lr
+  if rho_t > 5:
+    if scalars is not None:
+      rect = scalars["rect"]
+    else:
+      rect = ((rho_t - 4) * (rho_t - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho_t)) ** 0.5
+    denom = np.sqrt(exp_avg_sq) + s(eps)  # exp_avg_sq.sqrt().add_(eps)
+    adaptive = (s(1) / denom) * s(bias_correction2_sqrt)  # float / tensor: reciprocal(), then * float
+    step_ = (scaled * adaptive) * s(rect)
+  else:
+    step_ = scaled
+  return X - step_, exp_avg, exp_avg_sq  # param.add_(..., alpha=-1.0)
+
+
 # -- the twins' steps, registered by rule: ``(R, T, X, G, *state)``, ``T`` their count ------------
 
 
@@ -487,9 +632,10 @@ def _pytorch_adagrad_step(R, T, X, G, state_sum, *, maximize=False, **kwargs):
 
 @expectation("pytorch_adam", state=2, framework_order=True)
 def _pytorch_adam_step(
-  R, T, X, G, exp_avg, exp_avg_sq, *, maximize=False, decoupled_weight_decay=False, **kwargs
+  R, T, X, G, exp_avg, exp_avg_sq, *amsgrad_max, maximize=False, decoupled_weight_decay=False, **kwargs
 ):
-  """:func:`pytorch_adam` (``torch.optim.Adam``: the weight decay added to the gradient unless given)."""
+  """:func:`pytorch_adam` (``torch.optim.Adam``: the weight decay added to the gradient unless given;
+  ``max_exp_avg_sq`` after ``exp_avg_sq`` with ``amsgrad``)."""
   return pytorch_adam(
     R,
     T,
@@ -497,6 +643,7 @@ def _pytorch_adam_step(
     G,
     exp_avg,
     exp_avg_sq,
+    *amsgrad_max,
     maximize=maximize,
     decoupled_weight_decay=decoupled_weight_decay,
     **kwargs,
@@ -504,10 +651,10 @@ def _pytorch_adam_step(
 
 
 @expectation("pytorch_adamw", state=2, framework_order=True)
-def _pytorch_adamw_step(R, T, X, G, exp_avg, exp_avg_sq, *, maximize=False, **kwargs):
+def _pytorch_adamw_step(R, T, X, G, exp_avg, exp_avg_sq, *amsgrad_max, maximize=False, **kwargs):
   """:func:`pytorch_adam` with ``decoupled_weight_decay`` (``torch.optim.AdamW``)."""
   return pytorch_adam(
-    R, T, X, G, exp_avg, exp_avg_sq, maximize=maximize, decoupled_weight_decay=True, **kwargs
+    R, T, X, G, exp_avg, exp_avg_sq, *amsgrad_max, maximize=maximize, decoupled_weight_decay=True, **kwargs
   )
 
 
@@ -519,6 +666,38 @@ def _pytorch_rmsprop_step(R, T, X, G, square_avg, buf, grad_avg, *, maximize=Fal
   return pytorch_rmsprop(R, T, X, G, square_avg, buf, grad_avg, maximize=maximize, **kwargs)
 
 
+@expectation("pytorch_adamax", state=2, framework_order=True)
+def _pytorch_adamax_step(R, T, X, G, exp_avg, exp_inf, *, maximize=False, **kwargs):
+  """:func:`pytorch_adamax` (``maximize`` off unless given); ``scalars`` (``clr``) passed on."""
+  return pytorch_adamax(R, T, X, G, exp_avg, exp_inf, maximize=maximize, **kwargs)
+
+
+@expectation("pytorch_adadelta", state=2, framework_order=True)
+def _pytorch_adadelta_step(R, T, X, G, square_avg, acc_delta, *, maximize=False, scalars=None, **kwargs):
+  """:func:`pytorch_adadelta` (``maximize`` off unless given). Its only scalar is ``-lr``, a Python
+  float: ``scalars`` changes nothing."""
+  del scalars
+  return pytorch_adadelta(R, T, X, G, square_avg, acc_delta, maximize=maximize, **kwargs)
+
+
+@expectation("pytorch_rprop", state=2, framework_order=True)
+def _pytorch_rprop_step(R, T, X, G, prev, step_size, *, maximize=False, scalars=None, **kwargs):
+  """:func:`pytorch_rprop` (``maximize`` off unless given). It has no computed scalar: ``scalars``
+  changes nothing."""
+  del scalars
+  return pytorch_rprop(R, T, X, G, prev, step_size, maximize=maximize, **kwargs)
+
+
+@expectation("pytorch_radam", state=2, framework_order=True)
+def _pytorch_radam_step(
+  R, T, X, G, exp_avg, exp_avg_sq, *, maximize=False, decoupled_weight_decay=False, **kwargs
+):
+  """:func:`pytorch_radam` (``maximize`` and the decoupled decay off unless given)."""
+  return pytorch_radam(
+    R, T, X, G, exp_avg, exp_avg_sq, maximize=maximize, decoupled_weight_decay=decoupled_weight_decay, **kwargs
+  )
+
+
 @expectation("keras_adam", state=2)
 def _keras_adam_step(R, T, X, G, m, v, *, beta_1, beta_2, epsilon, dtype=np.float64):
   """Keras's Adam is DirectML Adam in exact arithmetic (Keras's ``m += (g - m) * (1 - beta_1)`` is
@@ -527,3 +706,82 @@ def _keras_adam_step(R, T, X, G, m, v, *, beta_1, beta_2, epsilon, dtype=np.floa
   return directml_adam(
     X, m, v, G, T + 1, learning_rate=R, beta1=beta_1, beta2=beta_2, epsilon=epsilon, dtype=dtype
   )
+
+
+# -- torch.optim.Muon (torch/optim/_muon.py) ------------------------------------------------------
+
+
+def _bfloat16(x: np.ndarray) -> np.ndarray:
+  """``x`` (float64 or float32) rounded to bfloat16 (nearest even, through float32 as c10's
+  conversion), kept as float64."""
+  bits = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+  bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+  return bits.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def _muon_newton_schulz(update, ns_coefficients, ns_steps, eps):
+  """PyTorch's ``_zeropower_via_newtonschulz`` with every bfloat16 result correctly rounded: each
+  matrix product (of bfloat16 numbers, exact products) and ``b A + c A A``, ``a X + B X`` summed in
+  float64 and rounded once to bfloat16 (PyTorch accumulates in float32: the two differ only where
+  float32's sum lands across a bfloat16 rounding boundary)."""
+  a, b, c = (float(np.float32(v)) for v in ns_coefficients)
+  x = _bfloat16(update)
+  tall = x.shape[0] > x.shape[1]
+  if tall:
+    x = x.T
+  norm = _bfloat16(np.sqrt(np.sum(x * x)))
+  norm = max(norm, float(_bfloat16(np.float64(eps))))
+  x = _bfloat16(x / norm)
+  for _ in range(ns_steps):
+    gram = _bfloat16(x @ x.T)
+    gram_update = _bfloat16(b * gram + c * (gram @ gram))
+    x = _bfloat16(a * x + gram_update @ x)
+  return x.T if tall else x
+
+
+@expectation("pytorch_muon", state=1)
+def pytorch_muon(
+  lr,
+  count,
+  X,
+  G,
+  momentum_buffer,
+  *,
+  weight_decay,
+  momentum,
+  nesterov,
+  ns_coefficients=(3.4445, -4.7750, 2.0315),
+  eps=1e-7,
+  ns_steps=5,
+  adjust_lr_fn=None,
+  dtype=np.float64,
+  scalars=None,
+):
+  """``torch.optim.Muon``'s step on one matrix (written from PyTorch's ``_single_tensor_muon``).
+
+  The iteration's input is formed as PyTorch forms it, in the tensors' own dtype (float32 for
+  float32, bfloat16 and float16 tensors' opmath, float64 for float64): ``buf.lerp_(grad, 1 -
+  momentum)``, ``grad.lerp(buf, momentum)`` (one fused rounding each, PyTorch's two branches);
+  the iteration is :func:`_muon_newton_schulz`; ``X_new`` is computed in ``dtype``. Returns
+  ``(X_new, momentum_buffer_new)``.
+  """
+  del count, scalars
+  work = np.float64 if np.asarray(G).dtype == np.float64 else np.float32
+  g, buf = (np.asarray(v, work) for v in (G, momentum_buffer))
+
+  def lerp(start, end, weight):
+    w = work(weight)
+    if abs(w) < 0.5:
+      return _fma(w, end - start, start, work)
+    return _fma(w - work(1), end - start, end, work)
+
+  buf = np.asarray(lerp(buf, g, 1 - momentum), work)
+  update = np.asarray(lerp(g, buf, momentum), work) if nesterov else buf
+  ortho = _muon_newton_schulz(update, ns_coefficients, ns_steps, eps)
+  A, B = np.shape(X)
+  ratio = math.sqrt(max(1, A / B)) if adjust_lr_fn in (None, "original") else 0.2 * math.sqrt(max(A, B))
+  (X,) = _arrays(dtype, X)
+  if weight_decay != 0:
+    X = X * np.asarray(1 - lr * weight_decay, X.dtype)  # param.mul_(1 - lr * weight_decay)
+  X_new = X + np.asarray(-(lr * ratio), X.dtype) * ortho.astype(X.dtype)  # add_(update, alpha=-lr*ratio)
+  return X_new, buf.astype(dtype if dtype is not None else work)

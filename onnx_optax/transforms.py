@@ -47,9 +47,13 @@ from onnx_optax.rules.onnx_adagrad import AdagradState, adagrad
 from onnx_optax.rules.onnx_adam import AdamState, adam
 from onnx_optax.rules.onnx_momentum import MomentumState, momentum
 from onnx_optax.rules.ort import OrtAdamWState, OrtSGDState, ort_adamw, ort_sgd
+from onnx_optax.rules.torch_adadelta import PyTorchAdadeltaState, pytorch_adadelta
 from onnx_optax.rules.torch_adagrad import PyTorchAdagradState, pytorch_adagrad
 from onnx_optax.rules.torch_adam import PyTorchAdamState, pytorch_adam, pytorch_adamw
+from onnx_optax.rules.torch_adamax import PyTorchAdamaxState, pytorch_adamax
+from onnx_optax.rules.torch_radam import PyTorchRAdamState, pytorch_radam
 from onnx_optax.rules.torch_rmsprop import PyTorchRMSpropState, pytorch_rmsprop
+from onnx_optax.rules.torch_rprop import PyTorchRpropState, pytorch_rprop
 from onnx_optax.rules.torch_sgd import PyTorchSGDState, pytorch_sgd
 
 __all__ = [
@@ -60,9 +64,13 @@ __all__ = [
   "MomentumState",
   "OrtAdamWState",
   "OrtSGDState",
+  "PyTorchAdadeltaState",
   "PyTorchAdagradState",
   "PyTorchAdamState",
+  "PyTorchAdamaxState",
+  "PyTorchRAdamState",
   "PyTorchRMSpropState",
+  "PyTorchRpropState",
   "PyTorchSGDState",
   "ScalarOrSchedule",
   "adagrad",
@@ -72,9 +80,13 @@ __all__ = [
   "momentum",
   "ort_adamw",
   "ort_sgd",
+  "pytorch_adadelta",
   "pytorch_adagrad",
   "pytorch_adam",
+  "pytorch_adamax",
   "pytorch_adamw",
+  "pytorch_radam",
   "pytorch_rmsprop",
+  "pytorch_rprop",
   "pytorch_sgd",
 ]

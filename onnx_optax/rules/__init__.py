@@ -76,6 +76,8 @@ from onnx_optax._numerics import like
 from onnx_optax.rules import onnx_momentum, onnx_adagrad, onnx_adam, directml, ort
 from onnx_optax.rules import torch_sgd, torch_adagrad, torch_adam, keras  # noqa: F401 (they register)
 from onnx_optax.rules import torch_rmsprop  # noqa: F401
+from onnx_optax.rules import torch_adamax, torch_adadelta, torch_rprop  # noqa: F401
+from onnx_optax.rules import torch_radam  # noqa: F401
 
 # isort: on
 from onnx_optax.rules.directml import DirectMLAdamScalars, directml_adam_elementwise, directml_adam_scalars

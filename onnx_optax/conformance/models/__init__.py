@@ -17,5 +17,7 @@ A rule registered from outside the package registers its own model with
 from onnx_optax.conformance.models import onnx_momentum, onnx_adagrad, onnx_adam, directml, ort  # noqa: F401
 from onnx_optax.conformance.models import torch_sgd, torch_adagrad, torch_adam, keras  # noqa: F401
 from onnx_optax.conformance.models import torch_rmsprop  # noqa: F401
+from onnx_optax.conformance.models import torch_adamax, torch_adadelta, torch_rprop  # noqa: F401
+from onnx_optax.conformance.models import torch_radam  # noqa: F401
 
 # isort: on
