@@ -83,6 +83,8 @@ def transform(
   def init_fn(params: optax.Params) -> Any:
     with _named(rule):
       _checks.floating_leaves("params", params)
+      if rule.ranks:
+        _checks.ranks("params", params, rule.ranks, rule.name)
       if policy.refuses_stalling_decays:
         _checks.decays_representable(decays, params, state_dtype, may_be_one)
 

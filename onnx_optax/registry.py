@@ -176,10 +176,13 @@ class TorchOptimizer:
   refuse: Callable[[str, int, Mapping[str, Any], Callable[[str], str]], None] | None = None
   ignores: Callable[[dict[str, Any]], dict[str, Any]] | None = None
   examples: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+  #: The keys of :data:`TORCH_COMMON_OPTIONS` the class's param groups do not have
+  #: (``torch.optim.Muon``: no ``maximize``, ``foreach`` nor ``differentiable``).
+  lacks: frozenset[str] = frozenset()
 
   def keys(self) -> frozenset[str]:
     """Every key a param group of the class has in PyTorch 2.13."""
-    return TORCH_COMMON_OPTIONS | self.options
+    return (TORCH_COMMON_OPTIONS - self.lacks) | self.options
 
 
 @dataclass(frozen=True)
@@ -362,6 +365,10 @@ class Rule:
   twin_of: Rule | None = None
   variants: tuple[Variant, ...] = ()
   conformance: Conformance | None = None
+  #: The numbers of dimensions of the parameters the rule takes (``torch.optim.Muon``'s
+  #: ``(2,)``): ``init`` refuses a leaf of another, naming its pytree path, and the
+  #: conformance grid and the interop tests give it only such leaves. Empty: any.
+  ranks: tuple[int, ...] = ()
 
   def defaults(self) -> dict[str, Any]:
     """The hyperparameters' defaults, read from :attr:`transform`'s signature (required ones left out)."""

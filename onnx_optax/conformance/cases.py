@@ -352,7 +352,21 @@ _TPU_FLOAT16_TINY = (
 def _case(rule: str, dtype: str, name: str, T: int = 5, R: float = 0.05, **kwargs: Any) -> Case:
   hyper = dict(suite_rule(rule).hyper)
   hyper.update(kwargs.pop("hyper", {}))
+  ranks = suite_rule(rule).rule.ranks
+  if ranks:  # A rule of matrices only (Rule.ranks): the grid's shapes taken to its rank.
+    kwargs["shapes"] = tuple(_ranked(s, ranks) for s in kwargs.get("shapes", Case.shapes))
   return Case(rule, dtype, name, T, R, hyper, **kwargs)
+
+
+def _ranked(shape: tuple[int, ...], ranks: tuple[int, ...]) -> tuple[int, ...]:
+  """``shape`` with the first of ``ranks`` dimensions: its leading ones merged, or ones appended
+  (``(13,)`` is ``(13, 1)``, ``(1, 7, 2)`` is ``(7, 2)`` for ``(2,)``); a shape of one of them kept."""
+  if len(shape) in ranks:
+    return shape
+  r = ranks[0]
+  if len(shape) < r:
+    return (*shape, *(1,) * (r - len(shape)))
+  return (int(np.prod(shape[: len(shape) - r + 1])), *shape[len(shape) - r + 1 :])
 
 
 def _edges(rule: str, dtype: str) -> list[Case]:

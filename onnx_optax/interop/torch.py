@@ -223,7 +223,7 @@ def carry(torch: Any, view: View, params: Any, learning_rate: Any) -> tuple[Any,
     for T in sorted({T for T, _ in counts_and_tensors}):
       label = f"group{g}" if len({T for T, _ in counts_and_tensors}) == 1 else f"group{g}.T{T}"
       transforms_by_label[label] = _common.negated(
-        _torch_optim.transform(kind, g, group, R, T), bool(group["maximize"])
+        _torch_optim.transform(kind, g, group, R, T), bool(group.get("maximize", False))
       )
     for T, tensor in counts_and_tensors:
       labels.append(f"group{g}" if f"group{g}" in transforms_by_label else f"group{g}.T{T}")
