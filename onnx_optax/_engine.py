@@ -71,6 +71,7 @@ def transform(
   (at least the rule's first count) and ``state_dtype``.
   """
   hyper = rule.checked(hyper)
+  rule = rule.running(hyper)  # a flag that adds state fields runs its own rule (Rule.flagged)
   learning_rate = (
     learning_rate if callable(learning_rate) else _checks.learning_rate("learning_rate", learning_rate)
   )

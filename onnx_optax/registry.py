@@ -67,6 +67,9 @@ class Field:
       this one's magnitude in every state the rule reaches (a running mean of the gradient
       beside the running mean of its squares, RMSprop's centred ``grad_avg``): the conformance
       grid draws states that hold it.
+    at_least: the field (declared before this one) that this one is never below in a state the
+      rule reaches (a running maximum of it, PyTorch Adam's ``max_exp_avg_sq`` of ``exp_avg_sq``):
+      the conformance grid draws states that hold it (``"tight"``: equal to it).
   """
 
   name: str
@@ -74,6 +77,7 @@ class Field:
   second_moment: bool = False
   initial: float | str = 0.0
   root_of: str = ""
+  at_least: str = ""
 
 
 @dataclass(frozen=True)
@@ -346,6 +350,11 @@ class Rule:
     variants: the configurations the conformance suite checks as rules of their own.
     conformance: how the conformance suite and the tests check the rule
       (:class:`Conformance`).
+    flagged: a static flag hyperparameter -> the rule that runs when it is on: the same rule
+      with more state fields, in a state class of its own, so that a state without the flag
+      keeps its structure and no memory for them (PyTorch Adam's ``amsgrad`` and its
+      ``max_exp_avg_sq``). Not registered itself (same name, transform and hyperparameters):
+      the engine (:meth:`running`), the bridges and the conformance suite take it from here.
   """
 
   name: str
@@ -365,6 +374,7 @@ class Rule:
   twin_of: Rule | None = None
   variants: tuple[Variant, ...] = ()
   conformance: Conformance | None = None
+  flagged: Mapping[str, Rule] = field(default_factory=dict)
   #: The numbers of dimensions of the parameters the rule takes (``torch.optim.Muon``'s
   #: ``(2,)``): ``init`` refuses a leaf of another, naming its pytree path, and the
   #: conformance grid and the interop tests give it only such leaves. Empty: any.
@@ -407,6 +417,14 @@ class Rule:
     one = [h for h in decays if _holds(self.hyperparameters[h].may_be_one, hyper)]
     return decays, tuple(one)
 
+  def running(self, hyper: Mapping[str, Any]) -> Rule:
+    """The rule that runs with these hyperparameters: :attr:`flagged`'s for a flag that is on."""
+    return next((rule for flag, rule in self.flagged.items() if hyper.get(flag)), self)
+
+  def family(self) -> tuple[Rule, ...]:
+    """This rule, then its :attr:`flagged` rules (every state class its transform returns)."""
+    return (self, *self.flagged.values())
+
   def binding(self, kind: str) -> Binding | None:
     """The rule's counterpart of a ``kind`` (``"onnx"``, ``"torch"``, ``"keras"``), if any."""
     return next((b for b in self.bindings if b.kind == kind), None)
@@ -447,13 +465,26 @@ def register(rule: Rule) -> Rule:
   for binding in rule.bindings:
     if binding.kind == "torch" and binding.torch is None:
       raise ValueError(f"{rule.name}: Binding('torch', {binding.name!r}) has no torch=TorchOptimizer(...)")
-    stray = sorted(set(binding.torch.optional) - {f.name for f in rule.fields}) if binding.torch else []
+    names = {f.name for r in rule.family() for f in r.fields}
+    stray = sorted(set(binding.torch.optional) - names) if binding.torch else []
     if stray:
       raise ValueError(f"{rule.name}: torch.optional names {stray}, which are not fields of the rule")
   for i, f in enumerate(rule.fields):
     before = {g.name for g in rule.fields[:i] if g.second_moment}
     if f.root_of and f.root_of not in before:
       raise ValueError(f"{rule.name}: {f.name!r} has root_of={f.root_of!r}, not a second moment before it")
+  for flag, flagged in rule.flagged.items():
+    declared = rule.hyperparameters.get(flag)
+    expected = ("count", *(f.name for f in flagged.fields)) == tuple(getattr(flagged.state, "_fields", ()))
+    same = flagged.hyperparameters.keys() == rule.hyperparameters.keys()
+    if declared is None or not declared.static or not same:
+      raise ValueError(f"{rule.name}: flagged[{flag!r}] is not a static hyperparameter both rules take")
+    if flagged.fields[: len(rule.fields)] != rule.fields or not expected:
+      raise ValueError(f"{rule.name}: flagged[{flag!r}]'s state is not the rule's fields, then its own")
+  for r in rule.family():
+    for i, f in enumerate(r.fields):
+      if f.at_least and f.at_least not in {g.name for g in r.fields[:i]}:
+        raise ValueError(f"{rule.name}: {f.name!r} has at_least={f.at_least!r}, not a field before it")
   _RULES[rule.name] = rule
   return rule
 

@@ -437,14 +437,94 @@ def _params32():
   return torch_parameters(initial(np.float32)), like(jnp.float32)
 
 
+def amsgrad_optimizer(cls, ps, mixed, amsgrad=True):
+  """AMSGrad in group 0 (every option away from its default), in group 1 too unless ``mixed``;
+  ``amsgrad=False``: the same optimizer without it."""
+  return cls(
+    [
+      dict(
+        params=[ps[i] for i in GROUPS[0]],
+        lr=0.05,
+        betas=(0.8, 0.9),
+        eps=1e-3,
+        weight_decay=0.05,
+        amsgrad=amsgrad,
+        maximize=True,
+      ),
+      dict(
+        params=[ps[i] for i in GROUPS[1]], lr=0.02, eps=1e-6, weight_decay=0.2, amsgrad=amsgrad and not mixed
+      ),
+    ]
+  )
+
+
+def amsgrad_state(opt, p):
+  """``(exp_avg, exp_avg_sq, max_exp_avg_sq or None, step)`` of one parameter."""
+  slot = opt.state[p]
+  keys = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+  values = [slot[k].detach().numpy().copy() if k in slot else None for k in keys]
+  return (*values, float(slot["step"]))
+
+
 @pytest.mark.parametrize("cls", [torch.optim.Adam, torch.optim.AdamW])
-def test_refuses_amsgrad(cls):
+@pytest.mark.parametrize("mixed", [False, True], ids=["amsgrad", "amsgrad_in_one_group"])
+@pytest.mark.parametrize("direction", ["from_torch", "to_torch"])
+def test_amsgrad_is_carried_both_ways(cls, mixed, direction):
+  """``amsgrad=True`` (``max_exp_avg_sq``, in a group of its own or in both): 3 steps on one side
+  and 5 on the other end at PyTorch's own run of 8 steps, parameters and state (the running
+  maximum included) within 1e-12 in float64. The maximum matters on this run (it differs from
+  ``exp_avg_sq`` and from a run without amsgrad), and a group without amsgrad keeps none."""
+  N, M = 3, 5
+  x0, grads = initial(np.float64), gradients(N + M, np.float64)
+  steps = functools.partial(torch_runs.torch_steps, state_of=amsgrad_state)
+  ps = torch_parameters(x0)
+  records = steps(amsgrad_optimizer(cls, ps, mixed), ps, grads)
+  final_x, final_state = records[-1]
+  plain = torch_parameters(x0)
+  steps(amsgrad_optimizer(cls, plain, mixed, amsgrad=False), plain, grads)
+  assert not np.allclose(plain[0].detach().numpy(), final_x[0])
+  assert any(not np.array_equal(s[1], s[2]) for s in final_state if s[2] is not None)
+  with jax.enable_x64(True):
+    ps = torch_parameters(x0)
+    opt = amsgrad_optimizer(cls, ps, mixed)
+    if direction == "from_torch":
+      steps(opt, ps, grads[:N])
+      params = torch_params(opt, like(np.float64))
+      tx, state = from_torch(opt, params)
+      params, state = jax_steps(tx, state, params, grads[N:])
+      ps = torch_parameters(x0)
+      opt = amsgrad_optimizer(cls, ps, mixed)
+      to_torch(state, opt, params)
+      xs = [np.asarray(x) for x in jax.tree.leaves(params)]
+    else:
+      params = torch_params(opt, like(np.float64))
+      tx, state = from_torch(opt, params)
+      params, state = jax_steps(tx, state, params, grads[:N])
+      to_torch(state, opt, params)
+      steps(opt, ps, grads[N:])
+      xs = [p.detach().numpy() for p in ps]
+  for i, (x, want) in enumerate(zip(xs, final_x)):
+    np.testing.assert_allclose(x, want, rtol=0, atol=tol64(want), err_msg=f"parameter {i}")
+  for i, (got, want) in enumerate(zip([amsgrad_state(opt, p) for p in ps], final_state)):
+    assert got[3] == want[3] and (got[2] is None) == (want[2] is None), f"parameter {i}"
+    for name, a, b in zip(("exp_avg", "exp_avg_sq", "max_exp_avg_sq"), got[:3], want[:3]):
+      if b is not None:
+        np.testing.assert_allclose(a, b, rtol=0, atol=tol64(b), err_msg=f"{name} {i}")
+
+
+@pytest.mark.parametrize("cls", [torch.optim.Adam, torch.optim.AdamW])
+def test_amsgrad_state_and_optimizer_must_agree(cls):
+  """A state without ``max_exp_avg_sq`` is not loaded into a group with amsgrad (PyTorch's step
+  would find none), nor one with it into a group without: refused, naming both state classes."""
   ps, structure = _params32()
-  opt = cls(ps, lr=0.1, amsgrad=True)
-  with pytest.raises(ValueError, match=r"amsgrad=True: .*max_exp_avg_sq.*amsgrad=False.*optax.amsgrad"):
-    from_torch(opt, structure)
-  with pytest.raises(ValueError, match="amsgrad=True"):
-    to_torch(from_torch(torch.optim.AdamW(ps, lr=0.1), structure)[1], opt)
+  plain_state = from_torch(cls(ps, lr=0.1), structure)[1]
+  with pytest.raises(
+    ValueError, match=r"PyTorchAdamState, but param_groups\[0\]'s options take a PyTorchAdamAMSGradState"
+  ):
+    to_torch(plain_state, cls(ps, lr=0.1, amsgrad=True))
+  amsgrad_state_ = from_torch(cls(ps, lr=0.1, amsgrad=True), structure)[1]
+  with pytest.raises(ValueError, match=r"PyTorchAdamAMSGradState, but .* take a PyTorchAdamState"):
+    to_torch(amsgrad_state_, cls(ps, lr=0.1))
 
 
 def test_adamw_whose_group_says_coupled_continues_coupled():
@@ -602,7 +682,7 @@ def test_to_torch_refuses_before_writing():
   params = torch_params(opt, structure)
   tx, state = from_torch(opt, params)
   sgd_state = from_torch(torch.optim.SGD(ps, lr=0.1, momentum=0.9), params)[1]
-  needs = "state holds a PyTorchSGDState, this optimizer needs PyTorchAdamState or OrtAdamWState"
+  needs = "PyTorchSGDState, this optimizer needs PyTorchAdamState or PyTorchAdamAMSGradState or OrtAdamWState"
   with pytest.raises(TypeError, match=needs):
     to_torch(sgd_state, opt, params)
   narrow = jax.tree.map(lambda x: x.astype(jnp.float16) if x.dtype == jnp.float32 else x, state)

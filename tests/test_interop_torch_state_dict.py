@@ -380,12 +380,19 @@ def test_refuses_what_it_cannot_place():
     }
     with pytest.raises(ValueError, match=r"state_dict\['state'\]\[2\] has no \['exp_avg_sq'\]"):
       from_torch_state_dict(no_moment, params)
-    amsgrad = {
+    # A max_exp_avg_sq in a group without amsgrad (one that had it): PyTorch's step ignores it, and so
+    # does the bridge (the state keeps none).
+    stray = {
       **saved,
       "state": {**saved["state"], 1: {**saved["state"][1], "max_exp_avg_sq": saved["state"][1]["exp_avg"]}},
     }
-    with pytest.raises(ValueError, match=r"state_dict\['state'\]\[1\] has \['max_exp_avg_sq'\]"):
-      from_torch_state_dict(amsgrad, params)
+    assert not hasattr(from_torch_state_dict(stray, params)[1], "max_exp_avg_sq")
+    unknown = {
+      **saved,
+      "state": {**saved["state"], 1: {**saved["state"][1], "momentum_buffer": saved["state"][1]["exp_avg"]}},
+    }
+    with pytest.raises(ValueError, match=r"state_dict\['state'\]\[1\] has \['momentum_buffer'\]"):
+      from_torch_state_dict(unknown, params)
 
 
 def test_refuses_names_missing_on_either_side():
@@ -709,26 +716,64 @@ def test_a_tied_weight_listed_twice_is_named():
   assert int(state.count) == 1
 
 
-def test_amsgrad_is_refused_as_amsgrad():
-  """Its group says amsgrad=True: that is the reason (no rule keeps the running maximum), not the
-  max_exp_avg_sq it keeps; also flattened, and on the way back."""
+def _amsgrad_adam(model):
+  """Adam with amsgrad in the weights' group, not in the biases' (which then keep no max_exp_avg_sq)."""
+  params = dict(model.named_parameters())
+  return torch.optim.Adam(
+    [
+      {"params": [params["0.weight"], params["2.weight"]], "amsgrad": True},
+      {"params": [params["0.bias"], params["2.bias"]], "lr": 0.02},
+    ],
+    lr=0.01,
+    betas=(0.8, 0.9),
+    weight_decay=0.01,
+  )
+
+
+@pytest.mark.parametrize("form", ["index", "flat"])
+def test_amsgrad_is_carried(form, tmp_path):
+  """``amsgrad=True`` (in one group of two): N steps in PyTorch, its state dict (by index, and
+  flattened) read, M steps in JAX, written back with to_torch_state_dict, K more in PyTorch: PyTorch's
+  own run of N + M + K steps, parameters and running maxima within 1e-12; the group without amsgrad
+  keeps no max_exp_avg_sq, as PyTorch's."""
+  N, M, K = 2, 3, 2
+  ref = _model()
+  opt_ref = _amsgrad_adam(ref)
+  _torch_steps(ref, opt_ref, N + M + K)
+
   model = _model()
-  opt = torch.optim.Adam(model.parameters(), lr=0.01, amsgrad=True)
-  _torch_steps(model, opt, 1)
+  opt = _amsgrad_adam(model)
+  _torch_steps(model, opt, N)
+  options = FLAT if form == "flat" else None
+  saved = _save_load(
+    get_optimizer_state_dict(model, opt, options=FLAT) if form == "flat" else opt.state_dict(),
+    tmp_path / "optimizer.pt",
+  )
   with jax.enable_x64(True):
-    params = [jnp.asarray(p.detach().numpy()) for p in model.parameters()]
-    named = dict(zip([n for n, _ in model.named_parameters()], params))
-    saved = {
-      "index": (opt.state_dict(), params),
-      "flat": (get_optimizer_state_dict(model, opt, options=FLAT), named),
-    }
-    for form, (state_dict, leaves) in saved.items():
-      with pytest.raises(ValueError, match=r"param_groups\[0\] has amsgrad=True: torch.optim.Adam then") as e:
-        from_torch_state_dict(state_dict, leaves)
-      assert "does not keep" not in str(e.value), form
-    _, state = from_torch_state_dict(torch.optim.Adam(model.parameters(), lr=0.01).state_dict(), params)
-    with pytest.raises(ValueError, match=r"param_groups\[0\] has amsgrad=True"):
-      to_torch_state_dict(state, opt.state_dict())
+    named = {name: jnp.asarray(p.detach().numpy()) for name, p in model.named_parameters()}
+    params = named if form == "flat" else [named[n] for n in ORDER]
+    tx, state = from_torch_state_dict(saved, params)
+    params, state = _jax_steps(tx, state, params, model, M)
+    back = to_torch_state_dict(state, saved)
+  fresh = _model(seed=1)
+  values = params if isinstance(params, dict) else dict(zip(ORDER, params))
+  with torch.no_grad():
+    for name, p in fresh.named_parameters():
+      p.copy_(torch.from_numpy(np.array(values[name])))
+  opt2 = _amsgrad_adam(fresh)
+  if form == "flat":
+    set_optimizer_state_dict(fresh, opt2, _save_load(back, tmp_path / "back.pt"), options=options)
+  else:
+    opt2.load_state_dict(_save_load(back, tmp_path / "back.pt"))
+  _torch_steps(fresh, opt2, K)
+  for (name, p), q in zip(fresh.named_parameters(), ref.parameters()):
+    np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-12, err_msg=name)
+  for p, q in zip(fresh.parameters(), ref.parameters()):
+    mine, theirs = opt2.state[p], opt_ref.state[q]
+    assert ("max_exp_avg_sq" in mine) == ("max_exp_avg_sq" in theirs)
+    if "max_exp_avg_sq" in theirs:
+      assert not torch.equal(theirs["max_exp_avg_sq"], theirs["exp_avg_sq"])  # the maximum matters
+      np.testing.assert_allclose(mine["max_exp_avg_sq"].numpy(), theirs["max_exp_avg_sq"].numpy(), rtol=1e-12)
 
 
 def test_a_flattened_state_dict_with_state_of_no_listed_parameter_is_refused():

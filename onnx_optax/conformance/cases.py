@@ -150,6 +150,12 @@ def suite_rules() -> dict[str, SuiteRule]:
         hyper = {**rule.conformance.hyper, **(variant.hyper if variant is not None else {})}
         edges = tuple(e for e in rule.conformance.edges if _applies(e, hyper))
         found[name] = SuiteRule(name, rule, hyper, edges, dict(variant.hyper) if variant else {})
+      # A flag that adds state fields (Rule.flagged): its rule checked as a suite rule of its own.
+      for flag, flagged in rule.flagged.items():
+        if flagged.conformance is not None:
+          hyper = {**flagged.conformance.hyper, flag: True}
+          edges = tuple(e for e in flagged.conformance.edges if _applies(e, hyper))
+          found[f"{rule.name}_{flag}"] = SuiteRule(f"{rule.name}_{flag}", flagged, hyper, edges, {flag: True})
     _SUITE = (key, found)
   return _SUITE[1]
 
@@ -236,7 +242,8 @@ class Case:
     shapes: one shape per leaf; more than one leaf makes a nested pytree.
     gradient: ``"normal"``, ``"zero"``, ``"tiny"`` or ``"huge"``.
     state: ``"random"`` (non-zero), ``"zero"``, or ``"tight"`` (random, a field declared
-      ``root_of`` a second moment within 0.1% of that bound).
+      ``root_of`` a second moment within 0.1% of that bound, one declared ``at_least`` another
+      equal to it).
     state_dtype: the transform's ``state_dtype`` (None: the parameters' dtype).
     schedule_steps: None for a constant learning rate ``R``; else the
       learning rate is ``optax.linear_schedule(R, 0, schedule_steps)``,
@@ -321,6 +328,16 @@ class Case:
     for f in self.suite.rule.fields:
       if self.state == "zero":
         leaves = [np.zeros(s, state_dtype) for s in self.shapes]
+      elif f.at_least:
+        # A state the rule reaches: not below the field it is the running maximum of (1.5 to 3
+        # times it; "tight": equal to it).
+        low, high = (1.0, 1.0) if self.state == "tight" else (1.5, 3.0)
+        leaves = [
+          np.asarray(draw(s, low, high, signed=False, dtype=np.float64) * np.asarray(v, np.float64)).astype(
+            state_dtype
+          )
+          for s, v in zip(self.shapes, drawn[f.at_least])
+        ]
       elif f.second_moment:
         leaves = [
           draw(s, 0.1, 1.0, signed=False, scale=state_scale**2, dtype=state_dtype) for s in self.shapes

@@ -32,7 +32,7 @@ def rule_states() -> tuple[type, ...]:
   under ``optax.multi_transform``). Read from the registry at each call, so
   that a rule registered from outside the package counts as well.
   """
-  return tuple(dict.fromkeys(rule.state for rule in registry.rules() if rule.fields))
+  return tuple(dict.fromkeys(r.state for rule in registry.rules() for r in rule.family() if r.fields))
 
 
 def _rule_state_test() -> Callable[[Any], bool]:

@@ -7,7 +7,7 @@ loads too. Each group option that is a hyperparameter of that twin is checked
 by the twin's declared check, under the name the PyTorch user wrote
 (``param_groups[0]['momentum']``). What this module adds is PyTorch's own:
 the options each class has in PyTorch 2.13, what the bridge refuses because
-no rule reproduces it (``amsgrad``, tensor hyperparameters, ...), and where
+no rule reproduces it (tensor hyperparameters, ...), and where
 PyTorch keeps a parameter's state (the twin's fields are PyTorch's keys;
 ``step`` beside them). Importing this module does not import PyTorch.
 """
@@ -80,7 +80,24 @@ def listed(kinds: Sequence[str], word: str = "and") -> str:
 def states(kind: str) -> tuple[type, ...]:
   """The states :func:`~onnx_optax.interop.to_torch` loads into a ``kind``: its twin's, then its twin_of's."""
   twin = twins()[kind]
-  return tuple(dict.fromkeys(rule.state for rule in (twin, twin.twin_of) if rule is not None))
+  return tuple(dict.fromkeys(rule.state for rule in (*twin.family(), twin.twin_of) if rule is not None))
+
+
+def group_twin(kind: str, group: dict) -> registry.Rule:
+  """The rule that takes this group's step: its twin (:func:`_twin_of_group`), or that twin's
+  :attr:`~onnx_optax.registry.Rule.flagged` rule for a flag the group has on (Adam's ``amsgrad``)."""
+  rule = _twin_of_group(kind, group)
+  binding = rule.binding("torch")
+  names = binding.names if binding is not None else {}
+  return rule.running({flag: group.get(names.get(flag, flag)) for flag in rule.flagged})
+
+
+def group_states(kind: str, group: dict) -> tuple[type, ...]:
+  """The states :func:`~onnx_optax.interop.to_torch` loads into this group: its rule's, and the
+  twin_of's where no flag of the group adds state (the spec rule has none of those fields)."""
+  rule, twin = group_twin(kind, group), twins()[kind]
+  spec_rule = twin.twin_of if rule.state is twin.state else None
+  return tuple(dict.fromkeys(r.state for r in (rule, spec_rule) if r is not None))
 
 
 def step_offset(kind: str, state: Any) -> int:
@@ -91,7 +108,7 @@ def step_offset(kind: str, state: Any) -> int:
   Adam has taken no step).
   """
   twin = twins()[kind]
-  if isinstance(state, twin.state) or twin.twin_of is None:
+  if isinstance(state, tuple(rule.state for rule in twin.family())) or twin.twin_of is None:
     return 0
   return twin.twin_of.first_count() - twin.first_count()
 
@@ -288,7 +305,7 @@ def read_state(torch: Any, view: View, group: dict, p: Any, where: str) -> tuple
   values, which a field that starts at a constructor option takes from the optimizer's
   defaults); else the count is PyTorch's ``step``, or 1 for a class that keeps none.
   """
-  kind, slot, twin, cls = view.kind, view.state.get(p, {}), twins()[view.kind], declared(view.kind)
+  kind, slot, twin, cls = view.kind, view.state.get(p, {}), group_twin(view.kind, group), declared(view.kind)
   fields = [f for f in twin.fields if not (f.name in cls.optional and not group[cls.optional[f.name]])]
   if not any(slot.get(f.name) is not None for f in fields):
     return 0, tuple(_unstepped(view, f, p) for f in twin.fields)
@@ -327,7 +344,7 @@ def write(torch: Any, kind: str, slot: dict, group: dict, p: Any, count: int, te
   A class without ``step`` keeps no state before its first step (``count == 0``: PyTorch's next
   step is a first one), and none of a field kept only under an option the group has not set.
   """
-  cls, twin = declared(kind), twins()[kind]
+  cls, twin = declared(kind), group_twin(kind, group)
   if cls.step:
     old = slot.get("step")
     if isinstance(old, torch.Tensor):

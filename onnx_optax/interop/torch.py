@@ -57,11 +57,13 @@ Adagrad's unless it is a float32 (or narrower) tensor and ``lr_decay != 0``,
 since PyTorch then computes ``lr / (1 + (step - 1) * lr_decay)`` in the
 tensor's dtype. Refused,
 because no rule is exact for them: that Adagrad case; Adam's and AdamW's
-``amsgrad=True``, their ``lr``, ``betas``, ``eps`` or ``weight_decay`` as
-tensors (PyTorch computes their step size in the tensor's dtype), and their
-complex parameters. :func:`to_torch` also loads the states of the spec-order
-rules (``momentum``, ``adagrad``, ``ort_adamw``, whose count is PyTorch's
-``step`` plus one), with the same hyperparameters.
+``lr``, ``betas``, ``eps`` or ``weight_decay`` as tensors (PyTorch computes
+their step size in the tensor's dtype), and their complex parameters.
+``amsgrad=True`` is carried (``max_exp_avg_sq``, in the twin's
+``PyTorchAdamAMSGradState``). :func:`to_torch` also loads the states of the
+spec-order rules (``momentum``, ``adagrad``, ``ort_adamw``, whose count is
+PyTorch's ``step`` plus one), with the same hyperparameters (``ort_adamw``'s
+not into a group with ``amsgrad=True``: it keeps no running maximum).
 
 FSDP2's parameters and state are DTensors: each rank holds its own rows
 (``Shard(0)``). :func:`torch_params` and :func:`from_torch` read each rank's
@@ -92,6 +94,7 @@ Importing this module does not import PyTorch; the functions do.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -158,7 +161,7 @@ def from_torch(
   Raises:
     TypeError: an optimizer other than SGD, Adagrad, Adam and AdamW, or a
       subclass, whose step may differ.
-    ValueError: an option the rules lack (Adam's ``amsgrad``, tensor
+    ValueError: an option the rules lack (tensor
       hyperparameters that PyTorch computes with in float32, Adam's complex
       parameters), a scheduler without ``learning_rate``, params that do
       not match the optimizer's parameters (naming the pytree path), or a
@@ -253,7 +256,7 @@ def carry(torch: Any, view: View, params: Any, learning_rate: Any) -> tuple[Any,
       _common.put_like(v if v is not None else np.zeros(leaf.shape, _common.dtype_name(leaf.dtype)), leaf)
       for v, leaf in zip(column, tree_leaves)
     ]
-    for column in zip(*tree_tensors)
+    for column in itertools.zip_longest(*tree_tensors)
   ]
   state = _common.fill(state, treedef, fields)
   return tx, _common.counts_placed(state, tree_leaves)
@@ -340,6 +343,14 @@ def checked_writes(
     for p in group["params"]:
       owner = owners[i]
       shape, dtype, where = described[i]
+      loads = _torch_optim.group_states(kind, group)
+      if not issubclass(type(owner.rule_state), loads):
+        # A flag that adds state (Adam's amsgrad) on in the group and off in the run, or the reverse.
+        raise ValueError(
+          f"the state of {where} is a {type(owner.rule_state).__name__}, but param_groups[{g}]'s "
+          f"options take a {' or '.join(t.__name__ for t in loads)}: the run and the optimizer differ "
+          f"in an option that changes the state (amsgrad); build the optimizer with the run's options"
+        )
       for value in owner.values:
         if tuple(value.shape) != shape or _common.dtype_name(value.dtype) != dtype:
           raise ValueError(

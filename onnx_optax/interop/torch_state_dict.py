@@ -565,7 +565,7 @@ def _kind(groups: list[dict], optimizer: Any, argument: str) -> str:
 
 def _entry(kind: str) -> frozenset[str]:
   """The keys of a parameter's state entry: the twin's fields (PyTorch's names), and ``step`` where kept."""
-  fields = {field.name for field in _torch_optim.twins()[kind].fields}
+  fields = {field.name for rule in _torch_optim.twins()[kind].family() for field in rule.fields}
   return frozenset(fields | ({"step"} if _torch_optim.declared(kind).step else set()))
 
 
@@ -582,8 +582,8 @@ def _check_entry(kind: str, key: Any, entry: Mapping[str, Any], shape: tuple, dt
   unknown = sorted(set(entry) - keeps)
   if unknown:
     raise ValueError(
-      f"{where} has {unknown}, which torch.optim.{kind} does not keep (amsgrad's max_exp_avg_sq, or "
-      f"another optimizer's state): no rule carries it"
+      f"{where} has {unknown}, which torch.optim.{kind} does not keep (another optimizer's state): "
+      f"no rule carries it"
     )
   for field, value in entry.items():
     if field == "step":

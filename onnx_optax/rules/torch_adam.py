@@ -15,6 +15,7 @@ from onnx_optax import _checks, _engine, _feedback, _numerics, _pytorch, registr
 from onnx_optax.rules import ort
 
 __all__ = [
+  "PyTorchAdamAMSGradState",
   "PyTorchAdamScalars",
   "PyTorchAdamState",
   "pytorch_adam",
@@ -94,10 +95,11 @@ def pytorch_adam_elementwise(
   G: Array,
   exp_avg: Array,
   exp_avg_sq: Array,
+  max_exp_avg_sq: Array | None = None,
   *,
   maximize: bool,
   lerp_small: bool,
-) -> tuple[Array, Array, Array]:
+) -> tuple[Array, ...]:
   """``torch.optim.Adam`` / ``AdamW``'s step on one tensor, in ``_single_tensor_adam``'s order::
 
       grad = -grad if maximize
@@ -105,13 +107,16 @@ def pytorch_adam_elementwise(
       grad = grad.add(param, alpha=weight_decay)      Adam (coupled), weight_decay != 0
       exp_avg.lerp_(grad, 1 - beta1)
       exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-      denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+      torch.maximum(max_exp_avg_sq, exp_avg_sq, out=max_exp_avg_sq)          amsgrad
+      denom = (max_exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)      amsgrad
+      denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)          otherwise
       param.addcdiv_(exp_avg, denom, value=-step_size)
 
   ``lerp_small`` is ``|1 - beta1| < 0.5``, the branch of PyTorch's lerp. Returns
-  ``(U, exp_avg_new, exp_avg_sq_new)``: ``U`` is ``addcdiv_``'s addend (``_pytorch.added``),
-  ``X_new - X`` for AdamW (``_pytorch.in_place``). ``X`` is read only for ``weight_decay`` and
-  for parameters narrower than float32 (else it may be None).
+  ``(U, exp_avg_new, exp_avg_sq_new)``, then ``max_exp_avg_sq_new`` when ``max_exp_avg_sq`` is
+  given (``amsgrad``): ``U`` is ``addcdiv_``'s addend (``_pytorch.added``), ``X_new - X`` for
+  AdamW (``_pytorch.in_place``). ``X`` is read only for ``weight_decay`` and for parameters
+  narrower than float32 (else it may be None).
   """
   dt = _pytorch.opmath(G.dtype, exp_avg.dtype, exp_avg_sq.dtype)
   x, g, nz = None if X is None else X.astype(dt), G.astype(dt), jnp.asarray(s.neg_zero, dt)
@@ -133,18 +138,24 @@ def pytorch_adam_elementwise(
   )
   v2 = _pytorch.stored(exp_avg_sq.astype(dt) * s.beta2, exp_avg_sq.dtype, nz)
   v = _pytorch.stored((s.one_minus_beta2 * g) * g + v2, exp_avg_sq.dtype)
-  root = _pytorch.stored(_numerics.sqrt(v), exp_avg_sq.dtype)
+  vmax = None
+  if max_exp_avg_sq is not None:  # amsgrad: the maximum of two stored values, exact (it rounds nothing)
+    vmax = jnp.maximum(max_exp_avg_sq.astype(dt), v)
+  root = _pytorch.stored(_numerics.sqrt(v if vmax is None else vmax), exp_avg_sq.dtype)
   denom = _pytorch.stored(
     _pytorch.stored(_pytorch.divide_by_scalar(root, s.bias_correction2_sqrt), exp_avg_sq.dtype) + s.eps,
     exp_avg_sq.dtype,
     nz,
   )
   q = (s.neg_step_size * m) / denom
+  state: tuple[Array, ...] = (m.astype(exp_avg.dtype), v.astype(exp_avg_sq.dtype))
+  if vmax is not None:
+    assert max_exp_avg_sq is not None
+    state = (*state, vmax.astype(max_exp_avg_sq.dtype))
   if s.decay_factor is not None:  # AdamW's decayed parameter is stored first: no addition to X.
     assert x is not None and X is not None  # checked above
-    return _pytorch.in_place(x + q, X), m.astype(exp_avg.dtype), v.astype(exp_avg_sq.dtype)
-  U = _pytorch.added(x, q, X, dt, G)
-  return U, m.astype(exp_avg.dtype), v.astype(exp_avg_sq.dtype)
+    return _pytorch.in_place(x + q, X), *state
+  return _pytorch.added(x, q, X, dt, G), *state
 
 
 class PyTorchAdamState(NamedTuple):
@@ -156,12 +167,24 @@ class PyTorchAdamState(NamedTuple):
   exp_avg_sq: optax.Updates
 
 
+class PyTorchAdamAMSGradState(NamedTuple):
+  """State of :func:`pytorch_adam` and :func:`pytorch_adamw` with ``amsgrad=True``: those of
+  :class:`PyTorchAdamState`, then ``max_exp_avg_sq``, the running maximum of ``exp_avg_sq`` (a
+  class of its own: a state without ``amsgrad`` keeps its structure and no third tensor)."""
+
+  count: Array  # type: ignore[assignment]  # shadows tuple.count, as in Optax's states
+  exp_avg: optax.Updates
+  exp_avg_sq: optax.Updates
+  max_exp_avg_sq: optax.Updates
+
+
 def pytorch_adam(
   learning_rate: _engine.ScalarOrSchedule,
   *,
   betas: tuple[float, float] = (0.9, 0.999),
   eps: float = 1e-8,
   weight_decay: float = 0.0,
+  amsgrad: bool = False,
   decoupled_weight_decay: bool = False,
   maximize: bool = False,
   initial_count: int = 0,
@@ -179,14 +202,19 @@ def pytorch_adam(
       exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
       bias_correction1 = 1 - beta1 ** step;  bias_correction2 = 1 - beta2 ** step
       step_size = lr / bias_correction1;     bias_correction2_sqrt = bias_correction2 ** 0.5
-      denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+      torch.maximum(max_exp_avg_sq, exp_avg_sq, out=max_exp_avg_sq)   amsgrad
+      denom = (max_exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps) amsgrad
+      denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)     otherwise
       param.addcdiv_(exp_avg, denom, value=-step_size)
 
   ``1 - beta1``, ``1 - beta2`` and ``1 - lr * weight_decay`` are Python float64 numbers
   rounded once, as in PyTorch (``1 - 0.999`` is ``0.001f``; ONNX Runtime's ``1 - 0.999f`` is
   0.00099998713). The bias corrections and ``step_size`` are computed in float64 under
-  ``jax_enable_x64`` (PyTorch's numbers), else in float32 (docs/spec.md). ``amsgrad`` is not
-  a rule here. Defaults are PyTorch's.
+  ``jax_enable_x64`` (PyTorch's numbers), else in float32 (docs/spec.md). ``amsgrad`` keeps
+  ``max_exp_avg_sq``, the running maximum of ``exp_avg_sq`` (the maximum of the stored values,
+  before the root, not of the bias-corrected moment as ``optax.amsgrad``), in a state of its own
+  (:class:`PyTorchAdamAMSGradState`); without it the state is :class:`PyTorchAdamState` and
+  keeps no third tensor. Defaults are PyTorch's.
 
   Args:
     learning_rate: ``lr``, a float or an Optax schedule.
@@ -194,10 +222,13 @@ def pytorch_adam(
     eps: added after the bias correction of the root, ``>= 0``.
     weight_decay: ``>= 0``; coupled (L2, added to the gradient) unless
       ``decoupled_weight_decay``.
+    amsgrad: divide by the root of the running maximum of ``exp_avg_sq`` (``max_exp_avg_sq``,
+      zeros at ``init``), PyTorch's AMSGrad.
     decoupled_weight_decay: AdamW's decay, ``param * (1 - lr * weight_decay)`` first.
     maximize: negate the gradient first.
     initial_count: PyTorch's ``step`` (updates done) before the first update here.
-    state_dtype: dtype of ``exp_avg`` and ``exp_avg_sq``; default each parameter's.
+    state_dtype: dtype of ``exp_avg``, ``exp_avg_sq`` (and ``max_exp_avg_sq``); default each
+      parameter's.
 
   Example:
     >>> import jax.numpy as jnp, optax, onnx_optax
@@ -212,6 +243,7 @@ def pytorch_adam(
     betas=betas,
     eps=eps,
     weight_decay=weight_decay,
+    amsgrad=amsgrad,
     decoupled_weight_decay=decoupled_weight_decay,
     maximize=maximize,
   )
@@ -224,6 +256,7 @@ def pytorch_adamw(
   betas: tuple[float, float] = (0.9, 0.999),
   eps: float = 1e-8,
   weight_decay: float = 1e-2,
+  amsgrad: bool = False,
   maximize: bool = False,
   initial_count: int = 0,
   state_dtype: Any = None,
@@ -241,7 +274,7 @@ def pytorch_adamw(
     >>> optax.apply_updates(params, updates)
     Array([0.9, 2.1], dtype=float32)
   """
-  hyper = dict(betas=betas, eps=eps, weight_decay=weight_decay, maximize=maximize)
+  hyper = dict(betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize)
   return _engine.transform(ADAMW_RULE, learning_rate, initial_count, state_dtype, hyper)
 
 
@@ -270,23 +303,15 @@ def _bind(rule: registry.Rule, hyper: dict[str, Any]) -> tuple[Any, Any]:
     decoupled_weight_decay=hyper.get("decoupled_weight_decay", True),
   )
   small = abs(1 - beta1) < 0.5
+  # `amsgrad` chose the rule (Rule.flagged): its state, with max_exp_avg_sq last, says the rest.
   return (
     lambda R, T: rule.scalars(R, T, **numbers),
-    lambda s, X, G, exp_avg, exp_avg_sq: rule.elementwise(
-      s, X, G, exp_avg, exp_avg_sq, maximize=maximize, lerp_small=small
-    ),
+    lambda s, X, G, *state: rule.elementwise(s, X, G, *state, maximize=maximize, lerp_small=small),
   )
 
 
 def _refuse(kind: str, g: int, group: Any, advice: Any) -> None:
   """What no transform reproduces exactly, in ``torch.optim.Adam``'s and ``AdamW``'s groups."""
-  if group["amsgrad"]:
-    raise ValueError(
-      f"param_groups[{g}] has amsgrad=True: torch.optim.{kind} then divides by the running maximum "
-      f"of exp_avg_sq (max_exp_avg_sq), which no onnx_optax rule keeps. Build the optimizer with "
-      f"amsgrad=False; optax.amsgrad is the nearest Optax rule (it takes the maximum of the "
-      f"bias-corrected second moment, and eps outside the root: a different rule)"
-    )
   for key in ("lr", "betas", "eps", "weight_decay"):
     values = group[key] if key == "betas" else (group[key],)
     if any(not isinstance(v, numbers.Real) for v in values):
@@ -311,10 +336,13 @@ _TORCH = registry.TorchOptimizer(
   signature=frozenset({"betas", "amsgrad"}),
   # A PyTorch older than decoupled_weight_decay told Adam from AdamW by the class alone.
   older={"decoupled_weight_decay": False},
+  optional={"max_exp_avg_sq": "amsgrad"},
   refuse=_refuse,
   examples={
     "plain": dict(lr=0.01),
     "all": dict(lr=0.01, betas=(0.8, 0.9), eps=1e-3, weight_decay=0.05, maximize=True),
+    "amsgrad": dict(lr=0.01, amsgrad=True),
+    "amsgrad_all": dict(lr=0.01, betas=(0.8, 0.9), eps=1e-3, weight_decay=0.05, amsgrad=True, maximize=True),
   },
 )
 
@@ -322,6 +350,7 @@ _HYPERPARAMETERS = {
   "betas": registry.Hyperparameter(_betas, static=True),
   "eps": registry.Hyperparameter(_checks.epsilon),
   "weight_decay": registry.Hyperparameter(_checks.coefficient),
+  "amsgrad": registry.Hyperparameter(_checks.flag, static=True),
   "decoupled_weight_decay": registry.Hyperparameter(_checks.flag, static=True),
   "maximize": registry.Hyperparameter(_checks.flag, static=True),
 }
@@ -355,59 +384,82 @@ def _x_roundings(h: Any) -> int:
 
 _TRAJECTORY = registry.Trajectory(_gain, lambda h: float(h["betas"][0]), _x_roundings)
 
+
+def _conformance(amsgrad: bool) -> registry.Conformance:
+  """The grid and tests of the twins; ``amsgrad``: of their flagged rules (:attr:`registry.Rule.flagged`)."""
+  return registry.Conformance(
+    trajectory=_TRAJECTORY,
+    hyper=dict(betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01, **(dict(amsgrad=True) if amsgrad else {})),
+    tiny_gradient={"weight_decay": 0.0},
+    outputs=("X_new", "exp_avg", "exp_avg_sq", *(("max_exp_avg_sq",) if amsgrad else ())),
+    tests=registry.TestConfig(dict(betas=(0.9, 0.999), eps=0.3, weight_decay=0.01), 0.05, ""),
+    dtypes=("float32", "float64", "bfloat16"),
+    edges=_EDGES + _AMSGRAD_EDGES if amsgrad else _EDGES,
+  )
+
+
+#: amsgrad's: the running maximum drawn above the past exp_avg_sq (Field.at_least) by default, so
+#: above the new one for beta2 = 0.999; equal to the past one ("tight"): the new one above it where
+#: grad**2 > exp_avg_sq, below elsewhere; equal, with a huge gradient: the new one above everywhere.
+_AMSGRAD_EDGES = (
+  registry.Edge("max_exp_avg_sq=exp_avg_sq", {"state": "tight"}),
+  registry.Edge("max_exp_avg_sq=exp_avg_sq,gradient=huge", {"state": "tight", "gradient": "huge"}),
+)
+
+_FIELDS = (
+  registry.Field("exp_avg", "exp_avg"),
+  registry.Field("exp_avg_sq", "exp_avg_sq", second_moment=True),
+)
+#: amsgrad's running maximum of exp_avg_sq, never below it in a state the rule reaches.
+_MAX = registry.Field("max_exp_avg_sq", "max_exp_avg_sq", second_moment=True, at_least="exp_avg_sq")
+
+
+def _with_amsgrad(rule: registry.Rule) -> registry.Rule:
+  """``rule`` with its ``amsgrad=True`` rule: ``max_exp_avg_sq`` kept in a state class of its own."""
+  amsgrad = registry.replace(
+    rule, state=PyTorchAdamAMSGradState, fields=(*_FIELDS, _MAX), conformance=_conformance(True)
+  )
+  return registry.replace(rule, flagged={"amsgrad": amsgrad})
+
+
 RULE = registry.register(
-  registry.Rule(
-    name="pytorch_adam",
-    transform=pytorch_adam,
-    state=PyTorchAdamState,
-    fields=(
-      registry.Field("exp_avg", "exp_avg"),
-      registry.Field("exp_avg_sq", "exp_avg_sq", second_moment=True),
-    ),
-    hyperparameters=_HYPERPARAMETERS,
-    scalars=pytorch_adam_scalars,
-    elementwise=pytorch_adam_elementwise,
-    bind=_bind,
-    minimum_count=0,
-    policy=_engine.FRAMEWORK,
-    params_for=("weight_decay",),
-    bindings=(registry.Binding("optax", "adam"), registry.Binding("torch", "Adam", torch=_TORCH)),
-    twin_of=ort.RULE,
-    conformance=registry.Conformance(
-      trajectory=_TRAJECTORY,
-      hyper=dict(betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01),
-      tiny_gradient={"weight_decay": 0.0},
-      outputs=("X_new", "exp_avg", "exp_avg_sq"),
-      tests=registry.TestConfig(dict(betas=(0.9, 0.999), eps=0.3, weight_decay=0.01), 0.05, ""),
-      dtypes=("float32", "float64", "bfloat16"),
-      edges=_EDGES,
-    ),
+  _with_amsgrad(
+    registry.Rule(
+      name="pytorch_adam",
+      transform=pytorch_adam,
+      state=PyTorchAdamState,
+      fields=_FIELDS,
+      hyperparameters=_HYPERPARAMETERS,
+      scalars=pytorch_adam_scalars,
+      elementwise=pytorch_adam_elementwise,
+      bind=_bind,
+      minimum_count=0,
+      policy=_engine.FRAMEWORK,
+      params_for=("weight_decay",),
+      bindings=(registry.Binding("optax", "optax.adam"), registry.Binding("torch", "Adam", torch=_TORCH)),
+      twin_of=ort.RULE,
+      conformance=_conformance(False),
+    )
   )
 )
 
 ADAMW_RULE = registry.register(
-  registry.replace(
-    RULE,
-    name="pytorch_adamw",
-    transform=pytorch_adamw,
-    hyperparameters={h: v for h, v in _HYPERPARAMETERS.items() if h != "decoupled_weight_decay"},
-    bindings=(
-      registry.Binding("optax", "adamw"),
-      registry.Binding(
-        "torch",
-        "AdamW",
-        # torch.optim.AdamW sets the flag in every group, loaded ones included (its __setstate__).
-        torch=registry.replace_torch(_TORCH, fixed={"decoupled_weight_decay": True}, older={}),
+  _with_amsgrad(
+    registry.replace(
+      RULE,
+      name="pytorch_adamw",
+      transform=pytorch_adamw,
+      hyperparameters={h: v for h, v in _HYPERPARAMETERS.items() if h != "decoupled_weight_decay"},
+      bindings=(
+        registry.Binding("optax", "optax.adamw"),
+        registry.Binding(
+          "torch",
+          "AdamW",
+          # torch.optim.AdamW sets the flag in every group, loaded ones included (its __setstate__).
+          torch=registry.replace_torch(_TORCH, fixed={"decoupled_weight_decay": True}, older={}),
+        ),
       ),
-    ),
-    conformance=registry.Conformance(
-      trajectory=_TRAJECTORY,
-      hyper=dict(betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01),
-      tiny_gradient={"weight_decay": 0.0},
-      outputs=("X_new", "exp_avg", "exp_avg_sq"),
-      tests=registry.TestConfig(dict(betas=(0.9, 0.999), eps=0.3, weight_decay=0.01), 0.05, ""),
-      dtypes=("float32", "float64", "bfloat16"),
-      edges=_EDGES,
-    ),
+      flagged={},
+    )
   )
 )

@@ -9,14 +9,18 @@ import numpy as np
 
 from onnx_optax.conformance import tolerance
 from onnx_optax.conformance.models._shared import host, in_place_update, stored_like_params
-from onnx_optax.conformance.tolerance import Context, scalar_context
+from onnx_optax.conformance.tolerance import Bounded, Context, scalar_context
 
 __all__ = ["pytorch_adam_bounds", "pytorch_adam_scalars", "pytorch_adamw_bounds"]
 
 
-def pytorch_adam_bounds(c: Context, R, T, X, G, m, v, *, betas, eps, weight_decay, decoupled=False):
-  """``_single_tensor_adam`` (``decoupled``: AdamW): the lerp, ``mul_`` + ``addcmul_``, the root
-  divided by ``sqrt(1 - beta2^step)`` (a true division), ``X - step_size * m / denom``."""
+def pytorch_adam_bounds(
+  c: Context, R, T, X, G, m, v, vmax=None, *, betas, eps, weight_decay, amsgrad=False, decoupled=False
+):
+  """``_single_tensor_adam`` (``decoupled``: AdamW): the lerp, ``mul_`` + ``addcmul_``, with
+  ``amsgrad`` the maximum of ``vmax`` (``max_exp_avg_sq``) and the stored ``v``, the root (of
+  that maximum with ``amsgrad``) divided by ``sqrt(1 - beta2^step)`` (a true division),
+  ``X - step_size * m / denom``."""
   s = scalar_context(c)
   b1, b2 = (float(b) for b in betas)
   # PyTorch's 1 - beta**step: that expression in float64 (under x64), else -expm1(step log beta).
@@ -39,18 +43,23 @@ def pytorch_adam_bounds(c: Context, R, T, X, G, m, v, *, betas, eps, weight_deca
   else:  # end + (weight - 1) * (end - start)
     m_new = c.add(c.mul(c.sub(weight, c.exact(1.0)), c.sub(g, m)), g)
   v_new = c.add(c.mul(c.mul(host(c, 1 - b2), g), g), c.mul(v, c.const(b2)))
-  denom = c.add(c.div(c.sqrt(v_new), bc2_sqrt), c.const(eps))
+  vmax_new = None
+  if amsgrad:  # torch.maximum(max_exp_avg_sq, exp_avg_sq): rounds nothing; each operand's error is kept
+    stored, old = c.store(v_new), c.exact(vmax)
+    vmax_new = Bounded(np.maximum(old.v, stored.v), np.maximum(old.e, stored.e))
+  denom = c.add(c.div(c.sqrt(v_new if vmax_new is None else vmax_new), bc2_sqrt), c.const(eps))
   step = c.div(c.mul(step_size, m_new), denom)
   if (decoupled and weight_decay != 0) or c.param is not None:  # Written in place: X_new - X.
     X_out, U = in_place_update(c, X, c.sub(x, step))
   else:
     X_out = c.finish(X, step)
     U = c.update_of(X, X_out, step)
-  return X_out, c.store(m_new), c.store(v_new), U
+  state = (c.store(m_new), c.store(v_new), *(() if vmax_new is None else (vmax_new,)))
+  return X_out, *state, U
 
 
-def pytorch_adamw_bounds(c: Context, R, T, X, G, m, v, **hyper):
-  return pytorch_adam_bounds(c, R, T, X, G, m, v, decoupled=True, **hyper)
+def pytorch_adamw_bounds(c: Context, R, T, X, G, m, v, vmax=None, **hyper):
+  return pytorch_adam_bounds(c, R, T, X, G, m, v, vmax, decoupled=True, **hyper)
 
 
 def pytorch_adam_scalars(o: Any, R: Any, T: Any, h: dict[str, Any], raw: Mapping[str, Any]) -> dict[str, Any]:
