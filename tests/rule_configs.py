@@ -64,12 +64,18 @@ class RuleConfig(NamedTuple):
     hyper = self.hyper if hyper is None else hyper
     return {k: as_float32_sees(v) for k, v in hyper.items()}
 
-  def initial_state(self, leaves: Sequence[Any], hyper: dict[str, Any] | None = None) -> list[list[Any]]:
-    """The state ``init`` starts from, one list of float64 leaves per field (the registry's values)."""
+  def initial_state(
+    self, leaves: Sequence[Any], hyper: dict[str, Any] | None = None, learning_rate: float | None = None
+  ) -> list[list[Any]]:
+    """The state ``init`` starts from, one list of float64 leaves per field (the registry's values;
+    a field declared to start at the learning rate, ``learning_rate``, default the configuration's)."""
     hyper = self.hyper if hyper is None else hyper
     state = []
     for f in self.fields:
-      value = float(hyper[f.initial]) if isinstance(f.initial, str) else float(f.initial)
+      if f.initial == registry.LEARNING_RATE:
+        value = float(self.learning_rate if learning_rate is None else learning_rate)
+      else:
+        value = float(hyper[f.initial]) if isinstance(f.initial, str) else float(f.initial)
       state.append([np.full(np.shape(x), value) for x in leaves])
     return state
 

@@ -150,7 +150,8 @@ def test_declaration_agrees_with_the_transform(rule):
   for hyper in configurations:
     assert set(hyper) <= set(rule.hyperparameters), hyper
   for field in rule.fields:
-    assert not isinstance(field.initial, str) or field.initial in rule.hyperparameters
+    starts = (*rule.hyperparameters, registry.LEARNING_RATE)  # a hyperparameter, or the learning rate
+    assert not isinstance(field.initial, str) or field.initial in starts
   # A variant's own test configuration runs the variant (its hyperparameters among the configuration's),
   # and no two variants of a rule are the same configuration in the suite.
   for variant in rule.variants:
@@ -296,7 +297,11 @@ def test_a_state_starts_at_the_value_its_hyperparameter_gives(rule):
   for field in rule.fields:
     if isinstance(field.initial, str):
       for value in (0.0, 1.0, 0.25):
-        state = rule.transform(0.1, **{field.initial: value}).init({"a": jnp.ones(3), "b": jnp.ones(())})
+        if field.initial == registry.LEARNING_RATE:  # a field that starts at the learning rate
+          tx = rule.transform(value)
+        else:
+          tx = rule.transform(0.1, **{field.initial: value})
+        state = tx.init({"a": jnp.ones(3), "b": jnp.ones(())})
         for leaf in jax.tree.leaves(getattr(state, field.name)):
           np.testing.assert_array_equal(np.asarray(leaf), np.full(leaf.shape, value, np.float32))
 

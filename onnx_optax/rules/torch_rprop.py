@@ -237,7 +237,7 @@ RULE = registry.register(
     minimum_count=0,
     policy=_engine.FRAMEWORK,
     bindings=(
-      registry.Binding("optax", "rprop"),  # another state, no clamp where g * prev = 0 (from_optax.md)
+      registry.Binding("optax", "optax.rprop"),  # another state, no clamp where g * prev = 0 (from_optax.md)
       registry.Binding(
         "torch",
         "Rprop",
@@ -266,10 +266,12 @@ RULE = registry.register(
       tests=registry.TestConfig(dict(etas=(0.5, 1.2), step_sizes=(1e-3, 0.08))),
       dtypes=("float32", "float64", "bfloat16"),
       edges=(
-        registry.Edge("step_sizes=(1e-06,50)", {"hyper": {"step_sizes": (1e-6, 50.0)}}),  # never reached
-        registry.Edge("etas=(0.25,3)", {"hyper": {"etas": (0.25, 3.0)}}),
-        registry.Edge("step_sizes=(0.5,0.5)", {"hyper": {"step_sizes": (0.5, 0.5)}}),
-        registry.Edge("maximize=1", {"hyper": {"maximize": True}}),
+        registry.Edge(
+          "step_sizes[0]=1e-06,step_sizes[1]=50", {"hyper": {"step_sizes": (1e-6, 50.0)}}
+        ),  # not reached
+        registry.Edge("etas[0]=0.25,etas[1]=3", {"hyper": {"etas": (0.25, 3.0)}}),
+        registry.Edge("step_sizes[0]=0.5,step_sizes[1]=0.5", {"hyper": {"step_sizes": (0.5, 0.5)}}),
+        registry.Edge("maximize", {"hyper": {"maximize": True}}),
       ),
     ),
   )
