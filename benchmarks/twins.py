@@ -48,12 +48,12 @@ LR = 1e-3
 
 
 def namesake(rule: registry.Rule) -> Callable[[float], optax.GradientTransformation] | None:
-  """The Optax transform the rule declares as its namesake (``Binding("optax", "contrib.muon")``)."""
+  """The Optax transform the rule declares as its namesake (``Binding("optax", "optax.contrib.muon")``)."""
   binding = rule.binding("optax")
   if binding is None:
     return None
   target: Any = optax
-  for part in binding.name.split("."):
+  for part in binding.name.removeprefix("optax.").split("."):
     target = getattr(target, part)
   return target
 
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     t = median_times(contenders, args.repeats)
     ratios = {name: f"{t[name] / t['twin']:.2f}" if name in t else "-" for name in ("optax", "torch")}
     declared = rule.binding("optax")
-    optax_name = f"optax.{declared.name}" if declared is not None else "(none)"
+    optax_name = declared.name if declared is not None else "(none)"
     line = (
       f"{rule.name:<18} {binding.name:<10} {1e3 * t['twin']:8.2f} {optax_name:<22} {ratios['optax']:>6} "
       f"{ratios['torch']:>13}"

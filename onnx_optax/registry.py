@@ -195,7 +195,9 @@ class Binding:
 
   Attributes:
     kind: ``"onnx"`` (an operator of an ONNX domain), ``"torch"`` (a ``torch.optim``
-      optimizer), ``"keras"`` (a ``keras.optimizers`` optimizer).
+      optimizer), ``"keras"`` (a ``keras.optimizers`` optimizer), ``"optax"`` (the nearest
+      Optax transform, named ``"optax.<name>"``, which need not be the same rule:
+      docs/from_optax.md says how they differ; the benchmarks time the rule against it).
     name: the operator's ``op_type`` or the optimizer's class name.
     domain: the ONNX domain (``kind == "onnx"``).
     names: the counterpart's name of each hyperparameter that it spells otherwise.

@@ -144,7 +144,8 @@ def _run(cls, options, dtype, path, foreach=False):
   opt = _optimizer(cls, net, options, by_name)
   for k in range(N):
     _torch_step(net, opt, batches[k], k)
-  assert not opt.state[net.late], "the late parameter must not have stepped when carried"
+  late = opt.state[net.late]  # no state, or (Adagrad's, filled by its constructor) at step 0
+  assert not late or float(late["step"]) == 0, "the late parameter must not have stepped when carried"
   named = dict(net.named_parameters())
   values = {n: jnp.asarray(named[n].detach().numpy()) for n in _order(net)}
   params = values if by_name else list(values.values())

@@ -186,7 +186,7 @@ RULE = registry.register(
     policy=_engine.FRAMEWORK,
     params_for=("weight_decay",),
     bindings=(
-      registry.Binding("optax", "adagrad"),  # not the same rule: starts at 0.1, eps inside the root
+      registry.Binding("optax", "optax.adagrad"),  # not the same rule: starts at 0.1, eps inside the root
       registry.Binding(
         "torch",
         "Adagrad",

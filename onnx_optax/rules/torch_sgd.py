@@ -228,7 +228,7 @@ RULE = registry.register(
     always_reads_params="Its update writes the parameters in place (PyTorch's param.add_)",
     validate=_validate,
     bindings=(
-      registry.Binding("optax", "sgd"),
+      registry.Binding("optax", "optax.sgd"),
       registry.Binding(
         "torch",
         "SGD",
