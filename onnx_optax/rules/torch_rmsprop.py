@@ -273,7 +273,7 @@ RULE = registry.register(
     policy=_engine.FRAMEWORK,
     params_for=("weight_decay", "momentum"),
     bindings=(
-      registry.Binding("optax", "optax.rmsprop"),  # not the same rule: eps inside the root (docs/from_optax.md)
+      registry.Binding("optax", "optax.rmsprop"),  # not the same rule: eps inside the root
       registry.Binding(
         "torch",
         "RMSprop",
