@@ -24,7 +24,7 @@ from jax import Array
 from jax.custom_derivatives import SymbolicZero
 
 from onnx_optax import _checks, _numerics, _pytorch
-from onnx_optax.registry import Policy, Rule
+from onnx_optax.registry import LEARNING_RATE, Policy, Rule
 
 __all__ = ["FRAMEWORK", "SPEC", "ScalarOrSchedule", "tensor", "transform", "updates_applied"]
 
@@ -89,8 +89,17 @@ def transform(
       if policy.refuses_stalling_decays:
         _checks.decays_representable(decays, params, state_dtype, may_be_one)
 
-    def field(initial: Any) -> Any:
-      value = hyper[initial] if isinstance(initial, str) else initial
+    def field(f: Any) -> Any:
+      initial = f.initial
+      if initial == LEARNING_RATE:  # the learning rate at the first update (a schedule's value there)
+        value = learning_rate(0) if callable(learning_rate) else learning_rate
+      else:
+        value = hyper[initial] if isinstance(initial, str) else initial
+      if not f.like_params:
+        # A field of its own shape and dtype (Field.shape, Field.dtypes): one array per leaf.
+        return jax.tree.map(
+          lambda p: jnp.full(f.shape_for(p.shape), value, f.dtype_for(p.dtype, state_dtype)), params
+        )
       if isinstance(value, (int, float)) and value == 0:
         # A fresh buffer per field and leaf: donated states must not alias. zeros_like, not
         # zeros(p.shape): the state inherits the parameter's sharding (and, under explicit
@@ -98,7 +107,7 @@ def transform(
         return jax.tree.map(lambda p: jnp.zeros_like(p, dtype=state_dtype or p.dtype), params)
       return jax.tree.map(lambda p: jnp.full_like(p, value, dtype=state_dtype or p.dtype), params)
 
-    return rule.state(jnp.asarray(initial_count, jnp.int32), *(field(f.initial) for f in rule.fields))
+    return rule.state(jnp.asarray(initial_count, jnp.int32), *(field(f) for f in rule.fields))
 
   def update_fn(updates, state, params=None, **extra_args):
     del extra_args  # The GradientTransformationExtraArgs protocol.
@@ -106,12 +115,13 @@ def transform(
       if reads and params is None:
         raise ValueError(f"this transform needs the parameters: call update(grads, state, params). {reads}")
       _checks.state(rule.state, state)
-      trees = {f"state.{name}": tree for name, tree in zip(rule.state._fields[1:], state[1:])}
+      trees = {f"state.{f.name}": tree for f, tree in zip(rule.fields, state[1:])}
       if params is not None:
         # Checked even when the rule does not read them: parameters that do not match the
         # gradients are a mistake in the caller's loop either way.
         trees["params"] = params
-      _checks.same_trees(updates, trees)
+      # A field of its own shape (Field.shape) is checked against that shape of each leaf's.
+      _checks.same_trees(updates, trees, {f"state.{f.name}": f.shape_for for f in rule.fields})
 
     T = state.count
     R = learning_rate
@@ -127,7 +137,13 @@ def transform(
     states = [treedef.flatten_up_to(tree) for tree in state[1:]]
 
     # Each leaf is computed in its policy's dtype, with the scalars rounded once per dtype.
-    dtypes = [policy.compute_dtype(G.dtype, *(t.dtype for t in S)) for G, *S in zip(grads, *states)]
+    # A field kept in a dtype of its own (Field.dtypes, a framework's scalar dtype) does not
+    # choose it: the rule computes it in its own.
+    own = [bool(f.dtypes) for f in rule.fields]
+    dtypes = [
+      policy.compute_dtype(G.dtype, *(t.dtype for t, o in zip(S, own) if not o))
+      for G, *S in zip(grads, *states)
+    ]
     distinct = list(dict.fromkeys(dtypes))
     which = [distinct.index(d) for d in dtypes]
     leaves = _leaves_once_differentiated(elementwise, which, distinct, policy.casts)

@@ -39,9 +39,12 @@ __all__ = [
   "Edge",
   "Field",
   "Hyperparameter",
+  "LEARNING_RATE",
+  "PER_TENSOR",
   "Policy",
   "Rule",
   "TORCH_COMMON_OPTIONS",
+  "TORCH_SCALAR_DTYPES",
   "TestConfig",
   "TorchOptimizer",
   "Trajectory",
@@ -70,6 +73,18 @@ class Field:
     at_least: the field (declared before this one) that this one is never below in a state the
       rule reaches (a running maximum of it, PyTorch Adam's ``max_exp_avg_sq`` of ``exp_avg_sq``):
       the conformance grid draws states that hold it (``"tight"``: equal to it).
+    shape: ``shape(parameter's shape) -> the field's shape``; None: the parameter's shape.
+      :data:`PER_TENSOR` is one scalar per parameter (NAdam's ``mu_product``); a factored
+      moment is a function of the parameter's shape too. The engine's ``init``, its checks,
+      the conformance grid and the bridges read it.
+    dtypes: the dtypes the field is kept in whatever the parameter's, the first the one
+      ``init`` gives it (``state_dtype`` does not apply); empty: ``state_dtype``, else the
+      parameter's. :data:`TORCH_SCALAR_DTYPES` is PyTorch's scalar dtype
+      (``_get_scalar_dtype()``); a carried state keeps the one its framework had, and a rule
+      computes such a field in its own dtype.
+    reach: ``(low, high)``: the values the field takes in every state the rule reaches, which
+      the conformance grid and the tests' random states draw from (NAdam's ``mu_product`` in
+      ``(0, 1]``); None: the grid's usual draws.
   """
 
   name: str
@@ -78,6 +93,46 @@ class Field:
   initial: float | str = 0.0
   root_of: str = ""
   at_least: str = ""
+  shape: Callable[[tuple[int, ...]], tuple[int, ...]] | None = None
+  dtypes: tuple[str, ...] = ()
+  reach: tuple[float, float] | None = None
+
+  def shape_for(self, param_shape: Any) -> tuple[int, ...]:
+    """The field's shape for a parameter of ``param_shape``."""
+    shape = tuple(param_shape)
+    return shape if self.shape is None else tuple(self.shape(shape))
+
+  def dtype_for(self, param_dtype: Any, state_dtype: Any = None) -> Any:
+    """The dtype ``init`` gives the field for a parameter of ``param_dtype``."""
+    return self.dtypes[0] if self.dtypes else (state_dtype or param_dtype)
+
+  def keeps(self, dtype: str, param_dtype: str) -> bool:
+    """Whether the field may be kept in ``dtype`` (a dtype name) beside a parameter of ``param_dtype``."""
+    return dtype in self.dtypes if self.dtypes else dtype == param_dtype
+
+  def described(self, param_shape: Any, param_dtype: str) -> str:
+    """The shape and dtype the field has beside that parameter, in words (for the bridges' refusals)."""
+    dtype = " or ".join(self.dtypes) if self.dtypes else param_dtype
+    return f"shape {self.shape_for(param_shape)} and dtype {dtype}"
+
+  @property
+  def like_params(self) -> bool:
+    """The field has its parameter's shape and (``state_dtype`` aside) dtype."""
+    return self.shape is None and not self.dtypes
+
+
+def PER_TENSOR(shape: tuple[int, ...]) -> tuple[int, ...]:  # noqa: N802  # a declaration's constant
+  """:attr:`Field.shape` of one scalar per parameter, whatever its shape."""
+  return ()
+
+
+#: :attr:`Field.dtypes` of a field PyTorch keeps in its scalar dtype (``_get_scalar_dtype()``:
+#: float32, or float64 under ``torch.set_default_dtype(torch.float64)``), not the parameter's.
+TORCH_SCALAR_DTYPES = ("float32", "float64")
+
+#: :attr:`Field.initial` of a field that starts at the learning rate (ASGD's ``eta``); a schedule's
+#: value at the first update.
+LEARNING_RATE = "learning_rate"
 
 
 @dataclass(frozen=True)

@@ -326,7 +326,19 @@ class Case:
     state: list[list[np.ndarray]] = []
     drawn: dict[str, list[np.ndarray]] = {}
     for f in self.suite.rule.fields:
-      if self.state == "zero":
+      if not f.like_params or f.reach is not None:
+        # A field of its own shape and dtype, or of a declared reach (Field.shape, dtypes,
+        # reach): a value the rule reaches, its initial one for a fresh state.
+        own = numpy_dtype(f.dtypes[0]) if f.dtypes else state_dtype
+        shapes = [f.shape_for(s) for s in self.shapes]
+        if self.state == "zero":
+          first = self.learning_rate if f.initial == registry.LEARNING_RATE else f.initial
+          first = float(self.hyper[first]) if isinstance(first, str) else float(first)
+          leaves = [np.full(s, first, own) for s in shapes]
+        else:
+          low, high = f.reach if f.reach is not None else (0.1, 1.0)
+          leaves = [draw(s, low, high, signed=False, dtype=own) for s in shapes]
+      elif self.state == "zero":
         leaves = [np.zeros(s, state_dtype) for s in self.shapes]
       elif f.at_least:
         # A state the rule reaches: not below the field it is the running maximum of (1.5 to 3

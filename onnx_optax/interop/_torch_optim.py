@@ -324,8 +324,10 @@ def read_state(torch: Any, view: View, group: dict, p: Any, where: str) -> tuple
 def _unstepped(view: View, field: registry.Field, p: Any) -> Any:
   """A field of a parameter that has not stepped: None for zeros, or its constructor option's value."""
   if not isinstance(field.initial, str):
-    assert field.initial == 0  # the twins' fields start at zeros or at an option
-    return None
+    if field.like_params:
+      assert field.initial == 0  # the twins' parameter-shaped fields start at zeros or at an option
+      return None
+    return np.full(field.shape_for(p.shape), field.initial, field.dtype_for(_common.dtype_name(p.dtype)))
   binding = twins()[view.kind].binding("torch")
   option = binding.names.get(field.initial, field.initial) if binding is not None else field.initial
   if view.defaults is None:
@@ -334,7 +336,25 @@ def _unstepped(view: View, field: registry.Field, p: Any) -> Any:
       f"from the constructor's {option}, which a state dict does not hold. Take one step "
       f"in PyTorch before saving, or use from_torch on the live optimizer"
     )
-  return np.full(tuple(p.shape), view.defaults[option], _common.dtype_name(p.dtype))
+  if field.initial == registry.LEARNING_RATE:
+    option = "lr"
+  return np.full(
+    field.shape_for(p.shape), view.defaults[option], field.dtype_for(_common.dtype_name(p.dtype))
+  )
+
+
+def check_field(field: registry.Field, value: Any, shape: tuple, dtype: str, where: str) -> None:
+  """A state value of ``field`` beside a parameter of ``shape`` and ``dtype`` (a name) has the field's
+  declared shape and dtype (:attr:`~onnx_optax.registry.Field.shape`, ``dtypes``: the parameter's
+  unless declared); nothing is cast."""
+  got = _common.dtype_name(value.dtype)
+  if tuple(value.shape) == field.shape_for(shape) and field.keeps(got, dtype):
+    return
+  raise ValueError(
+    f"{where} has shape {tuple(value.shape)} and dtype {got}, not the {field.described(shape, dtype)} "
+    f"that PyTorch keeps its {field.name!r} in beside a parameter of shape {shape} and dtype {dtype}: "
+    f"nothing is cast. Store it so (for float64 enable jax_enable_x64) if that is what you mean"
+  )
 
 
 def write(torch: Any, kind: str, slot: dict, group: dict, p: Any, count: int, tensors: tuple) -> None:
@@ -362,4 +382,7 @@ def write(torch: Any, kind: str, slot: dict, group: dict, p: Any, count: int, te
     if (option is not None and not group[option]) or (not cls.step and count == 0):
       slot.pop(f.name, None)
     else:
+      old = slot.get(f.name)
+      if not f.like_params:  # a field of its own shape: where PyTorch kept it, else on the parameter's device
+        tensor = tensor.to(device=old.device if isinstance(old, torch.Tensor) else p.device)
       slot[f.name] = tensor

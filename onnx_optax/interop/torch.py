@@ -232,18 +232,25 @@ def carry(torch: Any, view: View, params: Any, learning_rate: Any) -> tuple[Any,
       labels.append(f"group{g}" if f"group{g}" in transforms_by_label else f"group{g}.T{T}")
       tensors.append(tensor)
 
-  # PyTorch keeps a parameter's state in the parameter's shape and dtype; a state made
-  # otherwise by hand is refused, not cast (nothing is cast).
+  # PyTorch keeps a parameter's state in the parameter's shape and dtype (a field declared with
+  # a shape or dtypes of its own, in those); a state made otherwise by hand is refused, not cast.
+  # The groups' rules' longest fields: a flag on in some group (Adam's amsgrad) adds fields after
+  # the others, and the parameters of the other groups have none of those (zeros, masked there).
+  fields_of = max([_torch_optim.group_twin(kind, group).fields for group in groups], key=len, default=())
   for (shape, dtype, where), values, leaf in zip(_torch_placement.described(groups), tensors, leaves):
-    for value in values:
-      if value is not None and (tuple(value.shape) != shape or _common.dtype_name(value.dtype) != dtype):
+    for f, value in zip(fields_of, values):
+      if value is None:
+        continue
+      if f.like_params and (tuple(value.shape) != shape or _common.dtype_name(value.dtype) != dtype):
         raise ValueError(
           f"a state tensor of {where} has shape {tuple(value.shape)} and dtype "
           f"{_common.dtype_name(value.dtype)}, not the parameter's {shape} and {dtype}: PyTorch's own "
           f"steps keep it in the parameter's dtype, and nothing is cast. Store it so "
           f"(optimizer.state[p][key] = optimizer.state[p][key].to(p.dtype)) if that is what you mean"
         )
-      _dtensor.check_held(value, leaf, f"the state of {where}")
+      _torch_optim.check_field(f, value, shape, dtype, f"the state {f.name!r} of {where}")
+      if f.like_params:
+        _dtensor.check_held(value, leaf, f"the state of {where}")
 
   # labels and tensors are in the optimizer's order; the trees need the leaves' order.
   tree_labels = _torch_placement.to_leaf_order(labels, perm)
@@ -254,12 +261,40 @@ def carry(torch: Any, view: View, params: Any, learning_rate: Any) -> tuple[Any,
   fields = [
     [
       _common.put_like(v if v is not None else np.zeros(leaf.shape, _common.dtype_name(leaf.dtype)), leaf)
-      for v, leaf in zip(column, tree_leaves)
+      if f.like_params
+      # A field of its own shape and dtype: as PyTorch keeps it (init's where it keeps none).
+      else _common.put_like(
+        v if v is not None else np.asarray(init_leaf),
+        jax.ShapeDtypeStruct(f.shape_for(leaf.shape), v.dtype if v is not None else init_leaf.dtype),
+      )
+      for v, leaf, init_leaf in zip(column, tree_leaves, _field_leaves(state, f.name, len(tree_leaves)))
     ]
-    for column in itertools.zip_longest(*tree_tensors)
+    for f, column in zip(fields_of, itertools.zip_longest(*tree_tensors))
   ]
   state = _common.fill(state, treedef, fields)
   return tx, _common.counts_placed(state, tree_leaves)
+
+
+class _OnCpu:
+  """A ``like`` for :func:`_dtensor.to_tensor`: a plain tensor on the CPU."""
+
+  device = "cpu"
+
+
+_ON_CPU = _OnCpu()
+
+
+def _field_leaves(state: Any, name: str, n: int) -> list[Any]:
+  """Per parameter leaf, the value ``init`` gave the field ``name`` (MaskedNode where another label's
+  rule state owns the leaf), from the rule states in ``state``."""
+  out: list[Any] = [None] * n
+  is_rule_state = _common._rule_state_test()
+  for node in jax.tree.leaves(state, is_leaf=is_rule_state):
+    if is_rule_state(node):
+      for i, entry in enumerate(jax.tree.leaves(getattr(node, name, None), is_leaf=_common.is_masked)):
+        if not _common.is_masked(entry):
+          out[i] = entry
+  return out
 
 
 def to_torch(state: Any, optimizer: Any, params: Any = None) -> None:
@@ -351,13 +386,15 @@ def checked_writes(
           f"options take a {' or '.join(t.__name__ for t in loads)}: the run and the optimizer differ "
           f"in an option that changes the state (amsgrad); build the optimizer with the run's options"
         )
-      for value in owner.values:
-        if tuple(value.shape) != shape or _common.dtype_name(value.dtype) != dtype:
+      fields = _torch_optim.group_twin(kind, group).fields
+      for f, value in zip(fields, owner.values):
+        if f.like_params and (tuple(value.shape) != shape or _common.dtype_name(value.dtype) != dtype):
           raise ValueError(
             f"the state of {where} has shape {tuple(value.shape)} and dtype "
             f"{_common.dtype_name(value.dtype)}; PyTorch keeps it with the parameter's shape "
             f"{shape} and dtype {dtype}"
           )
+        _torch_optim.check_field(f, value, shape, dtype, f"the state {f.name!r} of {where}")
       count = int(owner.rule_state.count)
       # PyTorch's step counts the updates done: a twin's count; the spec rule's T can start higher.
       offset = _torch_optim.step_offset(kind, owner.rule_state)
@@ -373,7 +410,14 @@ def checked_writes(
           f"the state of {where} has count {count}: torch.optim.{kind}'s next update is its step 1 or "
           f"later (count >= {offset}, {spec_rule.name}'s initial_count)"
         )
-      tensors = tuple(_dtensor.to_tensor(torch, value, p, f"the state of {where}") for value in owner.values)
+      tensors = tuple(
+        _dtensor.to_tensor(torch, value, p, f"the state of {where}")
+        if f.like_params
+        # A field of its own shape (a scalar per parameter): a plain tensor, on the CPU here
+        # (_torch_optim.write puts it where the tensor it replaces was).
+        else _dtensor.to_tensor(torch, value, _ON_CPU, f"the state of {where}")
+        for f, value in zip(fields, owner.values)
+      )
       writes.append((p, group, steps, tensors))
       i += 1
   return writes

@@ -252,7 +252,10 @@ def to_torch_state_dict(
   )
   stand_ins = {}
   for i, key in enumerate(keys):
-    value = owners[perm[i]].values[0]
+    # A field of the parameter's shape and dtype (not one of its own, Field.shape/dtypes).
+    value = next(
+      v for f, v in zip(_torch_optim.twins()[kind].fields, owners[perm[i]].values) if f.like_params
+    )
     held = [v for v in entries.get(key, {}).values() if isinstance(v, torch.Tensor) and v.dim() > 0]
     shape, dtype = (tuple(held[0].shape), held[0].dtype) if held else (tuple(value.shape), value.dtype)
     device = held[0].device if held else "cpu"
@@ -592,6 +595,10 @@ def _check_entry(kind: str, key: Any, entry: Mapping[str, Any], shape: tuple, dt
         raise ValueError(f"{where}['step'] is {number}, not a count of updates")
       continue
     if value is None:  # SGD's momentum_buffer of a parameter without momentum
+      continue
+    declared = next((f for f in _torch_optim.twins()[kind].fields if f.name == field), None)
+    if declared is not None and not declared.like_params:  # a shape or dtype of its own
+      _torch_optim.check_field(declared, value, shape, dtype, f"{where}[{field!r}]")
       continue
     if tuple(value.shape) != shape or _common.dtype_name(value.dtype) != dtype:
       raise ValueError(
