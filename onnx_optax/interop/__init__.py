@@ -32,13 +32,10 @@ from __future__ import annotations
 
 from onnx_optax.interop.keras import from_keras, to_keras
 from onnx_optax.interop.torch import from_torch, to_torch, torch_params
-from onnx_optax.interop.torch_checkpoints import (
-  to_lightning_checkpoint,
-  to_torch_scheduler_state_dict,
-  to_trainer_checkpoint,
-  torch_param_names,
-)
+from onnx_optax.interop.torch_checkpoints import to_torch_scheduler_state_dict, torch_param_names
+from onnx_optax.interop.torch_lightning import to_lightning_checkpoint
 from onnx_optax.interop.torch_state_dict import from_torch_state_dict, to_torch_state_dict
+from onnx_optax.interop.torch_trainer import to_trainer_checkpoint
 
 __all__ = [
   "from_keras",

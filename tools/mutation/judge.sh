@@ -55,7 +55,8 @@
 #                2. FSDP2's live optimizer (test_interop_fsdp.py: torch_params'
 #                   refusal of a shard a rank lacks needs two ranks);
 #                3. its tests in tests/test_bad_input.py.
-#   interop/torch_state_dict.py, interop/torch_checkpoints.py:
+#   interop/torch_state_dict.py, interop/torch_checkpoints.py,
+#   interop/torch_trainer.py, interop/torch_lightning.py:
 #                1. test_interop_torch_state_dict.py,
 #                   test_interop_torch_schedules.py,
 #                   test_interop_torch_mapping.py and the doctests;
@@ -170,7 +171,8 @@ interop_torch() {
 interop_torch_files() {
   # shellcheck disable=SC2046
   "${PYTEST[@]}" "${TORCH_FILES[@]}" \
-    $(doctests onnx_optax/interop/torch_state_dict.py onnx_optax/interop/torch_checkpoints.py) \
+    $(doctests onnx_optax/interop/torch_state_dict.py onnx_optax/interop/torch_checkpoints.py \
+      onnx_optax/interop/torch_trainer.py onnx_optax/interop/torch_lightning.py) \
     "${KEYWORDS[@]}" || caught 1
   "${PYTEST[@]}" "${TORCH_CLIENTS[@]}" || caught 2
   "${PYTEST[@]}" tests/test_bad_input.py -k torch || caught 3
@@ -213,6 +215,7 @@ group() {
     onnx_optax/conformance/scalars.py | onnx_optax/conformance/models*) echo measurement ;;
     onnx_optax/interop/torch.py) echo interop_torch ;;
     onnx_optax/interop/torch_state_dict.py | onnx_optax/interop/torch_checkpoints.py) echo interop_torch_files ;;
+    onnx_optax/interop/torch_trainer.py | onnx_optax/interop/torch_lightning.py) echo interop_torch_files ;;
     onnx_optax/interop/_torch_placement.py | onnx_optax/interop/_torch_optim.py) echo interop_torch_shared ;;
     onnx_optax/interop/_dtensor.py) echo interop_torch_shared ;;
     onnx_optax/interop/keras.py) echo interop_keras ;;
