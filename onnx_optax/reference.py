@@ -693,8 +693,9 @@ def _pytorch_radam_step(
   R, T, X, G, exp_avg, exp_avg_sq, *, maximize=False, decoupled_weight_decay=False, **kwargs
 ):
   """:func:`pytorch_radam` (``maximize`` and the decoupled decay off unless given)."""
+  decoupled = decoupled_weight_decay
   return pytorch_radam(
-    R, T, X, G, exp_avg, exp_avg_sq, maximize=maximize, decoupled_weight_decay=decoupled_weight_decay, **kwargs
+    R, T, X, G, exp_avg, exp_avg_sq, maximize=maximize, decoupled_weight_decay=decoupled, **kwargs
   )
 
 
