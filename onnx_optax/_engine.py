@@ -72,6 +72,14 @@ def transform(
   """
   hyper = rule.checked(hyper)
   rule = rule.running(hyper)  # a flag that adds state fields runs its own rule (Rule.flagged)
+  if callable(learning_rate) and not rule.reads_learning_rate:
+    starts = [f.name for f in rule.fields if f.initial == LEARNING_RATE]
+    raise TypeError(
+      f"onnx_optax.{rule.name}: learning_rate only starts state.{', state.'.join(starts)} at init, and no "
+      f"update reads it: a schedule would change nothing after the first update (as a PyTorch "
+      f"scheduler changes nothing of the started step sizes). Pass a float: its value at the "
+      f"first update, learning_rate=float(schedule(0))"
+    )
   learning_rate = (
     learning_rate if callable(learning_rate) else _checks.learning_rate("learning_rate", learning_rate)
   )

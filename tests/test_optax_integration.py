@@ -51,6 +51,11 @@ U32 = 2.0**-24
 # framework twins included. Every term of every formula matters.
 CONFIGS = {k: (c.rule, c.make, c.hyper, c.learning_rate, c.sweep) for k, c in RULE_CONFIGS.items()}
 NAMES = sorted(CONFIGS)
+#: The configurations whose rule reads the learning rate at every update: a schedule, a changed
+#: injected rate or a swept one moves their steps. The others (``Rule.reads_learning_rate`` False:
+#: the rate only starts a state field, torch.optim.Rprop's step sizes) are held to that instead, by
+#: test_a_rate_that_only_starts_the_state.
+RATE_NAMES = [n for n in NAMES if onnx_optax.registry.get(CONFIGS[n][0]).reads_learning_rate]
 #: The rules' configurations by the registered rule's name (the hyperparameters the
 #: reference sees, the state it starts from).
 BY_RULE = {c.rule: c for c in RULE_CONFIGS.values()}
@@ -172,7 +177,7 @@ def test_inject_hyperparams_matches_plain_rule_and_reference(config, jit):
   _assert_trajectory(injected, xs, _tolerances(rule, hyper, lr, _leaves(params), xs))
 
 
-@pytest.mark.parametrize("config", NAMES)
+@pytest.mark.parametrize("config", RATE_NAMES)
 def test_changing_hyperparameters_between_steps_takes_effect_at_that_step(config):
   """A new learning rate every step; every other hyperparameter changes at step K."""
   rule, make, hyper, lr, _ = CONFIGS[config]
@@ -276,7 +281,7 @@ def test_state_dtype_under_inject_hyperparams():
 # Schedules and wrappers
 
 
-@pytest.mark.parametrize("config", NAMES)
+@pytest.mark.parametrize("config", RATE_NAMES)
 def test_learning_rate_schedule_plain_and_injected(config):
   rule, make, hyper, lr, _ = CONFIGS[config]
   params, grads = _problem(config)
@@ -592,7 +597,7 @@ def _scan_matches_loop(config, inject):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-@pytest.mark.parametrize("config", NAMES)
+@pytest.mark.parametrize("config", RATE_NAMES)
 def test_vmap_over_a_sweep_of_hyperparameters(config):
   """Four learning rates x a second hyperparameter, in one compiled program."""
   rule, make, hyper, lr, second = CONFIGS[config]
@@ -659,3 +664,32 @@ def test_vmap_over_injected_hyperparameters():
     got = params["w"] + np.asarray(updates["w"][i], np.float64)
     tol = _tolerances("adam", hyper, float(r), [params["w"]], [[want]])[0]
     np.testing.assert_allclose(got, want, rtol=0, atol=tol)
+
+
+@pytest.mark.parametrize("config", [n for n in NAMES if n not in RATE_NAMES])
+def test_a_rate_that_only_starts_the_state(config):
+  """A rule whose learning rate only starts a state field (``Rule.reads_learning_rate`` False,
+  PyTorch's Rprop): a schedule is refused, naming the argument, and its advice (the schedule's
+  value at the first update, as a float) runs; an injected rate changed after ``init`` changes
+  nothing, as PyTorch's scheduler changes nothing of Rprop's started step sizes."""
+  rule, make, hyper, lr, _ = CONFIGS[config]
+  schedule = optax.linear_schedule(lr, lr / 10, 5)
+  with pytest.raises(
+    TypeError, match=r"learning_rate only starts state\.\w+ .*learning_rate=float\(schedule\(0\)\)"
+  ):
+    make(schedule, **hyper)
+  make(float(schedule(0)), **hyper)  # the advice, as printed
+  params = {"w": jnp.array([1.0, -2.0, 0.5])}
+  grads = [{"w": jnp.array([0.5, -1.0, 2.0]) * (1 - 2 * (k % 2))} for k in range(4)]
+  tx = optax.inject_hyperparams(make)(learning_rate=lr, **hyper)
+  runs = []
+  for later in (lr, 10 * lr):
+    state, p = tx.init(params), params
+    for k, g in enumerate(grads):
+      if k == 1:
+        state.hyperparams["learning_rate"] = jnp.asarray(later)
+      u, state = tx.update(g, state, p)
+      p = optax.apply_updates(p, u)
+    runs.append(np.asarray(p["w"]))
+  np.testing.assert_array_equal(runs[0], runs[1])
+  assert np.any(runs[0] != np.asarray(params["w"]))  # it moved

@@ -308,7 +308,7 @@ def read_state(torch: Any, view: View, group: dict, p: Any, where: str) -> tuple
   kind, slot, twin, cls = view.kind, view.state.get(p, {}), group_twin(view.kind, group), declared(view.kind)
   fields = [f for f in twin.fields if not (f.name in cls.optional and not group[cls.optional[f.name]])]
   if not any(slot.get(f.name) is not None for f in fields):
-    return 0, tuple(_unstepped(view, f, p) for f in twin.fields)
+    return 0, tuple(_unstepped(view, f, p, group) for f in twin.fields)
   tensors = tuple(
     _dtensor.to_host(torch, slot[f.name], where) if f in fields and slot.get(f.name) is not None else None
     for f in twin.fields
@@ -321,13 +321,18 @@ def read_state(torch: Any, view: View, group: dict, p: Any, where: str) -> tuple
   return int(step), tensors
 
 
-def _unstepped(view: View, field: registry.Field, p: Any) -> Any:
-  """A field of a parameter that has not stepped: None for zeros, or its constructor option's value."""
+def _unstepped(view: View, field: registry.Field, p: Any, group: dict) -> Any:
+  """A field of a parameter that has not stepped: None for zeros, its group's learning rate (which
+  PyTorch's first step reads from the parameter's group: Rprop's ``step_size``), or its constructor
+  option's value (which PyTorch reads from the optimizer's defaults: Adagrad's ``sum``)."""
   if not isinstance(field.initial, str):
     if field.like_params:
       assert field.initial == 0  # the twins' parameter-shaped fields start at zeros or at an option
       return None
     return np.full(field.shape_for(p.shape), field.initial, field.dtype_for(_common.dtype_name(p.dtype)))
+  if field.initial == registry.LEARNING_RATE:
+    lr = _common.real_number(f"the learning rate of {p!r}'s group", group["lr"])
+    return np.full(field.shape_for(p.shape), lr, field.dtype_for(_common.dtype_name(p.dtype)))
   binding = twins()[view.kind].binding("torch")
   option = binding.names.get(field.initial, field.initial) if binding is not None else field.initial
   if view.defaults is None:
@@ -336,8 +341,6 @@ def _unstepped(view: View, field: registry.Field, p: Any) -> Any:
       f"from the constructor's {option}, which a state dict does not hold. Take one step "
       f"in PyTorch before saving, or use from_torch on the live optimizer"
     )
-  if field.initial == registry.LEARNING_RATE:
-    option = "lr"
   return np.full(
     field.shape_for(p.shape), view.defaults[option], field.dtype_for(_common.dtype_name(p.dtype))
   )

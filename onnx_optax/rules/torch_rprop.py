@@ -236,6 +236,7 @@ RULE = registry.register(
     bind=_bind,
     minimum_count=0,
     policy=_engine.FRAMEWORK,
+    reads_learning_rate=False,
     bindings=(
       registry.Binding("optax", "optax.rprop"),  # another state, no clamp where g * prev = 0 (from_optax.md)
       registry.Binding(
