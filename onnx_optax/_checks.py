@@ -257,8 +257,7 @@ def growth_factor(name: str, value: Any) -> Any:
   At 1 or below it does not grow it. PyTorch's constructor refuses the same (``1 < etas[1]``).
   """
   why = (
-    f"{name} grows a step size, > 1: at 1 or below it does not grow it; PyTorch refuses the same "
-    f"({_RANGES})"
+    f"{name} grows a step size, > 1: at 1 or below it does not grow it; PyTorch refuses the same ({_RANGES})"
   )
   hyperparameter(name, value, minimum=1.0, why=why)
   if not is_traced(value) and float(value) == 1.0:

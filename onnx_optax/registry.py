@@ -537,11 +537,11 @@ def register(rule: Rule) -> Rule:
       raise ValueError(f"{rule.name}: {f.name!r} has root_of={f.root_of!r}, not a second moment before it")
   for flag, flagged in rule.flagged.items():
     declared = rule.hyperparameters.get(flag)
-    expected = ("count", *(f.name for f in flagged.fields)) == tuple(getattr(flagged.state, "_fields", ()))
+    laid_out = ("count", *(f.name for f in flagged.fields)) == tuple(getattr(flagged.state, "_fields", ()))
     same = flagged.hyperparameters.keys() == rule.hyperparameters.keys()
     if declared is None or not declared.static or not same:
       raise ValueError(f"{rule.name}: flagged[{flag!r}] is not a static hyperparameter both rules take")
-    if flagged.fields[: len(rule.fields)] != rule.fields or not expected:
+    if flagged.fields[: len(rule.fields)] != rule.fields or not laid_out:
       raise ValueError(f"{rule.name}: flagged[{flag!r}]'s state is not the rule's fields, then its own")
   for r in rule.family():
     for i, f in enumerate(r.fields):

@@ -39,7 +39,7 @@ import torch
 from onnx_optax.interop import from_torch
 
 #: name -> (torch.optim class, hyperparameters, whether its step has an add(alpha=a) with a != 1).
-CONFIGS = {
+CONFIGS: dict[str, tuple[str, dict, bool]] = {
   "AdamW": ("AdamW", dict(lr=1e-3, weight_decay=0.01, eps=1e-6), False),
   "Adam coupled": ("Adam", dict(lr=1e-3, weight_decay=0.01, eps=1e-4), True),
   "Adam maximize betas[0]=0.3": ("Adam", dict(lr=1e-3, eps=1e-5, maximize=True, betas=(0.3, 0.99)), False),

@@ -28,11 +28,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from onnx_optax import registry  # noqa: E402
-from onnx_optax.interop import from_torch, from_torch_state_dict, to_torch, to_torch_state_dict  # noqa: E402
+from onnx_optax import registry
+from onnx_optax.interop import from_torch, from_torch_state_dict, to_torch, to_torch_state_dict
 
 N, M, K = 3, 3, 3
 LATE = N  # the late parameter gets its first gradient at the first JAX step: not stepped when carried
