@@ -24,11 +24,12 @@ def _rho_exact(beta2: float, step: int) -> tuple[float, float]:
 
 
 def pytorch_radam_bounds(
-  c: Context, R, T, X, G, m, v, *, betas, eps, weight_decay, decoupled_weight_decay=False
+  c: Context, R, T, X, G, m, v, *, betas, eps, weight_decay, decoupled_weight_decay=False, decoupled=None
 ):
   """The lerp, ``mul_`` + ``addcmul_``, ``exp_avg / bias_correction1`` (a true division), ``* lr``;
   past ``rho_t > 5`` times ``reciprocal(sqrt(v) + eps) * sqrt(bias_correction2)`` and ``rect``;
-  ``X - step``."""
+  ``X - step``. ``decoupled``: ``decoupled_weight_decay`` as Adam's model names it."""
+  decoupled_weight_decay = decoupled_weight_decay if decoupled is None else decoupled
   s = scalar_context(c)
   b1, b2 = (float(b) for b in betas)
   complement = s.power_complement if np.dtype(s.dtype) == np.float64 else s.one_minus_power
