@@ -253,3 +253,30 @@ def test_the_client_examples_name_their_extra():
   assert "docs/interop.md" in {_name(page) for page in pages}
   install = re.compile(r"pip install[^\n`#]*[\"']?\.\[[^\]]*\bclients\b")
   assert all(install.search(page.read_text()) for page in pages), [_name(p) for p in pages]
+
+
+def test_the_interop_page_lists_every_torch_optim_class():
+  """docs/interop.md's table of `torch.optim`'s classes has one row per optimizer class PyTorch
+  ships, and says of each what the registry says: the twin a bound class is carried onto
+  (`onnx_optax.<twin>`), refused otherwise. A class bound or unbound without its row changed
+  fails here."""
+  torch = pytest.importorskip("torch", reason="torch is in the test extra")
+  from onnx_optax import registry
+
+  shipped = {
+    name
+    for name in dir(torch.optim)
+    if isinstance(getattr(torch.optim, name), type)
+    and issubclass(getattr(torch.optim, name), torch.optim.Optimizer)
+    and name != "Optimizer"
+  }
+  bound = {b.name: rule.name for rule in registry.rules() if (b := rule.binding("torch")) is not None}
+  text = (ROOT / "docs" / "interop.md").read_text()
+  section = text.split("## Every `torch.optim` class", 1)[1].split("\n## ", 1)[0]
+  rows = dict(re.findall(r"^\| `torch\.optim\.(\w+)` \| ([^|]+) \|", section, flags=re.M))
+  assert set(rows) == shipped, sorted(set(rows) ^ shipped)
+  for name, cell in rows.items():
+    if name in bound:
+      assert f"`onnx_optax.{bound[name]}`" in cell, (name, cell)
+    else:
+      assert cell.strip().startswith("refused"), (name, cell)
