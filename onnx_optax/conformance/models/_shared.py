@@ -14,7 +14,7 @@ from typing import Any
 
 from onnx_optax.conformance.tolerance import Bounded, Context
 
-__all__ = ["host", "in_place_update", "one_minus_power", "stored_like_params"]
+__all__ = ["alpha", "host", "in_place_update", "one_minus_power", "stored_like_params"]
 
 
 def one_minus_power(o: Any, beta: Any, T: Any) -> Any:
@@ -50,3 +50,10 @@ def stored_like_params(c: Context, g: Bounded) -> Bounded:
   """A tensor PyTorch stores in the gradient's (the parameters') dtype: the regularized
   gradient, AdamW's decayed parameter. Rounded to it where it is narrower (``param``)."""
   return c.update(g)
+
+
+def alpha(c: Context, value: float) -> Bounded:
+  """The scalar of PyTorch's ``add(other, alpha=value)`` (``_pytorch.alpha``): ATen rounds it to the
+  tensors' own dtype, which for 16-bit parameters (``param``) is narrower than the compute dtype;
+  as :meth:`Context.const` elsewhere."""
+  return (c.param or c).const(value) if c.param is not None else c.const(value)

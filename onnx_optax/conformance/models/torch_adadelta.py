@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from onnx_optax.conformance import tolerance
-from onnx_optax.conformance.models._shared import host, in_place_update, stored_like_params
+from onnx_optax.conformance.models._shared import alpha, host, in_place_update, stored_like_params
 from onnx_optax.conformance.tolerance import Context
 
 __all__ = ["pytorch_adadelta_bounds", "pytorch_adadelta_scalars"]
@@ -19,7 +19,7 @@ def pytorch_adadelta_bounds(c: Context, R, T, X, G, S, A, *, rho, eps, weight_de
   X, G, S, A = c.exact(X), c.exact(G), c.exact(S), c.exact(A)
   if maximize:
     G = c.exact(-G.v)
-  g = G if weight_decay == 0 else stored_like_params(c, c.add(c.mul(X, c.const(weight_decay)), G))
+  g = G if weight_decay == 0 else stored_like_params(c, c.add(c.mul(X, alpha(c, weight_decay)), G))
   r = float(rho)
   S_new = c.add(c.mul(c.mul(host(c, 1 - r), g), g), c.mul(S, c.const(r)))
   std = c.sqrt(c.add(S_new, c.const(eps)))

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from onnx_optax.conformance import tolerance
-from onnx_optax.conformance.models._shared import in_place_update, stored_like_params
+from onnx_optax.conformance.models._shared import alpha, in_place_update, stored_like_params
 from onnx_optax.conformance.tolerance import Context, scalar_context
 
 __all__ = ["pytorch_adagrad_bounds", "pytorch_adagrad_scalars"]
@@ -23,7 +23,7 @@ def pytorch_adagrad_bounds(c: Context, R, T, X, G, S, *, lr_decay, eps, weight_d
       c.value("clr", lambda: s.div(s.const(R), s.add(s.exact(1.0), s.mul(T_, s.const(lr_decay)))))
     )
   X, G, S = c.exact(X), c.exact(G), c.exact(S)
-  g = G if weight_decay == 0 else stored_like_params(c, c.add(c.mul(X, c.const(weight_decay)), G))
+  g = G if weight_decay == 0 else stored_like_params(c, c.add(c.mul(X, alpha(c, weight_decay)), G))
   S_new = c.add(c.mul(g, g), S)
   step = c.div(c.mul(clr, g), c.add(c.sqrt(S_new), c.const(eps)))
   if c.param is not None:  # Narrow parameters: X - step in the compute dtype, written in place.

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from onnx_optax.conformance import tolerance
-from onnx_optax.conformance.models._shared import host, in_place_update, stored_like_params
+from onnx_optax.conformance.models._shared import alpha, host, in_place_update, stored_like_params
 from onnx_optax.conformance.tolerance import Bounded, Context, scalar_context
 
 __all__ = ["pytorch_adam_bounds", "pytorch_adam_scalars", "pytorch_adamw_bounds"]
@@ -36,7 +36,7 @@ def pytorch_adam_bounds(
     if decoupled:  # param.mul_(1 - lr * weight_decay)
       x = stored_like_params(c, c.mul(X, host(c, 1 - R * weight_decay)))
     else:
-      g = stored_like_params(c, c.add(c.mul(X, c.const(weight_decay)), G))
+      g = stored_like_params(c, c.add(c.mul(X, alpha(c, weight_decay)), G))
   weight = host(c, 1 - b1)
   if abs(1 - b1) < 0.5:  # lerp: start + weight * (end - start)
     m_new = c.add(c.mul(weight, c.sub(g, m)), m)

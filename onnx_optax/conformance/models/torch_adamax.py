@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from onnx_optax.conformance import tolerance
-from onnx_optax.conformance.models._shared import host, in_place_update, stored_like_params
+from onnx_optax.conformance.models._shared import alpha, host, in_place_update, stored_like_params
 from onnx_optax.conformance.tolerance import Bounded, Context, scalar_context
 
 __all__ = ["pytorch_adamax_bounds", "pytorch_adamax_scalars"]
@@ -29,13 +29,13 @@ def pytorch_adamax_bounds(c: Context, R, T, X, G, m, u, *, betas, eps, weight_de
   X, G, m, u = c.exact(X), c.exact(G), c.exact(m), c.exact(u)
   if maximize:
     G = c.exact(-G.v)
-  g = G if weight_decay == 0 else stored_like_params(c, c.add(c.mul(X, c.const(weight_decay)), G))
+  g = G if weight_decay == 0 else stored_like_params(c, c.add(c.mul(X, alpha(c, weight_decay)), G))
   weight = host(c, 1 - b1)
   if abs(1 - b1) < 0.5:  # lerp: start + weight * (end - start)
     m_new = c.add(c.mul(weight, c.sub(g, m)), m)
   else:  # end + (weight - 1) * (end - start)
     m_new = c.add(c.mul(c.sub(weight, c.exact(1.0)), c.sub(g, m)), g)
-  bound = stored_like_params(c, c.add(Bounded(np.abs(g.v), g.e), c.const(eps)))
+  bound = stored_like_params(c, c.add(Bounded(np.abs(g.v), g.e), alpha(c, eps)))
   u_new = _maximum(c.mul(u, c.const(b2)), bound)
   step = c.div(c.mul(clr, m_new), u_new)
   if c.param is not None:  # Narrow parameters: X - step in the compute dtype, written in place.

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from onnx_optax.conformance import tolerance
+from onnx_optax.conformance.models import _shared
 from onnx_optax.conformance.models._shared import host, in_place_update, stored_like_params
 from onnx_optax.conformance.tolerance import Context
 
@@ -17,7 +18,7 @@ def pytorch_rmsprop_bounds(c: Context, R, T, X, G, S, B, A, *, alpha, eps, weigh
   their difference plus ``eps``, then the buffer's ``mul_`` + ``addcdiv_`` and ``X - lr * buf``
   (momentum), or ``X - lr * g / avg``."""
   X, G, S, B, A = c.exact(X), c.exact(G), c.exact(S), c.exact(B), c.exact(A)
-  g = G if weight_decay == 0 else stored_like_params(c, c.add(c.mul(X, c.const(weight_decay)), G))
+  g = G if weight_decay == 0 else stored_like_params(c, c.add(c.mul(X, _shared.alpha(c, weight_decay)), G))
   a = float(alpha)
   S_new = c.add(c.mul(c.mul(host(c, 1 - a), g), g), c.mul(S, c.const(a)))
   A_new = A

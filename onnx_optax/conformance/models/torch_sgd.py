@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from onnx_optax.conformance import tolerance
-from onnx_optax.conformance.models._shared import host, in_place_update, stored_like_params
+from onnx_optax.conformance.models._shared import alpha, host, in_place_update, stored_like_params
 from onnx_optax.conformance.tolerance import Context
 
 __all__ = ["pytorch_sgd_bounds", "pytorch_sgd_scalars"]
@@ -15,7 +15,7 @@ __all__ = ["pytorch_sgd_bounds", "pytorch_sgd_scalars"]
 def pytorch_sgd_bounds(c: Context, R, T, X, G, buf, *, momentum, dampening, weight_decay, nesterov):
   """``_single_tensor_sgd``: ``grad + weight_decay * X``, the buffer, ``X + (-lr) * grad``."""
   X, G, buf = c.exact(X), c.exact(G), c.exact(buf)
-  g = G if weight_decay == 0 else stored_like_params(c, c.add(c.mul(X, c.const(weight_decay)), G))
+  g = G if weight_decay == 0 else stored_like_params(c, c.add(c.mul(X, alpha(c, weight_decay)), G))
   buf_new = buf
   if momentum != 0:
     if T == 0:
