@@ -436,8 +436,9 @@ class Rule:
   #: ``(2,)``): ``init`` refuses a leaf of another, naming its pytree path, and the
   #: conformance grid and the interop tests give it only such leaves. Empty: any.
   ranks: tuple[int, ...] = ()
-  #: False: the learning rate only starts a state field (``Field.initial`` :data:`LEARNING_RATE`,
-  #: ``torch.optim.Rprop``'s step sizes), at ``init``, and no update reads it: the engine refuses a
+  #: Whether an update reads the learning rate. Where not, it only starts a state field
+  #: (``Field.initial`` :data:`LEARNING_RATE`, ``torch.optim.Rprop``'s step sizes) at ``init``,
+  #: and no update reads it: the engine refuses a
   #: schedule (it would change nothing after the first update, as a PyTorch scheduler changes
   #: nothing of Rprop's step sizes), and an injected rate changed later changes nothing.
   reads_learning_rate: bool = True

@@ -213,7 +213,8 @@ def pytorch_adam(
   ``jax_enable_x64`` (PyTorch's numbers), else in float32 (docs/spec.md). ``amsgrad`` keeps
   ``max_exp_avg_sq``, the running maximum of ``exp_avg_sq`` (the maximum of the stored values,
   before the root, not of the bias-corrected moment as ``optax.amsgrad``), in a state of its own
-  (:class:`PyTorchAdamAMSGradState`); without it the state is :class:`PyTorchAdamState` and
+  (:class:`~onnx_optax.rules.torch_adam.PyTorchAdamAMSGradState`); without it the state is
+  :class:`~onnx_optax.rules.torch_adam.PyTorchAdamState` and
   keeps no third tensor. Defaults are PyTorch's.
 
   Args:

@@ -74,7 +74,7 @@ def pytorch_radam_scalars(
   decoupled_weight_decay: bool,
 ) -> PyTorchRAdamScalars:
   """PyTorch's scalars with ``step = count + 1``: ``bias_correction1 = 1 - beta1 ** step``,
-  ``bias_correction2 = 1 - beta2 ** step``, its root, ``rho_t`` and ``rect`` (:func:`rho`), and
+  ``bias_correction2 = 1 - beta2 ** step``, its root, ``rho_t`` and ``rect`` (``rho``), and
   the hyperparameters' ``1 - beta1``, ``1 - beta2``, ``1 - lr * weight_decay`` (Python float64
   for Python numbers, as PyTorch computes them)."""
   dtype = _pytorch.scalar_dtype()
