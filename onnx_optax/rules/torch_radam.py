@@ -328,6 +328,7 @@ RULE = registry.register(
     policy=_engine.FRAMEWORK,
     params_for=("weight_decay",),
     bindings=(
+      registry.Binding("optax", "optax.radam"),  # not the same rule: its rectification's threshold
       registry.Binding(
         "torch",
         "RAdam",
