@@ -369,7 +369,6 @@ RULE = registry.register(
         # The grid's T: either side of the step where rho_t crosses 5 (beta2 = 0.999: step 6).
         registry.Edge(f"T={_STEP_OF_RECTIFICATION - 1}", {"T": _STEP_OF_RECTIFICATION - 1}),
         registry.Edge(f"T={_STEP_OF_RECTIFICATION}", {"T": _STEP_OF_RECTIFICATION}),
-        registry.Edge("T=0", {"T": 0}),
         registry.Edge("decoupled_weight_decay=1", {"hyper": {"decoupled_weight_decay": True}}),
         registry.Edge("weight_decay=0", {"hyper": {"weight_decay": 0.0}}),
         registry.Edge("betas[0]=0.3", {"hyper": {"betas": (0.3, 0.999)}}),  # the lerp's other branch
