@@ -190,6 +190,13 @@ def check_group(g: int, group: dict, kind: str, *, source: str = "optimizer") ->
   refuse = declared(kind).refuse
   if refuse is not None:
     refuse(kind, g, group, lambda key: _float_advice(key, source))
+  complex_params = [j for j, p in enumerate(group["params"]) if p.is_complex()]
+  if complex_params:  # every class: the twins are rules of real tensors
+    raise ValueError(
+      f"param_groups[{g}]['params'][{complex_params[0]}] is complex: torch.optim.{kind} updates its "
+      f"real and imaginary parts as two real tensors (torch.view_as_real). Carry real parameters: "
+      f"optimize torch.view_as_real views in PyTorch and float pairs in JAX"
+    )
 
 
 def _float_advice(key: str, source: str = "optimizer") -> str:

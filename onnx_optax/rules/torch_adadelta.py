@@ -175,17 +175,6 @@ def _bind(rule: registry.Rule, hyper: dict[str, Any]) -> tuple[Any, Any]:
   )
 
 
-def _refuse(kind: str, g: int, group: Any, advice: Any) -> None:
-  """Complex parameters: PyTorch steps their real and imaginary parts as two real tensors."""
-  complex_params = [j for j, p in enumerate(group["params"]) if p.is_complex()]
-  if complex_params:
-    raise ValueError(
-      f"param_groups[{g}]['params'][{complex_params[0]}] is complex: torch.optim.{kind} updates its "
-      f"real and imaginary parts as two real tensors (torch.view_as_real). Carry real parameters: "
-      f"optimize torch.view_as_real views in PyTorch and float pairs in JAX"
-    )
-
-
 def _gain(h: Any, R: float, T0: int, steps: int) -> float:
   """Through ``weight_decay``: ``lr * sqrt(acc_delta + eps) / sqrt(square_avg + eps) * g`` moves by
   ``lr c e sqrt(acc_delta + eps) / sqrt(eps)`` through ``g``, and by as much again through
@@ -225,7 +214,6 @@ RULE = registry.register(
         torch=registry.TorchOptimizer(
           options=frozenset({"rho", "eps", "weight_decay", "capturable"}),
           signature=frozenset({"rho"}),
-          refuse=_refuse,
           examples={
             "plain": dict(lr=1.0),
             "rho": dict(lr=0.5, rho=0.5, eps=1e-3),

@@ -279,13 +279,6 @@ def _refuse(kind: str, g: int, group: Any, advice: Any) -> None:
         f"param_groups[{g}][{key!r}] is a tensor ({group[key]!r}): PyTorch then computes its scalars "
         f"in the tensor's dtype, not in float64 as for a Python number. {advice(key)}"
       )
-  complex_params = [j for j, p in enumerate(group["params"]) if p.is_complex()]
-  if complex_params:
-    raise ValueError(
-      f"param_groups[{g}]['params'][{complex_params[0]}] is complex: torch.optim.{kind} updates its "
-      f"real and imaginary parts as two real tensors (torch.view_as_real). Carry real parameters: "
-      f"optimize torch.view_as_real views in PyTorch and float pairs in JAX"
-    )
 
 
 def _gain(h: Any, R: float, T0: int, steps: int) -> float:

@@ -228,17 +228,6 @@ def _bind(rule: registry.Rule, hyper: dict[str, Any]) -> tuple[Any, Any]:
   )
 
 
-def _refuse(kind: str, g: int, group: Any, advice: Any) -> None:
-  """Complex parameters: PyTorch steps their real and imaginary parts as two real tensors."""
-  complex_params = [j for j, p in enumerate(group["params"]) if p.is_complex()]
-  if complex_params:
-    raise ValueError(
-      f"param_groups[{g}]['params'][{complex_params[0]}] is complex: torch.optim.{kind} updates its "
-      f"real and imaginary parts as two real tensors (torch.view_as_real). Carry real parameters: "
-      f"optimize torch.view_as_real views in PyTorch and float pairs in JAX"
-    )
-
-
 def _gain(h: Any, R: float, T0: int, steps: int) -> float:
   """Through ``weight_decay``: ``R g / avg`` moves by ``R c e / eps`` through ``g`` and by as much
   again through ``square_avg`` (as Adagrad's); with momentum the buffer sums it with weights
@@ -281,7 +270,6 @@ RULE = registry.register(
           options=frozenset({"alpha", "eps", "weight_decay", "momentum", "centered", "capturable"}),
           signature=frozenset({"alpha", "centered"}),
           optional={"momentum_buffer": "momentum", "grad_avg": "centered"},
-          refuse=_refuse,
           examples={
             "plain": dict(lr=0.01, alpha=0.9, eps=1e-3),
             "centered": dict(lr=0.01, alpha=0.9, eps=1e-3, centered=True, weight_decay=0.05),

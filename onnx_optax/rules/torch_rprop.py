@@ -207,13 +207,6 @@ def _refuse(kind: str, g: int, group: Any, advice: Any) -> None:
         f"Make it a pair of Python floats in the optimizer: "
         f"group[{key!r}] = tuple(float(v) for v in group[{key!r}])"
       )
-  complex_params = [j for j, p in enumerate(group["params"]) if p.is_complex()]
-  if complex_params:
-    raise ValueError(
-      f"param_groups[{g}]['params'][{complex_params[0]}] is complex: torch.optim.{kind} updates its "
-      f"real and imaginary parts as two real tensors (torch.view_as_real). Carry real parameters: "
-      f"optimize torch.view_as_real views in PyTorch and float pairs in JAX"
-    )
 
 
 RULE = registry.register(
