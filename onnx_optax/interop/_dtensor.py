@@ -16,17 +16,70 @@ import numpy as np
 
 from onnx_optax.interop import _common
 
-__all__ = ["check_held", "dtensor_region", "is_dtensor", "to_host", "to_numpy", "to_tensor"]
+__all__ = [
+  "check_held",
+  "dtensor_region",
+  "is_dtensor",
+  "load",
+  "put",
+  "shares_memory",
+  "to_host",
+  "to_numpy",
+  "to_tensor",
+]
 
 
 def to_numpy(torch: Any, tensor: Any) -> np.ndarray:
+  """A CPU tensor's values as a NumPy view of its memory (no copy; bfloat16 too, as ``ml_dtypes``'),
+  a tensor on another device's as a copy on the host. :func:`put` copies the view into JAX."""
   tensor = tensor.detach().cpu()
   if tensor.dtype == torch.bfloat16:
     import ml_dtypes  # a dependency of jax and of onnx_optax
 
-    # float32 holds every bfloat16 exactly.
-    return tensor.float().numpy().astype(ml_dtypes.bfloat16)
-  return tensor.numpy().copy()
+    # The same bits: bfloat16 is the upper half of a float32, in both.
+    return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+  return tensor.numpy()
+
+
+def load(torch: Any, path: Any) -> Any:
+  """What ``torch.save`` wrote at ``path``, its tensors mapped from the file (``mmap=True``) on the CPU:
+  their pages are the file's (page cache), read as they are used, not memory of the process. A file
+  of the legacy format (``_use_new_zipfile_serialization=False``), which cannot be mapped, is read."""
+  try:
+    return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+  except RuntimeError as error:
+    if "mmap" not in str(error):
+      raise
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def shares_memory(array: Any, host: Any) -> bool:
+  """A JAX array holds a buffer inside the NumPy array ``host``'s memory (``jax.device_put`` keeps
+  64-byte aligned host memory of a CPU target instead of copying it)."""
+  if not isinstance(host, np.ndarray) or host.size == 0:
+    return False
+  low, high = np.lib.array_utils.byte_bounds(host)
+  for shard in getattr(array, "addressable_shards", ()):
+    try:
+      pointer = shard.data.unsafe_buffer_pointer()
+    except Exception:  # a device whose buffers have no host address
+      continue
+    if low <= pointer < high:
+      return True
+  return False
+
+
+def put(value: Any, leaf: Any) -> Any:
+  """:func:`~onnx_optax.interop._common.put_like` into memory of JAX's own: one copy of the host values.
+
+  ``value`` is a view of a tensor someone else keeps (a live optimizer's, which PyTorch changes in
+  place, or a file's mapped pages, which a later ``torch.save`` to the same path rewrites), so the
+  JAX array must not keep it, as ``device_put`` would on the CPU: copied there, once.
+  """
+  out = _common.put_like(value, leaf)
+  if shares_memory(out, value.data if isinstance(value, _common.HostPiece) else value):
+    out = out.copy()
+  return out
 
 
 def to_host(torch: Any, tensor: Any, where: str = "") -> np.ndarray | _common.HostPiece:
@@ -40,10 +93,17 @@ def to_host(torch: Any, tensor: Any, where: str = "") -> np.ndarray | _common.Ho
   return _common.HostPiece(host, tuple(a for a, _ in region), shape)
 
 
-def to_tensor(torch: Any, value: Any, like: Any, where: str) -> Any:
+def to_tensor(torch: Any, value: Any, like: Any, where: str, *, copy: bool = True) -> Any:
   """A JAX (or NumPy) value as a tensor like ``like``: on its device, and a ``DTensor`` with its
-  placements when ``like`` is one (a FSDP2 parameter) or a stand-in for one (``like.template``)."""
+  placements when ``like`` is one (a FSDP2 parameter) or a stand-in for one (``like.template``).
+
+  One copy of the values (none on the host in between); ``copy=False``: a JAX array on one CPU
+  device, for a plain tensor on the CPU, is shared through DLPack instead (the tensor is the
+  array's memory, which JAX takes as immutable).
+  """
   template = like if is_dtensor(like) else getattr(like, "template", None)
+  if not copy and template is None and _shareable(value) and str(like.device) == "cpu":
+    return torch.from_dlpack(value)
   region = dtensor_region(template, where) if template is not None else None
   host = _common.host_region(value, region)
   if host is None:
@@ -59,8 +119,8 @@ def to_tensor(torch: Any, value: Any, like: Any, where: str) -> Any:
         "first: state = jax.experimental.multihost_utils.process_allgather(state, tiled=True)"
       )
     )
-  if _common.dtype_name(host.dtype) == "bfloat16":
-    tensor = torch.from_numpy(host.astype(np.float32)).to(torch.bfloat16)
+  if _common.dtype_name(host.dtype) == "bfloat16":  # NumPy has no bfloat16 PyTorch reads: its bits
+    tensor = torch.from_numpy(np.array(host).view(np.int16)).view(torch.bfloat16)
   else:
     tensor = torch.from_numpy(np.array(host))
   if template is None:
@@ -75,6 +135,15 @@ def to_tensor(torch: Any, value: Any, like: Any, where: str) -> Any:
     shape=template.shape,
     stride=template.stride(),
   )
+
+
+def _shareable(value: Any) -> bool:
+  """A JAX array on one CPU device, of a dtype DLPack carries to PyTorch."""
+  import jax
+
+  if not isinstance(value, jax.Array) or not value.is_fully_addressable or len(value.devices()) != 1:
+    return False
+  return next(iter(value.devices())).platform == "cpu" and value.size > 0
 
 
 def is_dtensor(tensor: Any) -> bool:

@@ -99,6 +99,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -256,23 +257,56 @@ def carry(torch: Any, view: View, params: Any, learning_rate: Any) -> tuple[Any,
   tree_labels = _torch_placement.to_leaf_order(labels, perm)
   tree_tensors = _torch_placement.to_leaf_order(tensors, perm)
   tx = _common.partition(transforms_by_label, tree_labels, treedef)
-  state = tx.init(params)
+  state = _init_without(tx, params, {f.name for f in fields_of if f.like_params})
   tree_leaves = jax.tree.leaves(params)
+  # One tensor at a time, each copied once from the tensor's memory into the JAX array (the host
+  # values are views of the tensors, _dtensor.to_numpy).
   fields = [
     [
-      _common.put_like(v if v is not None else np.zeros(leaf.shape, _common.dtype_name(leaf.dtype)), leaf)
+      _dtensor.put(v, leaf)
+      if f.like_params and v is not None
+      else _common.put_like(np.zeros(leaf.shape, _common.dtype_name(leaf.dtype)), leaf)
       if f.like_params
       # A field of its own shape and dtype: as PyTorch keeps it (init's where it keeps none).
-      else _common.put_like(
-        v if v is not None else np.asarray(init_leaf),
-        jax.ShapeDtypeStruct(f.shape_for(leaf.shape), v.dtype if v is not None else init_leaf.dtype),
-      )
+      else _dtensor.put(v, jax.ShapeDtypeStruct(f.shape_for(leaf.shape), v.dtype))
+      if v is not None
+      else init_leaf
       for v, leaf, init_leaf in zip(column, tree_leaves, _field_leaves(state, f.name, len(tree_leaves)))
     ]
     for f, column in zip(fields_of, itertools.zip_longest(*tree_tensors))
   ]
   state = _common.fill(state, treedef, fields)
   return tx, _common.counts_placed(state, tree_leaves)
+
+
+def _init_without(tx: Any, params: Any, names: set[str]) -> Any:
+  """``tx.init(params)`` without building its rule states' fields ``names`` (those the caller fills
+  with the carried tensors): those leaves are ``jax.ShapeDtypeStruct`` s, the rest (the counts, the
+  fields of a shape of their own) init's values.
+
+  ``init`` is traced (its checks raise as they would), and only what is kept is computed: the
+  zeros of the fields left out are never allocated.
+  """
+  is_rule_state = _common._rule_state_test()
+  abstract = jax.eval_shape(tx.init, params)
+  shapes = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), params)
+
+  def kept() -> Any:
+    state = tx.init(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes))
+
+    def without(node: Any) -> Any:
+      return node._replace(**{n: None for n in names if n in node._fields}) if is_rule_state(node) else node
+
+    return jax.tree.map(without, state, is_leaf=is_rule_state)
+
+  computed = jax.jit(kept)()
+
+  def merged(node: Any, values: Any) -> Any:
+    if not is_rule_state(node):
+      return values
+    return node._replace(**{name: getattr(values, name) for name in node._fields if name not in names})
+
+  return jax.tree.map(merged, abstract, computed, is_leaf=lambda node: is_rule_state(node) or node is None)
 
 
 class _OnCpu:
@@ -360,10 +394,11 @@ def to_torch(state: Any, optimizer: Any, params: Any = None) -> None:
 
 
 def checked_writes(
-  torch: Any, kind: str, groups: Sequence[dict], state: Any, *, source: str = "optimizer"
+  torch: Any, kind: str, groups: Sequence[dict], state: Any, *, source: str = "optimizer", copy: bool = True
 ) -> list[tuple[Any, dict, int, tuple]]:
   """``(parameter, group, step, state tensors)`` per parameter, every check done, nothing written
-  (``step``: PyTorch's, the updates done). ``source``: what the caller holds (``mapping``'s)."""
+  (``step``: PyTorch's, the updates done). ``source``: what the caller holds (``mapping``'s);
+  ``copy=False``: tensors on the CPU share the state's memory (:func:`_dtensor.to_tensor`)."""
   # The state's trees have the params' structure (optax.MaskedNode where a
   # label's transform does not own a leaf): the one mapping places them.
   names = _torch_placement.param_names(groups)
@@ -411,7 +446,7 @@ def checked_writes(
           f"later (count >= {offset}, {spec_rule.name}'s initial_count)"
         )
       tensors = tuple(
-        _dtensor.to_tensor(torch, value, p, f"the state of {where}")
+        _dtensor.to_tensor(torch, value, p, f"the state of {where}", copy=copy)
         if f.like_params
         # A field of its own shape (a scalar per parameter): a plain tensor, on the CPU here
         # (_torch_optim.write puts it where the tensor it replaces was).
@@ -478,5 +513,5 @@ def torch_params(optimizer: Any, like: Any = None) -> Any:
   ]
   for value, leaf, (_, _, where) in zip(hosts, leaves, described):
     _dtensor.check_held(value, leaf, where, weights=True)
-  values = [_common.put_like(value, leaf) for value, leaf in zip(hosts, leaves)]
+  values = [_dtensor.put(value, leaf) for value, leaf in zip(hosts, leaves)]
   return treedef.unflatten(_torch_placement.to_leaf_order(values, perm))

@@ -33,6 +33,7 @@ position otherwise).
 from __future__ import annotations
 
 import collections
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -71,7 +72,7 @@ class _Param:
 
 
 def from_torch_state_dict(
-  state_dict: Mapping[str, Any],
+  state_dict: Mapping[str, Any] | str | os.PathLike,
   params: Any,
   *,
   optimizer: Any = None,
@@ -85,7 +86,11 @@ def from_torch_state_dict(
   taken (float64: equal to about 1e-15 per step), with the same refusals.
 
   Args:
-    state_dict: an optimizer state dict, as ``optimizer.state_dict()``
+    state_dict: the path of a file ``torch.save`` wrote it to (read with
+      its tensors mapped from the file, ``torch.load(path, mmap=True)``:
+      each is copied into its JAX array in turn, and the process's memory
+      holds the JAX state alone; docs/interop.md, "Memory"), or an
+      optimizer state dict, as ``optimizer.state_dict()``
       returns it and ``torch.load(path, weights_only=True)`` reads it back
       (keyed by index), or as
       ``torch.distributed.checkpoint.state_dict.get_optimizer_state_dict``
@@ -144,6 +149,8 @@ def from_torch_state_dict(
     ('PyTorchAdamState', 1)
   """
   torch = _torch_optim.torch()
+  if isinstance(state_dict, (str, os.PathLike)):
+    state_dict = _dtensor.load(torch, state_dict)
   state_dict, _ = _unflattened(state_dict, "state_dict")
   kind, groups, entries, keys, names = _read(state_dict, optimizer, "state_dict")
   names = _given_names(param_names, keys, names, "state_dict")
@@ -176,11 +183,12 @@ def from_torch_state_dict(
 
 def to_torch_state_dict(
   state: Any,
-  like: Mapping[str, Any],
+  like: Mapping[str, Any] | str | os.PathLike,
   *,
   optimizer: Any = None,
   learning_rate: Any = None,
   param_names: Sequence[str] | None = None,
+  copy: bool = True,
 ) -> dict[str, Any]:
   """A state dict of a JAX run, to load with ``optimizer.load_state_dict`` (or ``set_optimizer_state_dict``).
 
@@ -211,13 +219,20 @@ def to_torch_state_dict(
   Args:
     state: the state of a transform returned by :func:`from_torch_state_dict`
       or :func:`~onnx_optax.interop.from_torch`, after any number of updates.
-    like: the template state dict.
+    like: the template state dict, or the path of a file ``torch.save``
+      wrote it to (read mapped, as :func:`from_torch_state_dict` reads one).
     optimizer: as for :func:`from_torch_state_dict`.
     learning_rate: None (the template's ``lr``), or the rate of PyTorch's
       next step: a number (a float, a NumPy or JAX scalar, a 0-d tensor), or
       a sequence with one per param group. A schedule is not a rate:
       evaluate it at the number of JAX updates, ``schedule(m)``.
     param_names: as for :func:`from_torch_state_dict`.
+    copy: True: each tensor is a copy of its JAX array, made once. False:
+      a JAX array on one CPU device (not a DTensor's shard) is shared with
+      its tensor through DLPack, no copy: for ``torch.save`` right away
+      (docs/interop.md, "Memory"). JAX takes its arrays as immutable: do not
+      load those tensors into an optimizer that steps (PyTorch writes its
+      state in place) while the JAX state is still in use.
 
   Returns:
     ``{"state": ..., "param_groups": ...}`` with PyTorch tensors.
@@ -240,6 +255,8 @@ def to_torch_state_dict(
     tensor([ 1., -1.])
   """
   torch = _torch_optim.torch()
+  if isinstance(like, (str, os.PathLike)):
+    like = _dtensor.load(torch, like)
   like, flat = _unflattened(like, "like")
   kind, groups, entries, keys, names = _read(like, optimizer, "like")
   names = _given_names(param_names, keys, names, "like")
@@ -262,7 +279,7 @@ def to_torch_state_dict(
     template = held[0] if held and _dtensor.is_dtensor(held[0]) else None
     stand_ins[key] = _Param(key, shape, dtype, device, template)
   view_groups = _groups(kind, groups, stand_ins, names)
-  writes = bridge.checked_writes(torch, kind, view_groups, state, source="state_dict")
+  writes = bridge.checked_writes(torch, kind, view_groups, state, source="state_dict", copy=copy)
   out_state: dict[Any, dict] = {}
   for p, group, count, tensors in writes:
     slot = dict(entries.get(p.key, {}))  # a copy: like keeps its tensors
