@@ -154,7 +154,8 @@ def child(contender: str, folder: str) -> None:
     jax.block_until_ready(state)
     phase("write")
     like = torch.load(source, mmap=True, weights_only=True) if contender == "carry" else carried
-    out = to_torch_state_dict(state, like, **({"copy": contender == "carry dict"} if new else {}))
+    options: dict[str, Any] = {"copy": contender == "carry dict"} if new else {}
+    out = to_torch_state_dict(state, like, **options)
     torch.save(out, target)
     assert np.isfinite(float(out["state"][0]["exp_avg"].sum()))
   phase("")

@@ -1,0 +1,124 @@
+"""The memory a carry holds: the PyTorch state read into JAX and written back without extra copies.
+
+What the bridges promise (docs/interop.md, "Memory"): reading a state dict builds no zero-filled
+state to overwrite, makes no host copy of a tensor on the way (each is copied once, into its JAX
+array, which then holds memory of its own), and writing back with ``copy=False`` shares the JAX
+arrays' memory with the tensors. Small sizes; the figures are benchmarks/carry_memory.py's.
+"""
+
+from __future__ import annotations
+
+import os
+import tracemalloc
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from onnx_optax.interop import _dtensor, from_torch_state_dict, to_torch_state_dict
+
+SHAPES = {"w": (512, 1024), "b": (1024,)}  # 2 MiB and 4 KiB of float32
+INDEX = {k: i for i, k in enumerate(SHAPES)}  # optimizer.state_dict() keys its state by index
+FIELDS = ("exp_avg", "exp_avg_sq")
+
+
+def _saved_adamw() -> tuple[dict, dict]:
+  """An AdamW's state dict after one step, and the weights as JAX arrays keyed by name."""
+  g = torch.Generator().manual_seed(0)
+  params = {k: torch.nn.Parameter(torch.randn(s, generator=g)) for k, s in SHAPES.items()}
+  opt = torch.optim.AdamW(params.items(), lr=1e-3)
+  for p in params.values():
+    p.grad = torch.randn(p.shape, generator=g)
+  opt.step()
+  return opt.state_dict(), {k: jnp.asarray(p.detach().numpy()) for k, p in params.items()}
+
+
+def _moments(state: object) -> dict[str, jax.Array]:
+  return {f"{k}.{f}": getattr(state, f)[k] for k in SHAPES for f in FIELDS}
+
+
+def _saved(saved: dict, name: str) -> torch.Tensor:
+  key, field = name.split(".")
+  return saved["state"][INDEX[key]][field]
+
+
+def test_no_zero_state_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
+  """init's parameter-shaped zeros are never computed: init is only traced."""
+  saved, params = _saved_adamw()
+  computed = []
+  zeros_like = jnp.zeros_like
+
+  def recording(a, *args, **kwargs):
+    if not isinstance(a, jax.core.Tracer):
+      computed.append(tuple(a.shape))
+    return zeros_like(a, *args, **kwargs)
+
+  monkeypatch.setattr(jnp, "zeros_like", recording)
+  _, state = from_torch_state_dict(saved, params)
+  assert computed == []
+  # The state is the file's all the same.
+  for name, value in _moments(state).items():
+    np.testing.assert_array_equal(np.asarray(value), _saved(saved, name).numpy())
+
+
+def test_read_makes_no_host_copy() -> None:
+  """Host memory (NumPy's, which tracemalloc sees; JAX's buffers it does not) stays far below one
+  state tensor while the state is read: the tensors are viewed, not copied, on the host."""
+  saved, params = _saved_adamw()
+  tensor_bytes = _saved(saved, "w.exp_avg").nbytes
+  tracemalloc.start()
+  try:
+    from_torch_state_dict(saved, params)
+    _, peak = tracemalloc.get_traced_memory()
+  finally:
+    tracemalloc.stop()
+  assert peak < tensor_bytes / 4, (peak, tensor_bytes)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_to_numpy_is_a_view(dtype: torch.dtype) -> None:
+  tensor = torch.arange(6, dtype=dtype).reshape(2, 3)
+  host = _dtensor.to_numpy(torch, tensor)
+  assert host.ctypes.data == tensor.data_ptr()
+  np.testing.assert_array_equal(host.astype(np.float32), tensor.float().numpy())
+
+
+def test_carried_state_has_memory_of_its_own() -> None:
+  """A tensor changed in place after the carry (PyTorch's next step) leaves the JAX state as it was,
+  though device_put would keep the tensor's aligned memory on the CPU."""
+  saved, params = _saved_adamw()
+  before = {f"{k}.{f}": _saved(saved, f"{k}.{f}").numpy().copy() for k in SHAPES for f in FIELDS}
+  _, state = from_torch_state_dict(saved, params)
+  for entry in saved["state"].values():
+    entry["exp_avg"].add_(1.0)
+    entry["exp_avg_sq"].mul_(2.0)
+  for name, value in _moments(state).items():
+    np.testing.assert_array_equal(np.asarray(value), before[name])
+
+
+def test_path_reads_the_mapped_file(tmp_path: os.PathLike) -> None:
+  """A path reads as the state dict saved there, and the state does not keep the file's pages:
+  the file rewritten afterwards changes nothing of it."""
+  saved, params = _saved_adamw()
+  path = os.path.join(tmp_path, "optimizer.pt")
+  torch.save(saved, path)
+  _, state = from_torch_state_dict(path, params)
+  torch.save({"rewritten": torch.zeros(3)}, path)  # truncates the file the tensors were mapped from
+  for name, value in _moments(state).items():
+    np.testing.assert_array_equal(np.asarray(value), _saved(saved, name).numpy())
+
+
+def test_write_back_shares_or_copies() -> None:
+  """``copy=False``: each moment tensor is its JAX array's memory; by default, a copy of the values."""
+  saved, params = _saved_adamw()
+  _, state = from_torch_state_dict(saved, params)
+  moments = _moments(state)
+  shared = to_torch_state_dict(state, saved, copy=False)
+  copied = to_torch_state_dict(state, saved)
+  for name, value in moments.items():
+    assert _saved(shared, name).data_ptr() == value.unsafe_buffer_pointer()
+    assert _saved(copied, name).data_ptr() != value.unsafe_buffer_pointer()
+    np.testing.assert_array_equal(_saved(shared, name).numpy(), np.asarray(value))
+    np.testing.assert_array_equal(_saved(copied, name).numpy(), np.asarray(value))
