@@ -76,8 +76,31 @@ class RuleConfig(NamedTuple):
         value = float(self.learning_rate if learning_rate is None else learning_rate)
       else:
         value = float(hyper[f.initial]) if isinstance(f.initial, str) else float(f.initial)
-      state.append([np.full(np.shape(x), value) for x in leaves])
+      state.append([np.full(f.shape_for(np.shape(x)), value) for x in leaves])
     return state
+
+
+def field_leaf(f: registry.Field, drawn: Any, dtype: Any) -> np.ndarray:
+  """A state leaf of field ``f`` from values drawn in its parameter's shape, as the rule keeps it:
+  in the field's shape (``Field.shape``: one scalar per parameter takes the first value), within
+  its declared reach (``Field.reach``: ``|tanh|`` of the values mapped into it) and in the dtype
+  ``init`` gives it beside a parameter of ``dtype`` (``Field.dtypes``, else ``dtype``).
+
+  Example:
+    >>> from onnx_optax import registry
+    >>> eta = registry.Field("eta", "eta", shape=registry.PER_TENSOR, dtypes=("float32",), reach=(0.1, 0.2))
+    >>> leaf = field_leaf(eta, np.array([[-3.0, 1.0]]), np.float64)
+    >>> leaf.shape, leaf.dtype, bool(0.1 <= leaf <= 0.2)
+    ((), dtype('float32'), True)
+  """
+  v = np.asarray(drawn, np.float64)
+  shape = f.shape_for(v.shape)
+  if shape != v.shape:
+    v = np.broadcast_to(v.ravel()[: max(1, int(np.prod(shape)))].reshape(shape) if v.size else 0.0, shape)
+  if f.reach is not None:
+    low, high = f.reach
+    v = low + (high - low) * np.abs(np.tanh(v))
+  return np.asarray(v).astype(f.dtype_for(np.dtype(dtype).name))
 
 
 def _configuration(rule: registry.Rule, name: str, test: registry.TestConfig) -> RuleConfig:

@@ -25,6 +25,7 @@ stays inside the bound.
 from __future__ import annotations
 
 import collections
+import re
 import zlib
 from typing import Any
 
@@ -38,6 +39,7 @@ from rule_configs import (
   RULE_CONFIGS,
   expectation,
   feedback_gain,
+  field_leaf,
   trajectory,
   trajectory_tolerances,
 )
@@ -80,7 +82,7 @@ def _run(config, dtype, jit, nonzero_start):
         tree = jax.tree.map(np.abs, tree)
       elif f.root_of:
         tree = jax.tree.map(lambda x, v: (np.tanh(x) * np.sqrt(v)).astype(dtype), tree, drawn[f.root_of])
-      drawn[f.name] = tree
+      drawn[f.name] = jax.tree.map(lambda x, f=f: field_leaf(f, x, dtype), tree)  # its shape, reach, dtype
     state0 = list(drawn.values())
     T0 = 7
   else:
@@ -88,7 +90,10 @@ def _run(config, dtype, jit, nonzero_start):
     # Adagrad's initial_accumulator_value).
     treedef = jax.tree.structure(params)
     start = RULE_CONFIGS[config].initial_state(jax.tree.leaves(params))
-    state0 = [treedef.unflatten([s.astype(dtype) for s in leaves]) for leaves in start]
+    state0 = [
+      treedef.unflatten([s.astype(f.dtype_for(np.dtype(dtype).name)) for s in leaves])
+      for f, leaves in zip(fields, start)
+    ]
     T0 = RULE_CONFIGS[config].first_count
 
   opt = make(lr, **hyper, initial_count=T0)
@@ -140,9 +145,9 @@ def test_trajectory_matches_reference(config, dtype, jit, nonzero_start):
     )
     gain = (1 + feedback_gain(rule, seen, lr, T0, STEPS)) ** STEPS
     tol = gain * STEPS * ROUNDINGS * u * max(scale, 1.0)
-    for field, want in zip(state[1:], ref_state):
+    for f, field, want in zip(RULE_CONFIGS[config].fields, state[1:], ref_state):
       for g, w in zip(jax.tree.leaves(field), want):
-        assert g.dtype == dtype
+        assert g.dtype == f.dtype_for(np.dtype(dtype).name)
         np.testing.assert_allclose(np.asarray(g), w, rtol=0, atol=tol)
     assert int(state.count) == ref_T
 
@@ -188,7 +193,7 @@ def _twin_update_is_its_frameworks_to_the_bit(config):
     if f.root_of:
       bound = s[[h.name for h in RULE_CONFIGS[config].fields].index(f.root_of)]
       drawn = np.tanh(rng.normal(size=n)) * np.sqrt(bound.astype(np.float64))
-    s.append(drawn.astype(np.float32))
+    s.append(field_leaf(f, drawn, np.float32))
   step, _ = expectation(rule)
   with jax.enable_x64(True):
     for T in (0, 1):
@@ -390,12 +395,15 @@ def test_update_refuses_a_state_that_is_not_its_own(config):
     opt.update(grads, tuple(state), params)
   with pytest.raises(TypeError, match=r"state.count must be an integer scalar.*float32"):
     opt.update(grads, state._replace(count=jnp.float32(3)), params)
-  for field in fields:
-    tree = getattr(state, field)
+  for f in RULE_CONFIGS[config].fields:
+    field, tree = f.name, getattr(state, f.name)
     with pytest.raises(TypeError, match=rf"state.{field}\['w'\] has dtype int32"):
       opt.update(grads, state._replace(**{field: {**tree, "w": jnp.ones((2, 3), jnp.int32)}}), params)
-    with pytest.raises(ValueError, match=rf"updates\['w'\] has shape \(2, 3\) but state.{field}\['w'\]"):
-      opt.update(grads, state._replace(**{field: {**tree, "w": jnp.ones((3, 2))}}), params)
+    keeps = f.shape_for((2, 3))  # a field of its own shape (Field.shape) is named by it
+    own = re.escape(f"state.{field}['w'] has shape (3, 2), but the rule keeps it in shape {keeps}")
+    wrong = rf"updates\['w'\] has shape \(2, 3\) but state.{field}\['w'\]" if f.shape is None else own
+    with pytest.raises(ValueError, match=wrong):
+      opt.update(grads, state._replace(**{field: {**tree, "w": jnp.ones((3, 2), tree["w"].dtype)}}), params)
   opt.update(grads, state, params)  # its own state passes
 
 
@@ -419,8 +427,8 @@ def test_dtype_policy(config, param_dtype, state_dtype):
   for _ in range(2):
     u, state = jax.jit(opt.update)({"a": jnp.full(3, 0.5, param_dtype)}, state, params)
     assert u["a"].dtype == param_dtype
-    for field in state[1:]:
-      assert field["a"].dtype == (state_dtype or param_dtype)
+    for f, field in zip(RULE_CONFIGS[config].fields, state[1:]):
+      assert field["a"].dtype == f.dtype_for(param_dtype, state_dtype)
 
 
 def test_wide_state_is_computed_wide():

@@ -263,9 +263,12 @@ def tolerances(
   if expected_u is None:
     expected_u = expected_update(rule, R_in, T, X, G, state, hyper_in)
   # The bounds are element-wise: the leaves are evaluated as one array (one evaluation per
-  # context, not one per leaf), then split back.
+  # context, not one per leaf), then split back; a state field of one scalar per parameter is
+  # given per element (its parameter's, broadcast).
   shapes = [np.shape(x) for x in X]
-  flat = lambda leaves: np.concatenate([np.ravel(np.asarray(t, np.float64)) for t in leaves])  # noqa: E731
+  flat = lambda leaves: np.concatenate(  # noqa: E731
+    [np.ravel(np.broadcast_to(np.asarray(t, np.float64), shape)) for t, shape in zip(leaves, shapes)]
+  )
   x, g, s = flat(X), flat(G), [flat(block) for block in state]
   bounds = lambda context: _in_chunks(  # noqa: E731
     lambda x, g, s: tolerance.bounds(base, context, R, T, x, g, s, update=True, **hyper), x, g, s
@@ -280,7 +283,13 @@ def tolerances(
   whole = [np.broadcast_to(p + q, x.shape) for p, q in zip(a, b)] + [np.broadcast_to(a[-1] + e_u, x.shape)]
   ends = np.cumsum([int(np.prod(shape)) for shape in shapes])[:-1]
   parts = [np.split(t, ends) for t in whole]
-  return [tuple(part[i].reshape(shape) for part in parts) for i, shape in enumerate(shapes)]
+  # Output k + 1 is state field k's new value, of its input's shape: one scalar per parameter
+  # (Field.shape PER_TENSOR) gets the largest tolerance of the elements it stands for.
+  own = lambda i, k: np.shape(state[k - 1][i]) if 0 < k <= len(state) else shapes[i]  # noqa: E731
+  fold = lambda t, shape: t if t.shape == shape else np.max(t, initial=0.0).reshape(shape)  # noqa: E731
+  return [
+    tuple(fold(p[i].reshape(shape), own(i, k)) for k, p in enumerate(parts)) for i, shape in enumerate(shapes)
+  ]
 
 
 # -- the device's arithmetic, measured on the grid's operands ------------------------------------
@@ -519,8 +528,10 @@ def check_outputs(
         )
   count_ok = got_count is None or got_count == min(case.T + 1, INT32_MAX)
   wrong = []
+  # Each state field in the dtype init gives it: the case's state dtype, or its own (Field.dtypes).
+  field_dtype = [f.dtype_for(case.dtype, case.state_dtype) for f in case.suite.rule.fields]
   checked = [(names[0], got_x, case.dtype)] + [
-    (names[k + 1], s, case.state_dtype or case.dtype) for k, s in enumerate(got_state)
+    (names[k + 1], s, field_dtype[k]) for k, s in enumerate(got_state)
   ]
   if got_u is not None:
     checked.append(("U", got_u, case.dtype))
