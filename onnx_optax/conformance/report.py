@@ -288,9 +288,6 @@ def _reference_row(
 #: (:class:`~onnx_optax.registry.Binding`) and the dtype: the reasons beside each rule's
 #: ``Conformance.dtypes``, in the report's words.
 WHY_NOT: dict[tuple[str, str], str] = {
-  ("torch", "float16"): "PyTorch's half precision is checked as PyTorch's CPU mixed precision, "
-  "bfloat16 parameters with a float32 state (the bfloat16 row: bfloat16 is torch.autocast's CPU "
-  "dtype); float16 parameters are not in the twins' grid",
   ("keras", "float16"): "Keras computes in the variable's dtype: a float16 variable takes a float16 "
   "step, which the twin's grid does not model (float32 and float64 only)",
   ("keras", "bfloat16"): "Keras computes in the variable's dtype: in bfloat16 beta_2 = 0.999 rounds "

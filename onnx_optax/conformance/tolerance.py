@@ -378,7 +378,14 @@ class Context:
 
   def mul(self, a: Bounded, b: Bounded) -> Bounded:
     self._record("mul", a.v, b.v)
-    return self._rounded(a.v * b.v, np.abs(a.v) * b.e + np.abs(b.v) * a.e + a.e * b.e, self.k_mul)
+    # A product's error: an exact factor (error 0, or value 0) contributes none, even against an
+    # unbounded one (0 x inf is 0 here, not NaN: the other factor's bound stays inf on its own).
+    with np.errstate(invalid="ignore"):
+      e = np.abs(a.v) * b.e + np.abs(b.v) * a.e + a.e * b.e
+      if np.isnan(e).any():
+        terms = (np.abs(a.v) * b.e, np.abs(b.v) * a.e, a.e * b.e)
+        e = sum(np.nan_to_num(t, nan=0.0, posinf=np.inf) for t in terms)
+    return self._rounded(a.v * b.v, e, self.k_mul)
 
   def div(self, a: Bounded, b: Bounded) -> Bounded:
     self._record("div", a.v, b.v)

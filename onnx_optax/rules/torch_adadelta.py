@@ -231,7 +231,7 @@ RULE = registry.register(
       tiny_gradient={"weight_decay": 0.0},
       outputs=("X_new", "square_avg", "acc_delta"),
       tests=registry.TestConfig(dict(rho=0.9, eps=0.3, weight_decay=0.01), 0.05),
-      dtypes=("float32", "float64", "bfloat16"),
+      dtypes=("float32", "float64", "float16", "bfloat16"),
       edges=(
         registry.Edge("weight_decay=0", {"hyper": {"weight_decay": 0.0}}),
         registry.Edge("rho=0", {"hyper": {"rho": 0.0}}),  # no memory: square_avg = grad^2

@@ -212,7 +212,7 @@ RULE = registry.register(
       tests=registry.TestConfig(
         dict(lr_decay=0.01, weight_decay=0.01, initial_accumulator_value=0.1, eps=0.3), 0.05, ""
       ),
-      dtypes=("float32", "float64", "bfloat16"),
+      dtypes=("float32", "float64", "float16", "bfloat16"),
       edges=(
         registry.Edge("lr_decay=0", {"hyper": {"lr_decay": 0.0}}),
         registry.Edge("eps=0", {"hyper": {"eps": 0.0}}),

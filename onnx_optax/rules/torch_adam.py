@@ -387,7 +387,7 @@ def _conformance(amsgrad: bool) -> registry.Conformance:
     tiny_gradient={"weight_decay": 0.0},
     outputs=("X_new", "exp_avg", "exp_avg_sq", *(("max_exp_avg_sq",) if amsgrad else ())),
     tests=registry.TestConfig(dict(betas=(0.9, 0.999), eps=0.3, weight_decay=0.01), 0.05, ""),
-    dtypes=("float32", "float64", "bfloat16"),
+    dtypes=("float32", "float64", "float16", "bfloat16"),
     edges=_EDGES + _AMSGRAD_EDGES if amsgrad else _EDGES,
   )
 

@@ -269,7 +269,7 @@ RULE = registry.register(
       outputs=("X_new", "exp_avg", "exp_inf"),
       # clr = lr / (1 - beta1^step) is 10 lr at the first step: steps small beside |X| ~ 1.
       tests=registry.TestConfig(dict(betas=(0.9, 0.999), eps=0.3, weight_decay=0.01), 0.005),
-      dtypes=("float32", "float64", "bfloat16"),
+      dtypes=("float32", "float64", "float16", "bfloat16"),
       edges=(
         registry.Edge("weight_decay=0", {"hyper": {"weight_decay": 0.0}}),
         registry.Edge("betas[0]=0", {"hyper": {"betas": (0.0, 0.999)}}),  # lerp's other branch (weight 1)

@@ -359,7 +359,7 @@ RULE = registry.register(
       tests=registry.TestConfig(
         dict(betas=(0.9, 0.99), eps=0.3, weight_decay=0.01, decoupled_weight_decay=False), 0.005, ""
       ),
-      dtypes=("float32", "float64", "bfloat16"),
+      dtypes=("float32", "float64", "float16", "bfloat16"),
       edges=(
         # The grid's T: either side of the step where rho_t crosses 5 (beta2 = 0.999: step 6).
         registry.Edge(f"T={_STEP_OF_RECTIFICATION - 1}", {"T": _STEP_OF_RECTIFICATION - 1}),

@@ -285,7 +285,7 @@ RULE = registry.register(
       tiny_gradient={"weight_decay": 0.0},
       outputs=("X_new", "square_avg", "momentum_buffer", "grad_avg"),
       tests=registry.TestConfig(dict(alpha=0.9, eps=0.3, weight_decay=0.01, momentum=0.5, centered=True)),
-      dtypes=("float32", "float64", "bfloat16"),
+      dtypes=("float32", "float64", "float16", "bfloat16"),
       edges=(
         registry.Edge("centered=0", {"hyper": {"centered": False}}),
         registry.Edge("momentum=0", {"hyper": {"momentum": 0.0}}),

@@ -258,7 +258,7 @@ RULE = registry.register(
       hyper=dict(etas=(0.5, 1.2), step_sizes=(0.2, 0.9)),
       outputs=("X_new", "prev", "step_size"),
       tests=registry.TestConfig(dict(etas=(0.5, 1.2), step_sizes=(1e-3, 0.08))),
-      dtypes=("float32", "float64", "bfloat16"),
+      dtypes=("float32", "float64", "float16", "bfloat16"),
       edges=(
         registry.Edge(
           "step_sizes[0]=1e-06,step_sizes[1]=50", {"hyper": {"step_sizes": (1e-6, 50.0)}}

@@ -256,7 +256,7 @@ RULE = registry.register(
       tiny_gradient={"weight_decay": 0.0},
       outputs=("X_new", "momentum_buffer"),
       tests=registry.TestConfig(dict(momentum=0.9, dampening=0.1, weight_decay=0.01), 0.05, ""),
-      dtypes=("float32", "float64", "bfloat16"),
+      dtypes=("float32", "float64", "float16", "bfloat16"),
       more_tests={"nesterov": registry.TestConfig(dict(momentum=0.9, nesterov=True), 0.05, "")},
       edges=(
         registry.Edge("nesterov", {"hyper": {"nesterov": True, "dampening": 0.0}}),

@@ -105,8 +105,13 @@ def test_no_case_checks_nothing(platform):
         if not all(np.isfinite(t).all() for leaf in tols for t in leaf):
           assert platform == "tpu" and case.unchecked_limit and "float16" in case.unchecked_limit, case.id
           limited.append(case.id)
-  # ORT AdamW's mode 0 divides M2 (~1e-7 there) by its bias correction: the same limit.
+  # ORT AdamW's mode 0 divides M2 (~1e-7 there) by its bias correction: the same limit, and so
+  # do PyTorch's Adam, AdamW and RMSprop in float16 (PyTorch's float16 state: the twins' grid),
+  # and centred RMSprop's state drawn tight against its bound (a variance below 6.1e-5).
   tpu = ["directml_adam-float16-gradient~epsilon", "ort_adamw_mode0-float16-gradient~epsilon"]
+  tpu += [f"{r}-float16-gradient~epsilon" for r in ("pytorch_adam", "pytorch_adam_amsgrad")]
+  tpu += [f"{r}-float16-gradient~epsilon" for r in ("pytorch_adamw", "pytorch_adamw_amsgrad")]
+  tpu += ["pytorch_rmsprop-float16-gradient~epsilon", "pytorch_rmsprop-float16-state=tight"]
   assert limited == ([] if platform != "tpu" else tpu)
 
 

@@ -34,7 +34,7 @@ from onnx_optax.conformance import cases as grid
 from onnx_optax.conformance import check, devices
 
 PLATFORMS = devices.platforms()
-TWIN_DTYPES = ("float32", "float64", "bfloat16")
+TWIN_DTYPES = ("float32", "float64", "float16", "bfloat16")
 
 
 @pytest.mark.parametrize("rule,dtype", [(r, d) for r in grid.TWINS for d in grid.dtypes_of(r)])
@@ -48,18 +48,28 @@ def test_twin_conforms(platform, rule, dtype):
 
 
 def test_twins_have_their_own_grid():
-  """Every twin has cases in every twin dtype, and none in the others (no silent empty rows)."""
+  """Every twin has cases in every dtype it declares, and none in the others (no silent empty
+  rows). The twins of PyTorch's classes in all four dtypes; Keras's Adam in float32 and float64."""
   for rule in grid.TWINS:
-    assert grid.dtypes_of(rule) == (TWIN_DTYPES if rule != "keras_adam" else ("float32", "float64"))
-    for dtype in grid.dtypes_of(rule):
+    declared = grid.dtypes_of(rule)
+    assert set(declared) <= set(TWIN_DTYPES), (rule, declared)
+    # PyTorch steps float16 parameters on the CPU (its float16 state, float32 opmath): every
+    # twin of a torch.optim class is checked there.
+    torch_twin = any(b.kind == "torch" for b in registry.get(grid.base_rule(rule)).bindings)
+    assert not torch_twin or declared == TWIN_DTYPES, (rule, declared)
+    assert rule != "keras_adam" or declared == ("float32", "float64"), declared
+    for dtype in declared:
       names = [c.name for c in grid.cases(rule, dtype)]
       # bfloat16: the five cases every twin has there (the tiny-gradient and epsilon cases only
       # where the rule has such terms: Rprop has neither).
       assert len(names) == len(set(names)) >= (17 if dtype != "bfloat16" else 5), (rule, dtype)
-      # bfloat16 parameters train with a float32 state (PyTorch's mixed precision).
+      # bfloat16 parameters train with a float32 state (PyTorch's mixed precision); float16
+      # parameters with PyTorch's own float16 state.
       assert dtype != "bfloat16" or {c.state_dtype for c in grid.cases(rule, dtype)} == {"float32"}
-    with pytest.raises(ValueError, match=f"the grid runs {rule} in"):
-      grid.cases(rule, "float16")
+      assert dtype != "float16" or {c.state_dtype for c in grid.cases(rule, dtype)} == {None}
+    for dtype in set(grid.DTYPES) - set(declared):
+      with pytest.raises(ValueError, match=f"the grid runs {rule} in"):
+        grid.cases(rule, dtype)
 
 
 # -- the mutants -----------------------------------------------------------------------------
@@ -254,7 +264,16 @@ EQUIVALENT = {
   # In float64 the variable's beta_2 is the Python float: 1 - beta_2 is Keras's own number.
   "keras_ort_one_minus_beta_2": ("float64",),
   # Computing in float32 (float32 and bfloat16 parameters), the twin rounds 1 - beta2 to float32 itself.
-  "adam_one_minus_beta2_in_float32": ("float32", "bfloat16"),
+  "adam_one_minus_beta2_in_float32": ("float32", "float16", "bfloat16"),
+}
+
+#: Mutants within the bound of some dtype, and why: not the twin's bits, but no bound of that
+#: dtype can tell them from it.
+BELOW_THE_BOUND = {
+  # 1 - float32(0.999) is 1.3e-5 relative off float32(1 - 0.999): a fortieth of float16's unit
+  # roundoff, in a term stored in PyTorch's float16 state. Caught in float32, float64 and
+  # bfloat16 (a float32 state).
+  "adam_ort_one_minus_beta2": ("float16",),
 }
 
 
@@ -264,7 +283,8 @@ EQUIVALENT = {
     pytest.param(name, twins, parts, dtype, id=f"{name}-{dtype}")
     for name, twins, parts in MUTANTS
     for dtype in TWIN_DTYPES
-    if dtype not in EQUIVALENT.get(name, ()) and any(dtype in grid.dtypes_of(r) for r in twins)
+    if dtype not in EQUIVALENT.get(name, ()) + BELOW_THE_BOUND.get(name, ())
+    and any(dtype in grid.dtypes_of(r) for r in twins)
   ],
 )
 def test_wrong_twin_is_caught(monkeypatch, name, twins, parts, dtype):

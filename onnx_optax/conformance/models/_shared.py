@@ -14,7 +14,7 @@ from typing import Any
 
 from onnx_optax.conformance.tolerance import Bounded, Context
 
-__all__ = ["alpha", "host", "in_place_update", "one_minus_power", "stored_like_params"]
+__all__ = ["alpha", "host", "in_place_update", "narrow_params", "one_minus_power", "stored_like_params"]
 
 
 def one_minus_power(o: Any, beta: Any, T: Any) -> Any:
@@ -44,6 +44,14 @@ def in_place_update(c: Context, X: Bounded, X_new: Bounded) -> tuple[Bounded, Bo
   if c.hyper_dtype is None:
     return X_new, U
   return p.add(X, U), U
+
+
+def narrow_params(c: Context) -> bool:
+  """Whether the parameters are narrower than PyTorch's opmath dtype (float32): bfloat16 with a
+  float32 state (``param``), or float16 with a float16 state (a 16-bit ``dtype``, each operation
+  charged its unit roundoff). PyTorch then adds in float32 and rounds the sum once to the
+  parameters' dtype: the twins write it in place (``_pytorch.added``), ``X_new - X``."""
+  return c.param is not None or c.u > 2.0**-24
 
 
 def stored_like_params(c: Context, g: Bounded) -> Bounded:

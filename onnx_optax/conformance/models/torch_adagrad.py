@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from onnx_optax.conformance import tolerance
-from onnx_optax.conformance.models._shared import alpha, in_place_update, stored_like_params
+from onnx_optax.conformance.models._shared import alpha, in_place_update, narrow_params, stored_like_params
 from onnx_optax.conformance.tolerance import Context, scalar_context
 
 __all__ = ["pytorch_adagrad_bounds", "pytorch_adagrad_scalars"]
@@ -26,7 +26,7 @@ def pytorch_adagrad_bounds(c: Context, R, T, X, G, S, *, lr_decay, eps, weight_d
   g = G if weight_decay == 0 else stored_like_params(c, c.add(c.mul(X, alpha(c, weight_decay)), G))
   S_new = c.add(c.mul(g, g), S)
   step = c.div(c.mul(clr, g), c.add(c.sqrt(S_new), c.const(eps)))
-  if c.param is not None:  # Narrow parameters: X - step in the compute dtype, written in place.
+  if narrow_params(c):  # Narrow parameters: X - step in the compute dtype, written in place.
     X_out, U = in_place_update(c, X, c.sub(X, step))
     return X_out, c.store(S_new), U
   X_new = c.finish(X, step)

@@ -8,7 +8,13 @@ from typing import Any
 import numpy as np
 
 from onnx_optax.conformance import tolerance
-from onnx_optax.conformance.models._shared import alpha, host, in_place_update, stored_like_params
+from onnx_optax.conformance.models._shared import (
+  alpha,
+  host,
+  in_place_update,
+  narrow_params,
+  stored_like_params,
+)
 from onnx_optax.conformance.tolerance import Bounded, Context, scalar_context
 
 __all__ = ["pytorch_adam_bounds", "pytorch_adam_scalars", "pytorch_adamw_bounds"]
@@ -49,7 +55,7 @@ def pytorch_adam_bounds(
     vmax_new = Bounded(np.maximum(old.v, stored.v), np.maximum(old.e, stored.e))
   denom = c.add(c.div(c.sqrt(v_new if vmax_new is None else vmax_new), bc2_sqrt), c.const(eps))
   step = c.div(c.mul(step_size, m_new), denom)
-  if (decoupled and weight_decay != 0) or c.param is not None:  # Written in place: X_new - X.
+  if (decoupled and weight_decay != 0) or narrow_params(c):  # Written in place: X_new - X.
     X_out, U = in_place_update(c, X, c.sub(x, step))
   else:
     X_out = c.finish(X, step)

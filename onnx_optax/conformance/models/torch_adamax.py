@@ -8,7 +8,13 @@ from typing import Any
 import numpy as np
 
 from onnx_optax.conformance import tolerance
-from onnx_optax.conformance.models._shared import alpha, host, in_place_update, stored_like_params
+from onnx_optax.conformance.models._shared import (
+  alpha,
+  host,
+  in_place_update,
+  narrow_params,
+  stored_like_params,
+)
 from onnx_optax.conformance.tolerance import Bounded, Context, scalar_context
 
 __all__ = ["pytorch_adamax_bounds", "pytorch_adamax_scalars"]
@@ -38,7 +44,7 @@ def pytorch_adamax_bounds(c: Context, R, T, X, G, m, u, *, betas, eps, weight_de
   bound = stored_like_params(c, c.add(Bounded(np.abs(g.v), g.e), alpha(c, eps)))
   u_new = _maximum(c.mul(u, c.const(b2)), bound)
   step = c.div(c.mul(clr, m_new), u_new)
-  if c.param is not None:  # Narrow parameters: X - step in the compute dtype, written in place.
+  if narrow_params(c):  # Narrow parameters: X - step in the compute dtype, written in place.
     X_out, U = in_place_update(c, X, c.sub(X, step))
   else:
     X_out = c.finish(X, step)

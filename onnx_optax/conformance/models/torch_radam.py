@@ -9,7 +9,13 @@ from typing import Any
 import numpy as np
 
 from onnx_optax.conformance import tolerance
-from onnx_optax.conformance.models._shared import alpha, host, in_place_update, stored_like_params
+from onnx_optax.conformance.models._shared import (
+  alpha,
+  host,
+  in_place_update,
+  narrow_params,
+  stored_like_params,
+)
 from onnx_optax.conformance.tolerance import Bounded, Context, scalar_context, unit_roundoff
 
 __all__ = ["pytorch_radam_bounds", "pytorch_radam_scalars"]
@@ -63,7 +69,7 @@ def pytorch_radam_bounds(
     step = c.mul(c.mul(scaled, adaptive), rect_b)
   else:
     step = scaled
-  if (decoupled_weight_decay and weight_decay != 0) or c.param is not None:  # in place: X_new - X
+  if (decoupled_weight_decay and weight_decay != 0) or narrow_params(c):  # in place: X_new - X
     X_out, U = in_place_update(c, X, c.sub(x, step))
   else:
     X_out = c.finish(X, step)

@@ -7,7 +7,7 @@ from typing import Any
 
 from onnx_optax.conformance import tolerance
 from onnx_optax.conformance.models import _shared
-from onnx_optax.conformance.models._shared import host, in_place_update, stored_like_params
+from onnx_optax.conformance.models._shared import host, in_place_update, narrow_params, stored_like_params
 from onnx_optax.conformance.tolerance import Context
 
 __all__ = ["pytorch_rmsprop_bounds", "pytorch_rmsprop_scalars"]
@@ -37,7 +37,7 @@ def pytorch_rmsprop_bounds(c: Context, R, T, X, G, S, B, A, *, alpha, eps, weigh
     X_out, U = in_place_update(c, X, c.sub(X, c.mul(B_new, c.const(R))))
     return X_out, c.store(S_new), c.store(B_new), c.store(A_new), U
   step = c.div(c.mul(c.const(R), g), avg)
-  if c.param is not None:  # Narrow parameters: X - step in the compute dtype, written in place.
+  if narrow_params(c):  # Narrow parameters: X - step in the compute dtype, written in place.
     X_out, U = in_place_update(c, X, c.sub(X, step))
   else:
     X_out = c.finish(X, step)

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from onnx_optax.conformance import tolerance
-from onnx_optax.conformance.models._shared import in_place_update
+from onnx_optax.conformance.models._shared import in_place_update, narrow_params
 from onnx_optax.conformance.tolerance import Bounded, Context
 
 __all__ = ["pytorch_rprop_bounds", "pytorch_rprop_scalars"]
@@ -54,7 +54,7 @@ def pytorch_rprop_bounds(c: Context, R, T, X, G, P, S, *, etas, step_sizes, maxi
     other = outcome(np.where(unsure, 0.0, sign))
     for b, o in zip((move, prev_new, step_new), other):
       b.e = np.where(unsure, np.maximum(b.e, o.e) + np.abs(o.v - b.v), b.e)
-  if c.param is not None:  # Narrow parameters: X - move in the compute dtype, written in place.
+  if narrow_params(c):  # Narrow parameters: X - move in the compute dtype, written in place.
     X_out, U = in_place_update(c, X, c.sub(X, move))
   else:
     X_out = c.finish(X, move)
