@@ -49,6 +49,7 @@ __all__ = [
   "pytorch_adagrad",
   "pytorch_adam",
   "pytorch_adamax",
+  "pytorch_asgd",
   "pytorch_radam",
   "pytorch_rmsprop",
   "pytorch_rprop",
@@ -550,6 +551,29 @@ def pytorch_rprop(lr, count, X, G, prev, step_size, *, etas, step_sizes, maximiz
   return X_new, grad, step_size  # prev.copy_(grad)
 
 
+def pytorch_asgd(lr, count, X, G, eta, mu, ax, *, lambd, alpha, t0, weight_decay, maximize, dtype=np.float64):
+  """``torch.optim.ASGD``'s step (written from PyTorch's ``_single_tensor_asgd``); ``count``: its
+  ``step`` before it; ``eta`` and ``mu`` one number per parameter (``.item()``). Returns ``(X_new,
+  eta_new, mu_new, ax_new)``, the next ``eta`` and ``mu`` in float32 as PyTorch stores them."""
+  X, G, ax = _arrays(dtype, X, G, ax)
+  s = lambda v: np.asarray(v, X.dtype)  # noqa: E731
+  step = count + 1  # step_t += 1
+  grad = -G if maximize else G
+  if weight_decay != 0:
+    grad = _fma(X, s(weight_decay), grad, X.dtype)  # grad.add(param, alpha=weight_decay)
+  eta_value = float(np.ravel(eta)[0])  # eta.item()
+  param = X * s(1 - lambd * eta_value)  # param.mul_(1 - lambd * eta_value): a Python float
+  param = _fma(grad, s(-eta_value), param, X.dtype)  # param.add_(grad, alpha=-eta_value)
+  mu_value = float(np.ravel(mu)[0])
+  if mu_value != 1:
+    ax = ax + (param - ax) * s(mu_value)  # ax.add_(param.sub(ax).mul_(mu))
+  else:
+    ax = param.copy()  # ax.copy_(param)
+  eta_new = np.full(np.shape(eta), lr / ((1 + lambd * lr * step) ** alpha), np.float32)  # eta.copy_(...)
+  mu_new = np.full(np.shape(mu), 1 / max(1, step - t0), np.float32)  # mu.copy_(...)
+  return param, eta_new, mu_new, ax
+
+
 def pytorch_radam(
   lr,
   count,
@@ -695,6 +719,14 @@ def _pytorch_radam_step(
   return pytorch_radam(
     R, T, X, G, exp_avg, exp_avg_sq, maximize=maximize, decoupled_weight_decay=decoupled, **kwargs
   )
+
+
+@expectation("pytorch_asgd", state=3)
+def _pytorch_asgd_step(R, T, X, G, eta, mu, ax, *, maximize=False, **kwargs):
+  """:func:`pytorch_asgd` (``maximize`` off unless given). Not compared to the bit with PyTorch's
+  float32 order: without ``jax_enable_x64`` the twin computes ``1 - lambd * eta`` and the next
+  ``eta`` in float32, PyTorch in Python float64."""
+  return pytorch_asgd(R, T, X, G, eta, mu, ax, maximize=maximize, **kwargs)
 
 
 @expectation("keras_adam", state=2)

@@ -51,6 +51,7 @@ from onnx_optax.rules.torch_adadelta import PyTorchAdadeltaState, pytorch_adadel
 from onnx_optax.rules.torch_adagrad import PyTorchAdagradState, pytorch_adagrad
 from onnx_optax.rules.torch_adam import PyTorchAdamState, pytorch_adam, pytorch_adamw
 from onnx_optax.rules.torch_adamax import PyTorchAdamaxState, pytorch_adamax
+from onnx_optax.rules.torch_asgd import PyTorchASGDState, pytorch_asgd
 from onnx_optax.rules.torch_radam import PyTorchRAdamState, pytorch_radam
 from onnx_optax.rules.torch_rmsprop import PyTorchRMSpropState, pytorch_rmsprop
 from onnx_optax.rules.torch_rprop import PyTorchRpropState, pytorch_rprop
@@ -66,6 +67,7 @@ __all__ = [
   "OrtSGDState",
   "PyTorchAdadeltaState",
   "PyTorchAdagradState",
+  "PyTorchASGDState",
   "PyTorchAdamState",
   "PyTorchAdamaxState",
   "PyTorchRAdamState",
@@ -85,6 +87,7 @@ __all__ = [
   "pytorch_adam",
   "pytorch_adamax",
   "pytorch_adamw",
+  "pytorch_asgd",
   "pytorch_radam",
   "pytorch_rmsprop",
   "pytorch_rprop",
