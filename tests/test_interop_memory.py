@@ -122,3 +122,15 @@ def test_write_back_shares_or_copies() -> None:
     assert _saved(copied, name).data_ptr() != value.unsafe_buffer_pointer()
     np.testing.assert_array_equal(_saved(shared, name).numpy(), np.asarray(value))
     np.testing.assert_array_equal(_saved(copied, name).numpy(), np.asarray(value))
+
+
+def test_path_of_the_legacy_format(tmp_path: os.PathLike) -> None:
+  """A file of the format before zip (which cannot be mapped) is read whole, to the same state."""
+  saved, params = _saved_adamw()
+  path = os.path.join(tmp_path, "legacy.pt")
+  torch.save(saved, path, _use_new_zipfile_serialization=False)
+  with pytest.raises(RuntimeError, match="mmap"):
+    torch.load(path, mmap=True, weights_only=True)
+  _, state = from_torch_state_dict(path, params)
+  for name, value in _moments(state).items():
+    np.testing.assert_array_equal(np.asarray(value), _saved(saved, name).numpy())
