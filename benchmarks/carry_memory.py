@@ -28,6 +28,7 @@ Usage (from the repository root)::
 
   python benchmarks/carry_memory.py --params 0.1e9
   python benchmarks/carry_memory.py --params 0.1e9 0.35e9 --out docs/benchmarks/carry_memory_cpu.txt
+  python benchmarks/carry_memory.py --params 1e9 --contenders baseline,carry --repeats 1   # 17 GiB free
 """
 
 from __future__ import annotations
@@ -191,13 +192,13 @@ def measure(contender: str, folder: str) -> dict[str, Any]:
   }
 
 
-def run_size(n: float, repeats: int) -> list[str]:
+def run_size(n: float, repeats: int, contenders: tuple[str, ...]) -> list[str]:
   with tempfile.TemporaryDirectory() as folder:
     count = make_files(n, folder)
     minimum = 3 * 4 * count
-    results: dict[str, list[dict[str, Any]]] = {c: [] for c in CONTENDERS}
+    results: dict[str, list[dict[str, Any]]] = {c: [] for c in contenders}
     for r in range(repeats):
-      order = CONTENDERS[r % len(CONTENDERS) :] + CONTENDERS[: r % len(CONTENDERS)]
+      order = contenders[r % len(contenders) :] + contenders[: r % len(contenders)]
       for contender in order:
         results[contender].append(measure(contender, folder))
     med = {c: {k: statistics.median(m[k] for m in ms) for k in ms[0]} for c, ms in results.items()}
@@ -207,7 +208,7 @@ def run_size(n: float, repeats: int) -> list[str]:
       f"(weights + exp_avg + exp_avg_sq); baseline read {base['read']:.2f} s, write {base['write']:.2f} s",
       f"{'contender':<12} {'peak/min':>9} {'read peak/min':>14} {'read time':>10} {'write time':>11}",
     ]
-    for c in CONTENDERS:
+    for c in contenders:
       m = med[c]
       lines.append(
         f"{c:<12} {m['peak'] / minimum:9.2f} {m['read peak'] / minimum:14.2f} "
@@ -220,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--params", type=float, nargs="+", default=[0.1e9], help="sizes, e.g. 0.1e9 0.35e9")
   parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument(
+    "--contenders", default=",".join(CONTENDERS), help="comma-separated, baseline first (default: all)"
+  )
   parser.add_argument("--out", default="", help="also write the table to this file")
   parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
@@ -231,14 +235,14 @@ def main(argv: list[str] | None = None) -> int:
 
   lines = [
     f"benchmarks/carry_memory.py --params {' '.join(f'{n:g}' for n in args.params)} --repeats "
-    f"{args.repeats}: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-    f"jax {jax.__version__}, torch {torch.__version__}",
+    f"{args.repeats} --contenders {args.contenders}: {platform.processor() or platform.machine()}, "
+    f"{os.cpu_count()} cores, jax {jax.__version__}, torch {torch.__version__}",
     "medians; peak RssAnon above the process's floor (imports) over the minimum, and time over the "
     "baseline's (torch.load + device_put per tensor; torch.save)",
   ]
   print("\n".join(lines), flush=True)
   for n in args.params:
-    block = ["", *run_size(n, args.repeats)]
+    block = ["", *run_size(n, args.repeats, tuple(args.contenders.split(",")))]
     print("\n".join(block), flush=True)
     lines += block
   if args.out:
