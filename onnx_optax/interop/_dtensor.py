@@ -58,7 +58,10 @@ def shares_memory(array: Any, host: Any) -> bool:
   64-byte aligned host memory of a CPU target instead of copying it)."""
   if not isinstance(host, np.ndarray) or host.size == 0:
     return False
-  low, high = np.lib.array_utils.byte_bounds(host)
+  # The bytes a view spans (NumPy's byte_bounds, which moved in NumPy 2).
+  spans = [(n - 1) * stride for n, stride in zip(host.shape, host.strides)]
+  low = host.ctypes.data + sum(min(0, span) for span in spans)
+  high = host.ctypes.data + sum(max(0, span) for span in spans) + host.itemsize
   for shard in getattr(array, "addressable_shards", ()):
     try:
       pointer = shard.data.unsafe_buffer_pointer()
