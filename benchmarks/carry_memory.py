@@ -87,9 +87,10 @@ def make_files(n: float, folder: str) -> int:
     name: torch.nn.Parameter(torch.randn(shape, generator=g) * 0.02) for name, shape in gpt2_shapes(n).items()
   }
   opt = torch.optim.AdamW(params.items(), lr=1e-4, weight_decay=0.1)
-  for p in params.values():
+  for p in params.values():  # one gradient at a time (a parameter without one is not stepped)
     p.grad = torch.randn(p.shape, generator=g) * 1e-3
-  opt.step()
+    opt.step()
+    p.grad = None
   torch.save({k: p.detach() for k, p in params.items()}, os.path.join(folder, "params.pt"))
   torch.save(opt.state_dict(), os.path.join(folder, "optimizer.pt"))
   return sum(p.numel() for p in params.values())
