@@ -50,6 +50,7 @@ __all__ = [
   "pytorch_adam",
   "pytorch_adamax",
   "pytorch_asgd",
+  "pytorch_nadam",
   "pytorch_radam",
   "pytorch_rmsprop",
   "pytorch_rprop",
@@ -632,6 +633,65 @@ def pytorch_radam(
   else:
     step_ = scaled
   return X - step_, exp_avg, exp_avg_sq  # param.add_(..., alpha=-1.0)
+
+
+@expectation("pytorch_nadam", state=3, framework_order=True)
+def pytorch_nadam(
+  lr,
+  count,
+  X,
+  G,
+  mu_product,
+  exp_avg,
+  exp_avg_sq,
+  *,
+  betas,
+  eps,
+  weight_decay,
+  momentum_decay,
+  decoupled_weight_decay=False,
+  maximize=False,
+  dtype=np.float64,
+  scalars=None,
+):
+  """``torch.optim.NAdam``'s step (written from PyTorch's ``_single_tensor_nadam``); ``count``:
+  PyTorch's ``step`` before it, ``mu_product`` its per-tensor scalar (multiplied in float32, PyTorch's
+  scalar dtype under its default dtype, whatever ``dtype``). Returns ``(X_new, mu_product_new, exp_avg_new,
+  exp_avg_sq_new)``. ``scalars``: ``{"bias_correction2", "mu", "mu_next"}`` to use instead of
+  PyTorch's float64 numbers (a framework that computes them otherwise); the step sizes are then
+  computed from them in ``dtype``, as Python floats are in float64."""
+  X, G, exp_avg, exp_avg_sq = _arrays(dtype, X, G, exp_avg, exp_avg_sq)
+  s = lambda v: np.asarray(v, X.dtype)  # noqa: E731
+  beta1, beta2 = betas
+  step = count + 1
+  grad = -G if maximize else G
+  bias_correction2 = 1 - beta2**step  # Python floats
+  if weight_decay != 0:
+    if decoupled_weight_decay:
+      X = X * s(1 - lr * weight_decay)  # param.mul_(1 - lr * weight_decay)
+    else:
+      grad = _fma(X, s(weight_decay), grad, X.dtype)  # grad.add(param, alpha=weight_decay)
+  mu = beta1 * (1.0 - 0.5 * (0.96 ** (step * momentum_decay)))
+  mu_next = beta1 * (1.0 - 0.5 * (0.96 ** ((step + 1) * momentum_decay)))
+  if scalars is not None:
+    bias_correction2, mu, mu_next = scalars["bias_correction2"], scalars["mu"], scalars["mu_next"]
+  # mu_product *= mu: a tensor of PyTorch's scalar dtype (float32 under its default dtype) times a
+  # Python float, in float32 whatever the parameters' dtype
+  mu_product = np.asarray(mu_product, np.float32) * np.float32(mu)
+  weight = s(1 - beta1)  # exp_avg.lerp_(grad, 1 - beta1), PyTorch's two branches
+  if abs(weight) < 0.5:
+    exp_avg = _fma(weight, grad - exp_avg, exp_avg, X.dtype)
+  else:
+    exp_avg = _fma(weight - s(1), grad - exp_avg, grad, X.dtype)
+  exp_avg_sq = exp_avg_sq * s(beta2)  # exp_avg_sq.mul_(beta2)
+  exp_avg_sq = _fma(s(1 - beta2) * grad, grad, exp_avg_sq, X.dtype)  # .addcmul_(grad, grad, value=1 - beta2)
+  denom = np.sqrt(exp_avg_sq / s(bias_correction2)) + s(eps)  # exp_avg_sq.div(bc2).sqrt().add_(eps)
+  p = s(mu_product)  # mu_product.item(): exact
+  grad_size = (s(-lr) * (s(1.0) - s(mu))) / (s(1.0) - p)  # -lr * (1.0 - mu) / (1.0 - mu_product)
+  avg_size = (s(-lr) * s(mu_next)) / (s(1.0) - p * s(mu_next))  # (-lr * mu_next) / (1.0 - mu_product_next)
+  X = X + (grad_size * grad) / denom  # param.addcdiv_(grad, denom, value=grad_size)
+  X = X + (avg_size * exp_avg) / denom  # param.addcdiv_(exp_avg, denom, value=avg_size)
+  return X, mu_product, exp_avg, exp_avg_sq
 
 
 # -- the twins' steps, registered by rule: ``(R, T, X, G, *state)``, ``T`` their count ------------

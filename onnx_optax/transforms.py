@@ -52,6 +52,7 @@ from onnx_optax.rules.torch_adagrad import PyTorchAdagradState, pytorch_adagrad
 from onnx_optax.rules.torch_adam import PyTorchAdamState, pytorch_adam, pytorch_adamw
 from onnx_optax.rules.torch_adamax import PyTorchAdamaxState, pytorch_adamax
 from onnx_optax.rules.torch_asgd import PyTorchASGDState, pytorch_asgd
+from onnx_optax.rules.torch_nadam import PyTorchNAdamState, pytorch_nadam
 from onnx_optax.rules.torch_radam import PyTorchRAdamState, pytorch_radam
 from onnx_optax.rules.torch_rmsprop import PyTorchRMSpropState, pytorch_rmsprop
 from onnx_optax.rules.torch_rprop import PyTorchRpropState, pytorch_rprop
@@ -70,6 +71,7 @@ __all__ = [
   "PyTorchASGDState",
   "PyTorchAdamState",
   "PyTorchAdamaxState",
+  "PyTorchNAdamState",
   "PyTorchRAdamState",
   "PyTorchRMSpropState",
   "PyTorchRpropState",
@@ -88,6 +90,7 @@ __all__ = [
   "pytorch_adamax",
   "pytorch_adamw",
   "pytorch_asgd",
+  "pytorch_nadam",
   "pytorch_radam",
   "pytorch_rmsprop",
   "pytorch_rprop",

@@ -78,6 +78,7 @@ from onnx_optax.rules import torch_sgd, torch_adagrad, torch_adam, keras  # noqa
 from onnx_optax.rules import torch_rmsprop  # noqa: F401
 from onnx_optax.rules import torch_adamax, torch_adadelta, torch_rprop  # noqa: F401
 from onnx_optax.rules import torch_radam  # noqa: F401
+from onnx_optax.rules import torch_nadam  # noqa: F401
 from onnx_optax.rules import torch_asgd  # noqa: F401
 
 # isort: on

@@ -19,6 +19,7 @@ from onnx_optax.conformance.models import torch_sgd, torch_adagrad, torch_adam, 
 from onnx_optax.conformance.models import torch_rmsprop  # noqa: F401
 from onnx_optax.conformance.models import torch_adamax, torch_adadelta, torch_rprop  # noqa: F401
 from onnx_optax.conformance.models import torch_radam  # noqa: F401
+from onnx_optax.conformance.models import torch_nadam  # noqa: F401
 from onnx_optax.conformance.models import torch_asgd  # noqa: F401
 
 # isort: on
