@@ -48,7 +48,8 @@ def pytorch_rprop_scalars(
 
 def _sign(x: Array) -> Array:
   """``torch.sign``: ``(0 < x) - (x < 0)``, so +0 for a NaN and for -0 (``jnp.sign`` keeps both)."""
-  return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)
+  one, zero = jnp.ones((), x.dtype), jnp.zeros((), x.dtype)
+  return jnp.where(x > 0, one, jnp.where(x < 0, -one, zero))
 
 
 def pytorch_rprop_elementwise(
@@ -89,12 +90,19 @@ def pytorch_rprop_elementwise(
     _pytorch.alpha(s.step_size_min, step_size.dtype),
     _pytorch.alpha(s.step_size_max, step_size.dtype),
   )
-  sign = _sign(_pytorch.stored(g * prev.astype(dt), sign_dtype))
-  factor = jnp.where(sign > 0, etaplus, sign)
-  factor = jnp.where(factor < 0, etaminus, factor)
-  factor = jnp.where(factor == 0, jnp.ones((), dt), factor)
-  grown = _pytorch.stored(step_size.astype(dt) * factor, step_size.dtype)
-  step_new = jnp.minimum(jnp.maximum(grown, low), high)
+  product = _pytorch.stored(g * prev.astype(dt), sign_dtype)
+  one = jnp.ones((), dt)
+  # `sign`'s three writes as one choice: etaplus (> 1) is never 0 and never negative, an etaminus
+  # rounded to 0 is overwritten by the 1 of the zeros (the choices are made on the scalars).
+  shrink = jnp.where(etaminus == 0, one, etaminus)
+  factor = jnp.where(product > 0, etaplus, jnp.where(product < 0, shrink, one))
+  # Where the factor is 1 the product is the step size itself (exact). Written as that choice, the
+  # clamp in each branch, the new step sizes are one fusion on XLA:CPU that the update reads (not
+  # recomputes from the old ones): the old step sizes have one reader, and a donated state is
+  # written in place without a copy of 64 MB at 16M elements (docs/benchmarks.md, the twins).
+  step = step_size.astype(dt)
+  clamped = lambda x: jnp.minimum(jnp.maximum(x, low), high)  # noqa: E731
+  step_new = jnp.where(factor == one, clamped(step), clamped(_pytorch.stored(step * factor, step_size.dtype)))
   g = jnp.where(factor == etaminus, jnp.zeros((), dt), g)
   U = _pytorch.added(x, -_sign(g) * step_new, X, dt, G)
   return U, g.astype(prev.dtype), step_new.astype(step_size.dtype)
