@@ -142,10 +142,10 @@ def pytorch_adam_elementwise(
   if max_exp_avg_sq is not None:  # amsgrad: the maximum of two stored values, exact (it rounds nothing)
     vmax = jnp.maximum(max_exp_avg_sq.astype(dt), v)
   root = _pytorch.stored(_numerics.sqrt(v if vmax is None else vmax), exp_avg_sq.dtype)
+  # `denom` feeds a division, never an addition: no `neg_zero` (it would cost an addition per element).
   denom = _pytorch.stored(
     _pytorch.stored(_pytorch.divide_by_scalar(root, s.bias_correction2_sqrt), exp_avg_sq.dtype) + s.eps,
     exp_avg_sq.dtype,
-    nz,
   )
   q = (s.neg_step_size * m) / denom
   state: tuple[Array, ...] = (m.astype(exp_avg.dtype), v.astype(exp_avg_sq.dtype))
