@@ -93,9 +93,10 @@ def _leaves(tree):
   return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
 
-def _zero_state(rule, params, hyper=None):
-  """The state ``init`` starts from (zeros, or a hyperparameter's value), as float64 leaves."""
-  return BY_RULE[rule].initial_state(jax.tree.leaves(params), hyper)
+def _zero_state(rule, params, hyper=None, learning_rate=None):
+  """The state ``init`` starts from (zeros, or a hyperparameter's value, or the learning rate at
+  the first update), as float64 leaves."""
+  return BY_RULE[rule].initial_state(jax.tree.leaves(params), hyper, learning_rate)
 
 
 def _tolerances(rule, hyper, lr, X0, xs):
@@ -292,7 +293,7 @@ def test_learning_rate_schedule_plain_and_injected(config):
     rule,
     _leaves(params),
     [_leaves(g) for g in grads],
-    _zero_state(rule, params),
+    _zero_state(rule, params, learning_rate=lrs[0]),  # ASGD's eta starts at the schedule's first rate
     _first_count(rule),
     lrs,
     **_seen(hyper, rule),
@@ -525,9 +526,9 @@ def test_abstract_init_and_state_types_are_stable(config, state_dtype, inject):
     assert (s.shape, s.dtype) == (leaf.shape, leaf.dtype)
 
   inner = state.inner_state if inject else state
-  for field in inner[1:]:
-    assert field["w"].dtype == (state_dtype or jnp.bfloat16)
-    assert field["b"].dtype == jnp.float32
+  for f, field in zip(onnx_optax.registry.get(rule).fields, inner[1:]):  # Field.dtypes where declared
+    assert field["w"].dtype == f.dtype_for(jnp.bfloat16, state_dtype)
+    assert field["b"].dtype == f.dtype_for(jnp.float32, state_dtype)
   before = _types(state)
   update = jax.jit(opt.update)
   grads = jax.tree.map(lambda p: jnp.full_like(p, 0.5), params)
@@ -631,7 +632,7 @@ def test_vmap_over_a_sweep_of_hyperparameters(config):
       rule,
       _leaves(params),
       [_leaves(g) for g in grads],
-      _zero_state(rule, params),
+      _zero_state(rule, params, learning_rate=float(r)),
       _first_count(rule),
       [float(r)] * len(grads),
       **_seen(with_second(hyper, float(b)), rule),

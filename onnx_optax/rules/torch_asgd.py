@@ -23,10 +23,13 @@ __all__ = [
 
 class PyTorchASGDScalars(NamedTuple):
   """The per-update scalars of :func:`onnx_optax.pytorch_asgd`: the next ``eta`` and ``mu`` (from
-  ``step = count + 1``), the coupled ``weight_decay`` (None without) and ``neg_zero``."""
+  ``step = count + 1``), ``lambd`` (a scalar of the update, not of the element-wise part's
+  closure: a traced ``lambd`` is differentiated through it), the coupled ``weight_decay`` (None
+  without) and ``neg_zero``."""
 
   eta_new: Any
   mu_new: Any
+  lambd: Any
   weight_decay: Any
   neg_zero: Any
 
@@ -49,7 +52,9 @@ def pytorch_asgd_scalars(
   eta_new = rate / (1 + jnp.asarray(lambd, dtype) * rate * step) ** jnp.asarray(alpha, dtype)
   mu_new = 1 / jnp.maximum(jnp.ones((), dtype), step - jnp.asarray(t0, dtype))
   decays = not _numerics.is_static_zero(weight_decay)
-  return PyTorchASGDScalars(eta_new, mu_new, weight_decay if decays else None, _pytorch.neg_zero(count))
+  return PyTorchASGDScalars(
+    eta_new, mu_new, jnp.asarray(lambd, dtype), weight_decay if decays else None, _pytorch.neg_zero(count)
+  )
 
 
 def pytorch_asgd_elementwise(
@@ -60,7 +65,6 @@ def pytorch_asgd_elementwise(
   mu: Array,
   ax: Array,
   *,
-  lambd: float,
   maximize: bool,
 ) -> tuple[Array, Array, Array, Array]:
   """``torch.optim.ASGD``'s step on one tensor, in ``_single_tensor_asgd``'s order::
@@ -95,7 +99,7 @@ def pytorch_asgd_elementwise(
   # `1 - lambd * eta_value` in Python float64: two roundings (kept apart by a run-time -0.0).
   wide = _pytorch.scalar_dtype()
   eta_value = eta.astype(wide)
-  product = jnp.asarray(lambd, wide) * eta_value
+  product = jnp.asarray(s.lambd, wide) * eta_value
   factor = (1 - _pytorch.stored(product, wide, jnp.asarray(s.neg_zero, wide))).astype(dt)
   decayed = _pytorch.stored(x * factor, X.dtype, nz)  # param.mul_(...): stored, then added to
   neg_eta = _pytorch.alpha(-eta.astype(dt), jnp.promote_types(X.dtype, g_dtype))
@@ -195,10 +199,10 @@ def _t0(name: str, value: Any) -> Any:
 
 def _bind(rule: registry.Rule, hyper: dict[str, Any]) -> tuple[Any, Any]:
   numbers = {k: hyper[k] for k in ("lambd", "alpha", "t0", "weight_decay")}
-  lambd, maximize = hyper["lambd"], hyper["maximize"]
+  maximize = hyper["maximize"]
   return (
     lambda R, T: rule.scalars(R, T, **numbers),
-    lambda s, X, G, eta, mu, ax: rule.elementwise(s, X, G, eta, mu, ax, lambd=lambd, maximize=maximize),
+    lambda s, X, G, eta, mu, ax: rule.elementwise(s, X, G, eta, mu, ax, maximize=maximize),
   )
 
 
