@@ -12,9 +12,10 @@ optimizer step on float32 parameters (one leaf of ``--size`` elements):
   skips it),
 
 interleaved round-robin in one process (each repeat times every contender once, in a
-rotating order), and prints the median of each as a ratio to the twin (above 1: the twin is
-faster). Ratios, not seconds, are the result: the machine is shared, and a burst of load hits
-every contender of a repeat alike.
+rotating order, each after a pause that lets the previous one's threads go idle: ``--pause``),
+and prints the median of each as a ratio to the twin (above 1: the twin is faster). Ratios,
+not seconds, are the result: the machine is shared, and a burst of load hits every contender of
+a repeat alike.
 
 Usage (from the repository root)::
 
@@ -101,12 +102,20 @@ def torch_step(cls: str, n: int) -> Callable[[], None] | None:
   return run
 
 
-def median_times(contenders: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
-  """Each contender timed once per repeat, in a rotating order; the median per contender."""
+def median_times(
+  contenders: dict[str, Callable[[], None]], repeats: int, pause: float = 0.0
+) -> dict[str, float]:
+  """Each contender timed once per repeat, in a rotating order; the median per contender.
+
+  ``pause`` seconds of sleep before each timed step: what a contender leaves running (PyTorch's
+  OpenMP threads wait for work spinning, for a while, after its step) must not be timed as the
+  next one's, who follows PyTorch in two of three rotations.
+  """
   names = list(contenders)
   times: dict[str, list[float]] = {name: [] for name in names}
   for r in range(repeats):
     for name in names[r % len(names) :] + names[: r % len(names)]:
+      time.sleep(pause)
       t0 = time.perf_counter()
       contenders[name]()
       times[name].append(time.perf_counter() - t0)
@@ -119,12 +128,15 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--repeats", type=int, default=21)
   parser.add_argument("--rules", default="", help="comma-separated twin names (default: every twin)")
   parser.add_argument("--no-torch", action="store_true")
+  parser.add_argument(
+    "--pause", type=float, default=0.2, help="seconds of sleep before each timed step (default 0.2)"
+  )
   parser.add_argument("--out", default="", help="also write the table to this file")
   args = parser.parse_args(argv)
   n = int(args.size.removesuffix("M")) << 20
   wanted = set(filter(None, args.rules.split(",")))
   lines = [
-    f"benchmarks/twins.py --size {args.size} --repeats {args.repeats}: "
+    f"benchmarks/twins.py --size {args.size} --repeats {args.repeats} --pause {args.pause}: "
     f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__}, "
     f"optax {optax.__version__}, {jax.devices()[0].platform}",
     "median step time of each contender over the twin's (above 1: the twin is faster)",
@@ -144,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
       step = torch_step(binding.name, n)
       if step is not None:
         contenders["torch"] = step
-    t = median_times(contenders, args.repeats)
+    t = median_times(contenders, args.repeats, args.pause)
     ratios = {name: f"{t[name] / t['twin']:.2f}" if name in t else "-" for name in ("optax", "torch")}
     declared = rule.binding("optax")
     optax_name = declared.name if declared is not None else "(none)"
