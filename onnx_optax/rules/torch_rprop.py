@@ -103,7 +103,10 @@ def pytorch_rprop_elementwise(
   step = step_size.astype(dt)
   clamped = lambda x: jnp.minimum(jnp.maximum(x, low), high)  # noqa: E731
   step_new = jnp.where(factor == one, clamped(step), clamped(_pytorch.stored(step * factor, step_size.dtype)))
-  g = jnp.where(factor == etaminus, jnp.zeros((), dt), g)
+  # `step_new < 0` is never true (the clamp's bounds are >= 0; NaN compares false): it makes the new
+  # `prev` read the new step sizes, so that XLA:CPU computes it after them, and the old `prev`, read
+  # by both, is written in place when donated, not copied first (a 64 MB copy at 16M elements).
+  g = jnp.where((factor == etaminus) | (step_new < 0), jnp.zeros((), dt), g)
   U = _pytorch.added(x, -_sign(g) * step_new, X, dt, G)
   return U, g.astype(prev.dtype), step_new.astype(step_size.dtype)
 
