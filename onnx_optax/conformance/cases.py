@@ -398,6 +398,14 @@ def _ranked(shape: tuple[int, ...], ranks: tuple[int, ...]) -> tuple[int, ...]:
   return (int(np.prod(shape[: len(shape) - r + 1])), *shape[len(shape) - r + 1 :])
 
 
+#: Why a twin's first step from a zero state may have unchecked elements in float16 on a TPU.
+_TPU_FLOAT16_FIRST = (
+  "float16 on a TPU, which flushes subnormals: each operation's result is known to within "
+  "float16's smallest normal number (6.1e-5), and the first second moment (1 - beta2) * G * G "
+  "(2.5e-4 at |G| = 0.5) is a few of them: through NAdam's several operations, its square root is "
+  "known to within its own size"
+)
+
 #: Why a float16 case whose state is drawn tight against its bound may have unchecked elements on
 #: a TPU.
 _TPU_FLOAT16_TIGHT = (
@@ -490,7 +498,7 @@ def _twin_cases(rule: str, dtype: str) -> list[Case]:
     c("T=int32max", T=INT32_MAX),
     c("gradient=0", gradient="zero"),
     c("gradient=huge", gradient="huge"),
-    c("state=0,T=0", T=0, state="zero"),
+    c("state=0,T=0", T=0, state="zero", unchecked_limit=_TPU_FLOAT16_FIRST if dtype == "float16" else None),
   ]
   if suite.epsilon is not None:
     tiny = {suite.epsilon: _TINY[dtype], **quiet}

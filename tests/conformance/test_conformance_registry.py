@@ -110,7 +110,7 @@ def test_a_rule_registered_from_outside_is_in_the_grid_and_passes(sign_sgd_regis
     names = [c.name for c in cases]
     narrow = f"state_dtype={grid.NARROW_STATE[dtype]}"
     assert {"pytree", "T=0", "gradient=0", "R=1", "schedule", narrow} <= set(names), names
-    results = [check.run_case(c) for c in cases]
+    results = list(check.results(cases))
     assert all(r.passed for r in results), [(r.name, r.worst, r.where, r.error) for r in results]
     assert max(r.worst for r in results) > 0  # Something was compared.
   result = report.run(["cpu"], include_onnx=False, large=False, rules=[NAME], dtypes=["float32"])
@@ -142,7 +142,7 @@ def test_the_reports_grid_has_it_by_default(sign_sgd_registered, monkeypatch):
 def test_a_wrong_part_planted_on_the_registered_rule_fails(sign_sgd_registered, monkeypatch):
   """``sign(G)`` replaced by ``G`` (plain SGD): the cases whose ``|G| != 1`` fail."""
   monkeypatch.setattr(sign_sgd_registered, "elementwise", lambda s, X, G: (-(s.R * G),))
-  results = [check.run_case(c) for c in grid.cases(NAME, "float32", large=False)]
+  results = list(check.results(grid.cases(NAME, "float32", large=False)))
   failed = [r for r in results if not r.passed]
   assert failed and all(not r.error for r in failed) and max(r.worst for r in failed) > 1e3
 

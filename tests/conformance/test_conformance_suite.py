@@ -27,7 +27,7 @@ PLATFORMS = devices.platforms()
 def test_rule_conforms(platform, rule, dtype):
   if dtype == "float64" and not devices.has_float64(platform):
     pytest.skip(f"{platform} has no float64 arithmetic; the float32, float16 and bfloat16 cases run")
-  results = [check.run_case(c, platform) for c in grid.cases(rule, dtype)]
+  results = list(check.results(grid.cases(rule, dtype), platform))  # the row in one program, as the report
   failures = [f"{r.name}: worst {r.worst:.3g} at {r.where} {r.error}" for r in results if not r.passed]
   assert not failures, "\n".join(failures)
 
@@ -112,6 +112,8 @@ def test_no_case_checks_nothing(platform):
   tpu += [f"{r}-float16-gradient~epsilon" for r in ("pytorch_adam", "pytorch_adam_amsgrad")]
   tpu += [f"{r}-float16-gradient~epsilon" for r in ("pytorch_adamw", "pytorch_adamw_amsgrad")]
   tpu += ["pytorch_rmsprop-float16-gradient~epsilon", "pytorch_rmsprop-float16-state=tight"]
+  # NAdam's first second moment through its several operations, from a zero state too.
+  tpu += ["pytorch_nadam-float16-state=0,T=0", "pytorch_nadam-float16-gradient~epsilon"]
   assert limited == ([] if platform != "tpu" else tpu)
 
 

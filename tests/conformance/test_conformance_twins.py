@@ -42,7 +42,7 @@ TWIN_DTYPES = ("float32", "float64", "float16", "bfloat16")
 def test_twin_conforms(platform, rule, dtype):
   if dtype == "float64" and not devices.has_float64(platform):
     pytest.skip(f"{platform} has no float64 arithmetic")
-  results = [check.run_case(c, platform) for c in grid.cases(rule, dtype)]
+  results = list(check.results(grid.cases(rule, dtype), platform))  # the row in one program, as the report
   failures = [f"{r.name}: worst {r.worst:.3g} at {r.where} {r.error}" for r in results if not r.passed]
   assert not failures, "\n".join(failures)
 
@@ -250,8 +250,10 @@ def _plant(mp: pytest.MonkeyPatch, twins: tuple[str, ...], parts: dict[str, Any]
 
 def _results(rule: str, dtype: str, stop: bool) -> list[check.CaseResult]:
   out = []
-  for case in grid.cases(rule, dtype):
-    r = check.run_case(case)
+  cases = grid.cases(rule, dtype)
+  # Every case: the row compiled as one program, as the report runs it; up to the first failure:
+  # case by case (a mutant is mostly caught by the first).
+  for case, r in zip(cases, check.results(cases) if not stop else map(check.run_case, cases)):
     assert not r.error, f"{case.id} raised {r.error}"  # A crash would be caught for the wrong reason.
     out.append(r)
     if stop and not r.passed:
@@ -371,7 +373,7 @@ def test_unchanged_recompilations_pass(monkeypatch):
   for _, twins, parts in ORDER_MUTANTS[:3]:
     with monkeypatch.context() as m:
       _plant(m, twins, parts, same=True)
-      results = [check.run_case(c) for c in grid.cases(twins[0], "float32")[:8]]
+      results = list(check.results(grid.cases(twins[0], "float32")[:8]))
     assert all(r.passed and r.order_checked for r in results), [(r.name, r.order) for r in results]
 
 
