@@ -73,7 +73,7 @@ napoleon_use_rtype = False
 nitpicky = True
 nitpick_ignore_regex = [
   (r"py:.*", r"(jax|jaxlib|optax|numpy|np|onnx|ml_dtypes|flax|torch|keras)(\..*)?"),
-  (r"py:.*", r"(collections\.abc|typing|decimal|pathlib)\..*"),
+  (r"py:.*", r"(collections\.abc|typing|decimal|pathlib|os)\..*"),
   (r"py:.*", r"(Array|ArrayLike|NodeProto|Any|Callable|Sequence|Iterable|Mapping|NamedTuple)"),
 ]
 

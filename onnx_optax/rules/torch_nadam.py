@@ -62,7 +62,7 @@ def pytorch_nadam_scalars(
   decoupled_weight_decay: bool,
 ) -> PyTorchNAdamScalars:
   """PyTorch's scalars with ``step = count + 1``: ``bias_correction2 = 1 - beta2 ** step``, ``mu``
-  and ``mu_next`` (:func:`momentum_cache` at ``step`` and ``step + 1``), ``-lr * (1 - mu)`` and ``-lr
+  and ``mu_next`` (``momentum_cache`` at ``step`` and ``step + 1``), ``-lr * (1 - mu)`` and ``-lr
   * mu_next``, and the hyperparameters' ``1 - beta1``, ``1 - beta2``, ``1 - lr * weight_decay``
   (Python float64 for Python numbers, as PyTorch computes them). The divisions by ``1 -
   mu_product`` are per tensor (:func:`pytorch_nadam_elementwise`)."""
