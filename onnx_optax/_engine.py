@@ -104,9 +104,11 @@ def transform(
       else:
         value = hyper[initial] if isinstance(initial, str) else initial
       if not f.like_params:
-        # A field of its own shape and dtype (Field.shape, Field.dtypes): one array per leaf.
+        # A field of its own shape and dtype (Field.shape, Field.dtypes): one array per leaf, on
+        # its parameter's devices.
         return jax.tree.map(
-          lambda p: jnp.full(f.shape_for(p.shape), value, f.dtype_for(p.dtype, state_dtype)), params
+          lambda p: _beside(jnp.full(f.shape_for(p.shape), value, f.dtype_for(p.dtype, state_dtype)), p),
+          params,
         )
       if isinstance(value, (int, float)) and value == 0:
         # A fresh buffer per field and leaf: donated states must not alias. zeros_like, not
@@ -206,6 +208,21 @@ def _reads_params(rule: Rule, hyper: Mapping[str, Any]) -> str:
     )
   values = " and ".join(f"{h}={hyper[h]!r}" for h in named)
   return f"Its {values} multiplies them"
+
+
+def _beside(x: Array, p: Any) -> Array:
+  """``x``, a state leaf not of its parameter's shape (one scalar per parameter), placed on the
+  parameter's devices: replicated over its mesh (a parameter-shaped field is sharded like the
+  parameter itself, by ``zeros_like``), or on its one device. Traced: as it is (XLA places it)."""
+  sharding = getattr(p, "sharding", None)
+  if sharding is None or isinstance(p, jax.core.Tracer):
+    return x
+  if isinstance(sharding, jax.sharding.NamedSharding):
+    replicated = jax.sharding.NamedSharding(
+      sharding.mesh, jax.sharding.PartitionSpec(), memory_kind=sharding.memory_kind
+    )
+    return jax.device_put(x, replicated)
+  return jax.device_put(x, sharding) if len(sharding.device_set) == 1 else x
 
 
 def updates_applied(count: Array, initial_count: int | Array) -> Array:

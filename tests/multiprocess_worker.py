@@ -160,8 +160,13 @@ def distributed(out: pathlib.Path, port: int, process_id: int) -> None:
 
   def same_sharding(tree, params, what):
     for (path, leaf), p in zip(jax.tree_util.tree_flatten_with_path(tree)[0], jax.tree.leaves(params)):
+      # A field of its own shape (Field.shape: one scalar per parameter) is replicated on the
+      # parameter's devices; a parameter-shaped one sharded like the parameter.
+      own_shape = leaf.shape != p.shape
       check(
-        leaf.sharding.is_equivalent_to(p.sharding, p.ndim),
+        (leaf.sharding.is_fully_replicated and leaf.sharding.device_set == p.sharding.device_set)
+        if own_shape
+        else leaf.sharding.is_equivalent_to(p.sharding, p.ndim),
         f"{what}{jax.tree_util.keystr(path)} is sharded {leaf.sharding}, the parameter {p.sharding}",
       )
 

@@ -66,8 +66,13 @@ def main() -> int:
 
   def same_sharding(tree, params, what):
     for (path, leaf), p in zip(jax.tree_util.tree_flatten_with_path(tree)[0], jax.tree.leaves(params)):
+      # A field of its own shape (Field.shape: one scalar per parameter) is replicated on the
+      # parameter's devices; a parameter-shaped one sharded like the parameter.
+      own_shape = leaf.shape != p.shape
       check(
-        leaf.sharding.is_equivalent_to(p.sharding, p.ndim),
+        (leaf.sharding.is_fully_replicated and leaf.sharding.device_set == p.sharding.device_set)
+        if own_shape
+        else leaf.sharding.is_equivalent_to(p.sharding, p.ndim),
         f"{what}{jax.tree_util.keystr(path)} is {leaf.sharding}, the parameter is {p.sharding}",
       )
 
@@ -129,6 +134,9 @@ def main() -> int:
         f"jit(init) types {jax.tree.map(jax.typeof, from_jit)} != init types {types}",
       )
       for field in state_fields(eager, injected):
+        if jax.tree.map(jnp.shape, field) != jax.tree.map(jnp.shape, params):
+          same_sharding(field, params, "init state (explicit axes)")  # a field of its own shape
+          continue
         check(
           jax.tree.map(jax.typeof, field) == param_types,
           f"init state types {jax.tree.map(jax.typeof, field)} != parameter types {param_types}",
