@@ -211,18 +211,20 @@ def _reads_params(rule: Rule, hyper: Mapping[str, Any]) -> str:
 
 
 def _beside(x: Array, p: Any) -> Array:
-  """``x``, a state leaf not of its parameter's shape (one scalar per parameter), placed on the
-  parameter's devices: replicated over its mesh (a parameter-shaped field is sharded like the
-  parameter itself, by ``zeros_like``), or on its one device. Traced: as it is (XLA places it)."""
+  """``x``, a state leaf not of its parameter's shape (one scalar per parameter), replicated over
+  the parameter's mesh where the parameter is sharded over several devices (a parameter-shaped
+  field is sharded like the parameter by ``zeros_like``). Otherwise, and traced, ``x`` as
+  ``jnp.full`` made it: committing it to one device would give ``jit`` another argument
+  sharding than the update's outputs, and a second compilation."""
   sharding = getattr(p, "sharding", None)
-  if sharding is None or isinstance(p, jax.core.Tracer):
+  if isinstance(p, jax.core.Tracer) or not isinstance(sharding, jax.sharding.NamedSharding):
     return x
-  if isinstance(sharding, jax.sharding.NamedSharding):
-    replicated = jax.sharding.NamedSharding(
-      sharding.mesh, jax.sharding.PartitionSpec(), memory_kind=sharding.memory_kind
-    )
-    return jax.device_put(x, replicated)
-  return jax.device_put(x, sharding) if len(sharding.device_set) == 1 else x
+  if len(sharding.device_set) == 1:
+    return x
+  replicated = jax.sharding.NamedSharding(
+    sharding.mesh, jax.sharding.PartitionSpec(), memory_kind=sharding.memory_kind
+  )
+  return jax.device_put(x, replicated)
 
 
 def updates_applied(count: Array, initial_count: int | Array) -> Array:
