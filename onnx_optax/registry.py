@@ -216,10 +216,17 @@ class TorchOptimizer:
       (AdamW's ``decoupled_weight_decay=True``); a state dict whose groups say otherwise is
       refused as this class's.
     older: options that a PyTorch older than 2.13 saved no key for, with the behaviour it had.
+    numbers: the options PyTorch computes its step's scalars from in the option's own dtype
+      where the option is a tensor (a pair's items too: ``betas``), not in float64 as from a
+      Python number: the bridges refuse a tensor there, with the code that makes it a float.
+    capturable: what ``capturable=True`` changes in the class's arithmetic, where no twin
+      follows it (its scalars as float32 tensors...): the bridges refuse such a group, naming
+      this, with the code that turns the option off; "": carried (Adam's) or no such option.
     refuse: ``refuse(kind, g, group, advice)`` raises for a group of options no twin
-      reproduces exactly, naming ``torch.optim.<kind>``, ``param_groups[g][key]`` and what to
-      do; ``advice(key)`` is the bridge's advice for making an option a Python float (from the
-      optimizer or the state dict); None: nothing beyond the bridges' own checks.
+      reproduces exactly that the declarations above do not say, naming ``torch.optim.<kind>``,
+      ``param_groups[g][key]`` and what to do; ``advice(key)`` is the bridge's advice for
+      making an option a Python float (from the optimizer or the state dict); None: nothing
+      beyond the bridges' own checks.
     ignores: ``ignores(options) -> options``: the twin's hyperparameters where PyTorch ignores
       one (plain SGD's ``dampening``); identity by default.
     examples: name -> the constructor's options (``lr`` included) of a configuration the
@@ -232,6 +239,8 @@ class TorchOptimizer:
   optional: Mapping[str, str] = field(default_factory=dict)
   fixed: Mapping[str, Any] = field(default_factory=dict)
   older: Mapping[str, Any] = field(default_factory=dict)
+  numbers: frozenset[str] = frozenset()
+  capturable: str = ""
   refuse: Callable[[str, int, Mapping[str, Any], Callable[[str], str]], None] | None = None
   ignores: Callable[[dict[str, Any]], dict[str, Any]] | None = None
   examples: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)

@@ -14,6 +14,7 @@ PyTorch keeps a parameter's state (the twin's fields are PyTorch's keys;
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -187,9 +188,25 @@ def check_group(g: int, group: dict, kind: str, *, source: str = "optimizer") ->
       f"which a copy of the state cannot carry; build the optimizer with differentiable=False "
       f"(JAX differentiates through the transform itself)"
     )
-  refuse = declared(kind).refuse
-  if refuse is not None:
-    refuse(kind, g, group, lambda key: _float_advice(key, source))
+  declaration = declared(kind)
+  if declaration.capturable and group.get("capturable"):
+    raise ValueError(
+      f"param_groups[{g}] has capturable=True: torch.optim.{kind} then {declaration.capturable}, "
+      f"which no transform follows. {_advice(source, 'capturable', 'False', 'Turn it off')}"
+    )
+  for key in [k for k in group if k in declaration.numbers]:
+    value = group[key]
+    if any(
+      not isinstance(v, numbers.Real) for v in (value if isinstance(value, (tuple, list)) else (value,))
+    ):
+      raise ValueError(
+        f"param_groups[{g}][{key!r}] is a tensor ({value!r}): torch.optim.{kind} then computes its "
+        f"step's scalars from it in the tensor's dtype (float32 unless made otherwise), not in "
+        f"float64 as from a Python number, so no transform follows its rounding. "
+        f"{_float_advice(key, source, group)}"
+      )
+  if declaration.refuse is not None:
+    declaration.refuse(kind, g, group, lambda key: _float_advice(key, source, group))
   complex_params = [j for j, p in enumerate(group["params"]) if p.is_complex()]
   if complex_params:  # every class: the twins are rules of real tensors
     raise ValueError(
@@ -199,19 +216,25 @@ def check_group(g: int, group: dict, kind: str, *, source: str = "optimizer") ->
     )
 
 
-def _float_advice(key: str, source: str = "optimizer") -> str:
+def _float_advice(key: str, source: str = "optimizer", group: Any = None) -> str:
   """The advice of a refusal of a tensor hyperparameter: a Python float computes in float64, as the rules."""
-  value = "tuple(float(b) for b in group['betas'])" if key == "betas" else f"float(group[{key!r}])"
+  pair = key == "betas" or isinstance((group or {}).get(key), (tuple, list))
+  value = f"tuple(float(v) for v in group[{key!r}])" if pair else f"float(group[{key!r}])"
+  return _advice(source, key, value, "Make it a Python float")
+
+
+def _advice(source: str, key: str, value: str, verb: str) -> str:
+  """Code the user runs as printed on the optimizer (or the state dict), then the bridge's call."""
   if source == "state_dict":
     return (
-      f"Make it a Python float in the state dict, then call from_torch_state_dict: "
+      f"{verb} in the state dict, then call from_torch_state_dict: "
       f"for group in state_dict['param_groups']: group[{key!r}] = {value} "
-      f"(and in the optimizer that loads it back, whose next steps then compute in float64 too)"
+      f"(and in the optimizer that loads it back, whose next steps then compute as the twin does)"
     )
   return (
-    f"Make it a Python float in the optimizer, then call from_torch: "
+    f"{verb} in the optimizer, then call from_torch: "
     f"for group in optimizer.param_groups: group[{key!r}] = {value} "
-    f"(PyTorch's own next steps then compute in float64 too)"
+    f"(PyTorch's own next steps then compute as the twin does)"
   )
 
 

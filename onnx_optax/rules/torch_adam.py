@@ -311,18 +311,6 @@ def _bind(rule: registry.Rule, hyper: dict[str, Any]) -> tuple[Any, Any]:
   )
 
 
-def _refuse(kind: str, g: int, group: Any, advice: Any) -> None:
-  """What no transform reproduces exactly, in ``torch.optim.Adam``'s and ``AdamW``'s groups."""
-  for key in ("lr", "betas", "eps", "weight_decay"):
-    values = group[key] if key == "betas" else (group[key],)
-    if any(not isinstance(v, numbers.Real) for v in values):
-      raise ValueError(
-        f"param_groups[{g}][{key!r}] is a tensor ({group[key]!r}): PyTorch then computes the step "
-        f"size in the tensor's dtype (float32 unless made otherwise), not in float64 as for a Python "
-        f"number, so no transform follows its rounding. {advice(key)}"
-      )
-
-
 _TORCH = registry.TorchOptimizer(
   options=frozenset(
     {"betas", "eps", "weight_decay", "amsgrad", "capturable", "fused", "decoupled_weight_decay"}
@@ -331,7 +319,7 @@ _TORCH = registry.TorchOptimizer(
   # A PyTorch older than decoupled_weight_decay told Adam from AdamW by the class alone.
   older={"decoupled_weight_decay": False},
   optional={"max_exp_avg_sq": "amsgrad"},
-  refuse=_refuse,
+  numbers=frozenset({"lr", "betas", "eps", "weight_decay"}),
   examples={
     "plain": dict(lr=0.01),
     "all": dict(lr=0.01, betas=(0.8, 0.9), eps=1e-3, weight_decay=0.05, maximize=True),

@@ -185,26 +185,6 @@ def _bind(rule: registry.Rule, hyper: dict[str, Any]) -> tuple[Any, Any]:
   )
 
 
-def _refuse(kind: str, g: int, group: Any, advice: Any) -> None:
-  """What no transform reproduces exactly in ``torch.optim.Adamax``'s groups."""
-  if group.get("capturable"):
-    raise ValueError(
-      f"param_groups[{g}] has capturable=True: torch.optim.{kind} then computes its bias "
-      f"correction from the float32 step tensor, (beta1 ** step - 1) / lr, and divides by "
-      f"exp_inf times it (not lr / (1 - beta1 ** step) in float64, then addcdiv_): another rounding, "
-      f"which no transform follows. Set group['capturable'] = False before carrying it (the step "
-      f"is the same rule; PyTorch's own next steps then round as the twin does)"
-    )
-  for key in ("lr", "betas", "eps", "weight_decay"):
-    values = group[key] if key == "betas" else (group[key],)
-    if any(not isinstance(v, numbers.Real) for v in values):
-      raise ValueError(
-        f"param_groups[{g}][{key!r}] is a tensor ({group[key]!r}): PyTorch then computes clr = lr / "
-        f"(1 - beta1 ** step) in the tensor's dtype, not in float64 as for a Python number, so no "
-        f"transform follows its rounding. {advice(key)}"
-      )
-
-
 def _gain(h: Any, R: float, T0: int, steps: int) -> float:
   """Through ``weight_decay``: ``clr m / exp_inf`` with ``exp_inf >= |g'| + eps``, ``m`` an average
   of ``g'`` (weights summing to at most 1): ``clr c e / eps`` through ``m`` and as much again
@@ -250,7 +230,11 @@ RULE = registry.register(
           # decoupled_weight_decay), so they do not fit it; betas and weight_decay tell it from
           # every other class (SparseAdam has betas and no weight_decay).
           signature=frozenset({"betas", "weight_decay"}),
-          refuse=_refuse,
+          numbers=frozenset({"lr", "betas", "eps", "weight_decay"}),
+          capturable=(
+            "computes its bias correction from the float32 step tensor, (beta1 ** step - 1) / lr, "
+            "and divides by exp_inf times it, not lr / (1 - beta1 ** step) in float64 through addcdiv_"
+          ),
           examples={
             "plain": dict(lr=0.01),
             "betas": dict(lr=0.01, betas=(0.3, 0.5)),

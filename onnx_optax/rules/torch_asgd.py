@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numbers
 from typing import Any, NamedTuple
 
 import jax.numpy as jnp
@@ -206,23 +205,6 @@ def _bind(rule: registry.Rule, hyper: dict[str, Any]) -> tuple[Any, Any]:
   )
 
 
-def _refuse(kind: str, g: int, group: Any, advice: Any) -> None:
-  """What no transform reproduces exactly in ``torch.optim.ASGD``'s groups."""
-  if group.get("capturable"):
-    raise ValueError(
-      f"param_groups[{g}] has capturable=True: torch.optim.{kind} then computes eta and mu as "
-      f"float32 tensors, multiplies by eta with addcmul_ and averages ax even while mu is 1, not "
-      f"the Python-float step the twin follows. Build the optimizer with capturable=False (the "
-      f"default) to carry it"
-    )
-  for key in ("lr", "lambd", "alpha", "t0", "weight_decay"):
-    if not isinstance(group[key], numbers.Real):
-      raise ValueError(
-        f"param_groups[{g}][{key!r}] is a tensor ({group[key]!r}): PyTorch then computes eta, mu or "
-        f"the decay in the tensor's dtype, not in float64 as for a Python number. {advice(key)}"
-      )
-
-
 def _gain(h: Any, R: float, T0: int, steps: int) -> float:
   """``eta (lambd + weight_decay)``, ``eta <= lr``: the coefficients that read ``X``."""
   return R * (float(h["lambd"]) + float(h["weight_decay"]))
@@ -274,7 +256,11 @@ RULE = registry.register(
         torch=registry.TorchOptimizer(
           options=frozenset({"lambd", "alpha", "t0", "weight_decay", "capturable"}),
           signature=frozenset({"lambd", "t0"}),
-          refuse=_refuse,
+          numbers=frozenset({"lr", "lambd", "alpha", "t0", "weight_decay"}),
+          capturable=(
+            "computes eta and mu as float32 tensors, multiplies by eta with addcmul_ and averages ax "
+            "even while mu is 1, not the Python-float step the twin follows"
+          ),
           examples={
             "plain": dict(lr=0.05),
             # t0 = 2: ax copies the parameters for the first steps, then averages (mu = 1 / (step

@@ -274,24 +274,6 @@ def _bind(rule: registry.Rule, hyper: dict[str, Any]) -> tuple[Any, Any]:
   )
 
 
-def _refuse(kind: str, g: int, group: Any, advice: Any) -> None:
-  """What no transform reproduces exactly in ``torch.optim.NAdam``'s groups."""
-  if group.get("capturable"):
-    raise ValueError(
-      f"param_groups[{g}] has capturable=True: torch.optim.{kind} then computes mu, mu_next and the "
-      f"step sizes as tensors in the step's dtype (float32), multiplying the step size into the "
-      f"gradient before dividing by denom, not in Python float64 through addcdiv_'s value: other "
-      f"roundings. Build the optimizer with capturable=False (the default) to carry it"
-    )
-  for key in ("lr", "betas", "eps", "weight_decay", "momentum_decay"):
-    values = group[key] if key == "betas" else (group[key],)
-    if any(not isinstance(v, numbers.Real) for v in values):
-      raise ValueError(
-        f"param_groups[{g}][{key!r}] is a tensor ({group[key]!r}): PyTorch then computes its scalars "
-        f"in the tensor's dtype, not in float64 as for a Python number. {advice(key)}"
-      )
-
-
 def _gain(h: Any, R: float, T0: int, steps: int) -> float:
   """Decoupled: ``R weight_decay``. Coupled: the two step sizes together, ``R (1 - mu) / (1 -
   mu_product) + R mu_next / (1 - mu_product mu_next)``, at most ``R (1 + 1 / (1 - beta1))``
@@ -351,7 +333,12 @@ RULE = registry.register(
             {"betas", "eps", "weight_decay", "momentum_decay", "decoupled_weight_decay", "capturable"}
           ),
           signature=frozenset({"betas", "momentum_decay"}),
-          refuse=_refuse,
+          numbers=frozenset({"lr", "betas", "eps", "weight_decay", "momentum_decay"}),
+          capturable=(
+            "computes mu, mu_next and the step sizes as tensors in the step's dtype (float32), "
+            "multiplying the step size into the gradient before dividing by denom, not in Python "
+            "float64 through addcdiv_'s value"
+          ),
           # lr 2e-3 (NAdam's default): PyTorch's load_state_dict casts mu_product to the
           # parameter's dtype, so a float64 run reloaded from a file continues it in float64, not
           # in float32 as the run that never left PyTorch: about 1e-12 of the parameters at lr 0.01.

@@ -263,24 +263,6 @@ def _bind(rule: registry.Rule, hyper: dict[str, Any]) -> tuple[Any, Any]:
   )
 
 
-def _refuse(kind: str, g: int, group: Any, advice: Any) -> None:
-  """What no transform reproduces exactly in ``torch.optim.RAdam``'s groups."""
-  if group.get("capturable"):
-    raise ValueError(
-      f"param_groups[{g}] has capturable=True: torch.optim.{kind} then computes step, rho_t and rect "
-      f"as tensors in the step's dtype (float32), and adds 1.0 where rho_t <= 5 through torch.where, "
-      f"not in Python float64: another rounding of every scalar. Build the optimizer with "
-      f"capturable=False (the default) to carry it"
-    )
-  for key in ("lr", "betas", "eps", "weight_decay"):
-    values = group[key] if key == "betas" else (group[key],)
-    if any(not isinstance(v, numbers.Real) for v in values):
-      raise ValueError(
-        f"param_groups[{g}][{key!r}] is a tensor ({group[key]!r}): PyTorch then computes its scalars "
-        f"in the tensor's dtype, not in float64 as for a Python number. {advice(key)}"
-      )
-
-
 def _gain(h: Any, R: float, T0: int, steps: int) -> float:
   """Decoupled: ``R weight_decay``. Coupled: at most Adam's (``rect <= 1``; the unrectified
   steps ``R c / bias_correction1``, below it for the ``eps`` of the tests)."""
@@ -331,7 +313,11 @@ RULE = registry.register(
           options=frozenset({"betas", "eps", "weight_decay", "decoupled_weight_decay", "capturable"}),
           # betas without amsgrad (Adam's, AdamW's) nor momentum_decay (NAdam's): RAdam's alone.
           signature=frozenset({"betas", "decoupled_weight_decay", "capturable"}),
-          refuse=_refuse,
+          numbers=frozenset({"lr", "betas", "eps", "weight_decay"}),
+          capturable=(
+            "computes step, rho_t and rect as tensors in the step's dtype (float32), and adds 1.0 "
+            "where rho_t <= 5 through torch.where, not in Python float64"
+          ),
           examples={
             "plain": dict(lr=0.01),
             "coupled": dict(lr=0.01, betas=(0.8, 0.99), eps=1e-3, weight_decay=0.05),

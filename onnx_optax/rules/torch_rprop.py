@@ -208,18 +208,6 @@ def _bind(rule: registry.Rule, hyper: dict[str, Any]) -> tuple[Any, Any]:
   )
 
 
-def _refuse(kind: str, g: int, group: Any, advice: Any) -> None:
-  """What no transform reproduces exactly in ``torch.optim.Rprop``'s groups."""
-  for key in ("etas", "step_sizes"):
-    if any(not isinstance(v, numbers.Real) for v in group[key]):
-      raise ValueError(
-        f"param_groups[{g}][{key!r}] holds a tensor ({group[key]!r}): PyTorch then writes it into its "
-        f"tensors with the tensor's rounding, not the Python float's, so no transform follows it. "
-        f"Make it a pair of Python floats in the optimizer: "
-        f"group[{key!r}] = tuple(float(v) for v in group[{key!r}])"
-      )
-
-
 RULE = registry.register(
   registry.Rule(
     name="pytorch_rprop",
@@ -249,7 +237,7 @@ RULE = registry.register(
         torch=registry.TorchOptimizer(
           options=frozenset({"etas", "step_sizes", "capturable"}),
           signature=frozenset({"etas", "step_sizes"}),
-          refuse=_refuse,
+          numbers=frozenset({"etas", "step_sizes"}),
           examples={
             "plain": dict(lr=0.01),
             "etas": dict(lr=0.01, etas=(0.25, 2.0)),
