@@ -89,6 +89,46 @@ def pytorch_adam_scalars(
   )
 
 
+def moments(
+  s: Any, X: Array | None, G: Array, exp_avg: Array, exp_avg_sq: Array, *, maximize: bool, lerp_small: bool
+) -> tuple[Any, Any, Array, Array | None, Array, Array, Array]:
+  """The first half of ``_single_tensor_adam``, which NAdam's and RAdam's share::
+
+      grad = -grad if maximize
+      param.mul_(1 - lr * weight_decay)               decoupled, weight_decay != 0
+      grad = grad.add(param, alpha=weight_decay)      coupled, weight_decay != 0
+      exp_avg.lerp_(grad, 1 - beta1)
+      exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+
+  ``s`` has the fields ``decay_factor``, ``weight_decay`` (None where they do not apply), ``eps``,
+  ``one_minus_beta1``, ``beta2``, ``one_minus_beta2`` and ``neg_zero``. Returns ``(s, dt, nz, x,
+  g, m, v)``: ``s`` with ``weight_decay`` and ``eps`` in the tensors' dtypes (``grad.add(param,
+  alpha=weight_decay)`` and ``add_(eps)`` take their scalar there), the compute dtype, its
+  negative zero, the (decayed) parameter and the gradient in it, and the new moments, each stored
+  in its tensor's dtype. Raises where a weight decay needs the parameters and ``X`` is None.
+  """
+  dt = _pytorch.opmath(G.dtype, exp_avg.dtype, exp_avg_sq.dtype)
+  x, g, nz = None if X is None else X.astype(dt), G.astype(dt), jnp.asarray(s.neg_zero, dt)
+  g_dtype = G.dtype if X is None else jnp.promote_types(G.dtype, X.dtype)
+  s = s._replace(
+    weight_decay=_pytorch.alpha(s.weight_decay, g_dtype), eps=_pytorch.alpha(s.eps, exp_avg_sq.dtype)
+  )
+  if x is None and (s.decay_factor is not None or s.weight_decay is not None):
+    raise ValueError("weight_decay multiplies the parameters: call update(grads, state, params)")
+  if maximize:
+    g = -g
+  if s.decay_factor is not None:
+    x = _pytorch.stored(x * s.decay_factor, G.dtype, nz)
+  if s.weight_decay is not None:
+    g = _pytorch.stored(x * s.weight_decay + g, G.dtype)
+  m = _pytorch.stored(
+    _pytorch.lerp(exp_avg.astype(dt), g, s.one_minus_beta1, small=lerp_small), exp_avg.dtype
+  )
+  v2 = _pytorch.stored(exp_avg_sq.astype(dt) * s.beta2, exp_avg_sq.dtype, nz)
+  v = _pytorch.stored((s.one_minus_beta2 * g) * g + v2, exp_avg_sq.dtype)
+  return s, dt, nz, x, g, m, v
+
+
 def pytorch_adam_elementwise(
   s: PyTorchAdamScalars,
   X: Array | None,
@@ -118,26 +158,7 @@ def pytorch_adam_elementwise(
   AdamW (``_pytorch.in_place``). ``X`` is read only for ``weight_decay`` and for parameters
   narrower than float32 (else it may be None).
   """
-  dt = _pytorch.opmath(G.dtype, exp_avg.dtype, exp_avg_sq.dtype)
-  x, g, nz = None if X is None else X.astype(dt), G.astype(dt), jnp.asarray(s.neg_zero, dt)
-  # `grad.add(param, alpha=weight_decay)` and `add_(eps)` take their scalar in the tensors' dtype.
-  g_dtype = G.dtype if X is None else jnp.promote_types(G.dtype, X.dtype)
-  s = s._replace(
-    weight_decay=_pytorch.alpha(s.weight_decay, g_dtype), eps=_pytorch.alpha(s.eps, exp_avg_sq.dtype)
-  )
-  if x is None and (s.decay_factor is not None or s.weight_decay is not None):
-    raise ValueError("weight_decay multiplies the parameters: call update(grads, state, params)")
-  if maximize:
-    g = -g
-  if s.decay_factor is not None:
-    x = _pytorch.stored(x * s.decay_factor, G.dtype, nz)
-  if s.weight_decay is not None:
-    g = _pytorch.stored(x * s.weight_decay + g, G.dtype)
-  m = _pytorch.stored(
-    _pytorch.lerp(exp_avg.astype(dt), g, s.one_minus_beta1, small=lerp_small), exp_avg.dtype
-  )
-  v2 = _pytorch.stored(exp_avg_sq.astype(dt) * s.beta2, exp_avg_sq.dtype, nz)
-  v = _pytorch.stored((s.one_minus_beta2 * g) * g + v2, exp_avg_sq.dtype)
+  s, dt, nz, x, g, m, v = moments(s, X, G, exp_avg, exp_avg_sq, maximize=maximize, lerp_small=lerp_small)
   vmax = None
   if max_exp_avg_sq is not None:  # amsgrad: the maximum of two stored values, exact (it rounds nothing)
     vmax = jnp.maximum(max_exp_avg_sq.astype(dt), v)

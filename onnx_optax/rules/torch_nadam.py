@@ -128,27 +128,14 @@ def pytorch_nadam_elementwise(
   Returns ``(X_new - X, mu_product_new, exp_avg_new, exp_avg_sq_new)``: two additions to the
   parameter, written in place.
   """
-  dt = _pytorch.opmath(G.dtype, exp_avg.dtype, exp_avg_sq.dtype)
-  x, g, nz = None if X is None else X.astype(dt), G.astype(dt), jnp.asarray(s.neg_zero, dt)
-  g_dtype = G.dtype if X is None else jnp.promote_types(G.dtype, X.dtype)
-  s = s._replace(
-    weight_decay=_pytorch.alpha(s.weight_decay, g_dtype), eps=_pytorch.alpha(s.eps, exp_avg_sq.dtype)
-  )
-  if x is None or X is None:
+  if X is None:
     raise ValueError("NAdam adds to the parameters twice, in place: call update(grads, state, params)")
-  if maximize:
-    g = -g
-  if s.decay_factor is not None:
-    x = _pytorch.stored(x * s.decay_factor, G.dtype, nz)
-  if s.weight_decay is not None:
-    g = _pytorch.stored(x * s.weight_decay + g, G.dtype)
+  s, dt, nz, x, g, m, v = torch_adam.moments(
+    s, X, G, exp_avg, exp_avg_sq, maximize=maximize, lerp_small=lerp_small
+  )
+  assert x is not None  # X is given
   own = mu_product.dtype  # mu_product *= mu: a tensor of the scalar dtype times a Python float
   product = _pytorch.stored(mu_product * jnp.asarray(s.mu, own), own, nz.astype(own))
-  m = _pytorch.stored(
-    _pytorch.lerp(exp_avg.astype(dt), g, s.one_minus_beta1, small=lerp_small), exp_avg.dtype
-  )
-  v2 = _pytorch.stored(exp_avg_sq.astype(dt) * s.beta2, exp_avg_sq.dtype, nz)
-  v = _pytorch.stored((s.one_minus_beta2 * g) * g + v2, exp_avg_sq.dtype)
   denom = _pytorch.stored(_pytorch.divide_by_scalar(v, s.bias_correction2), exp_avg_sq.dtype)
   denom = _pytorch.stored(_numerics.sqrt(denom), exp_avg_sq.dtype)
   denom = _pytorch.stored(denom + s.eps, exp_avg_sq.dtype, nz)

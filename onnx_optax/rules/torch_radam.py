@@ -132,25 +132,9 @@ def pytorch_radam_elementwise(
   the tensors' dtype. ``lerp_small`` is ``|1 - beta1| < 0.5``, the branch of PyTorch's lerp.
   Returns ``(U, exp_avg_new, exp_avg_sq_new)``.
   """
-  dt = _pytorch.opmath(G.dtype, exp_avg.dtype, exp_avg_sq.dtype)
-  x, g, nz = None if X is None else X.astype(dt), G.astype(dt), jnp.asarray(s.neg_zero, dt)
-  g_dtype = G.dtype if X is None else jnp.promote_types(G.dtype, X.dtype)
-  s = s._replace(
-    weight_decay=_pytorch.alpha(s.weight_decay, g_dtype), eps=_pytorch.alpha(s.eps, exp_avg_sq.dtype)
+  s, dt, nz, x, g, m, v = torch_adam.moments(
+    s, X, G, exp_avg, exp_avg_sq, maximize=maximize, lerp_small=lerp_small
   )
-  if x is None and (s.decay_factor is not None or s.weight_decay is not None):
-    raise ValueError("weight_decay multiplies the parameters: call update(grads, state, params)")
-  if maximize:
-    g = -g
-  if s.decay_factor is not None:
-    x = _pytorch.stored(x * s.decay_factor, G.dtype, nz)
-  if s.weight_decay is not None:
-    g = _pytorch.stored(x * s.weight_decay + g, G.dtype)
-  m = _pytorch.stored(
-    _pytorch.lerp(exp_avg.astype(dt), g, s.one_minus_beta1, small=lerp_small), exp_avg.dtype
-  )
-  v2 = _pytorch.stored(exp_avg_sq.astype(dt) * s.beta2, exp_avg_sq.dtype, nz)
-  v = _pytorch.stored((s.one_minus_beta2 * g) * g + v2, exp_avg_sq.dtype)
   corrected = _pytorch.stored(_pytorch.divide_by_scalar(m, s.bias_correction1), exp_avg.dtype)
   scaled = _pytorch.stored(corrected * s.lr, exp_avg.dtype, nz)
   root = _pytorch.stored(_numerics.sqrt(v), exp_avg_sq.dtype)
