@@ -105,6 +105,7 @@ import optax
 
 from onnx_optax import _checks
 from onnx_optax.interop import _common, _dtensor, _torch_optim, _torch_placement
+from onnx_optax.interop import layout as _layout
 from onnx_optax.interop._torch_optim import View, check_group
 from onnx_optax.interop._torch_placement import mapping
 
@@ -120,6 +121,7 @@ def from_torch(
   params: Any,
   *,
   learning_rate: Any = None,
+  layout: Any = None,
 ) -> tuple[optax.GradientTransformationExtraArgs, Any]:
   """The transform and state that continue a PyTorch optimizer's run in JAX.
 
@@ -153,6 +155,11 @@ def from_torch(
       number ``n`` of updates made in JAX (0 at the first), i.e. the PyTorch
       schedule shifted by the steps already taken; or a sequence (or a 1-d
       array or tensor) with one such entry per param group.
+    layout: None, or a :class:`~onnx_optax.interop.layout.Layout` (for a Flax NNX port,
+      :func:`onnx_optax.interop.flax_nnx.derive`): ``params`` are then one's own model's, in its
+      names and layouts (``nnx.state(model, nnx.Param)``), each leaf made of the optimizer's
+      parameters (named by ``named_parameters()``) by the layout's operations; the state follows
+      them (docs/interop.md, "Carrying into one's own model").
 
   Returns:
     ``(tx, state)``: an ``optax.GradientTransformationExtraArgs`` (call
@@ -196,12 +203,15 @@ def from_torch(
   view = View(
     _torch_optim.kind(torch, optimizer), optimizer.param_groups, optimizer.state, optimizer.defaults
   )
-  return carry(torch, view, params, learning_rate)
+  return carry(torch, view, params, learning_rate, layout=layout)
 
 
-def carry(torch: Any, view: View, params: Any, learning_rate: Any) -> tuple[Any, Any]:
+def carry(torch: Any, view: View, params: Any, learning_rate: Any, *, layout: Any = None) -> tuple[Any, Any]:
   """``from_torch`` of an optimizer as the bridge reads it (``view``)."""
   kind, groups = view.kind, view.groups
+  if layout is not None:
+    # The bridge carries the PyTorch-named tree; the layout maps it onto one's own leaves after.
+    own_params, params = params, _layout_names(layout, groups).to_torch(params)
   leaves, treedef, perm = _torch_placement.ordered(params, groups, "params")
   rates = _common.learning_rates(learning_rate, len(groups))
   for g, group in enumerate(groups):
@@ -276,7 +286,21 @@ def carry(torch: Any, view: View, params: Any, learning_rate: Any) -> tuple[Any,
     for f, column in zip(fields_of, itertools.zip_longest(*tree_tensors))
   ]
   state = _common.fill(state, treedef, fields)
+  if layout is not None:
+    names = _torch_placement.param_names(groups)
+    assert names is not None  # _layout_names refused an optimizer without names
+    return _layout.state_to_jax(layout, transforms_by_label, dict(zip(names, labels)), state, own_params)
   return tx, _common.counts_placed(state, tree_leaves)
+
+
+def _layout_names(layout: Any, groups: Sequence[dict]) -> Any:
+  """``layout``, once the optimizer is known to name its parameters (which the layout uses)."""
+  if _torch_placement.param_names(groups) is None:
+    raise ValueError(
+      "layout= names PyTorch's parameters, and this optimizer keeps no names: build it from "
+      "model.named_parameters()"
+    )
+  return layout
 
 
 def _init_without(tx: Any, params: Any, names: set[str]) -> Any:
@@ -331,7 +355,7 @@ def _field_leaves(state: Any, name: str, n: int) -> list[Any]:
   return out
 
 
-def to_torch(state: Any, optimizer: Any, params: Any = None) -> None:
+def to_torch(state: Any, optimizer: Any, params: Any = None, *, layout: Any = None) -> None:
   """Loads a transform's state (and optionally the weights) into a PyTorch optimizer.
 
   ``state`` is a state of a transform returned by :func:`from_torch` for an
@@ -357,6 +381,8 @@ def to_torch(state: Any, optimizer: Any, params: Any = None) -> None:
     state: the transform's state.
     optimizer: the ``torch.optim.SGD``, ``Adagrad``, ``Adam`` or ``AdamW`` to load.
     params: optional JAX parameters to copy into the optimizer's parameters.
+    layout: None, or the :class:`~onnx_optax.interop.layout.Layout` that :func:`from_torch` took:
+      ``state`` and ``params`` are one's own model's, inverted onto the optimizer's names.
 
   Example:
     >>> import torch, jax.numpy as jnp, optax
@@ -375,6 +401,9 @@ def to_torch(state: Any, optimizer: Any, params: Any = None) -> None:
   torch = _torch_optim.torch()
   kind = _torch_optim.kind(torch, optimizer)
   groups = optimizer.param_groups
+  if layout is not None:
+    state = _layout.state_to_torch(_layout_names(layout, groups), state)
+    params = None if params is None else layout.to_torch(params)
   writes = checked_writes(torch, kind, groups, state)
   new_params = None
   if params is not None:

@@ -1,0 +1,553 @@
+"""Carrying a PyTorch run into one's own Flax NNX model: the layout map, its derivation, the journeys.
+
+The journeys: a model defined in PyTorch and its Flax NNX port (their float64
+forward passes equal first), trained some steps in PyTorch, carried with the
+optimizer's state into the port by ``layout=``, trained in JAX, written back,
+trained again in PyTorch. The losses at every step and the final weights are
+the run that never left PyTorch's, to 1e-12, in float64. Expected values are
+PyTorch's own run's.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import torch
+from flax import nnx
+
+from onnx_optax.interop import from_torch, to_torch
+from onnx_optax.interop.flax_nnx import derive
+from onnx_optax.interop.layout import Layout, concat, part
+
+pytestmark = pytest.mark.usefixtures("x64")
+
+TOL = 1e-12
+
+
+@pytest.fixture
+def x64():
+  with jax.enable_x64(True):
+    yield
+
+
+F64 = dict(param_dtype=jnp.float64, dtype=jnp.float64)
+
+
+# -- the models and their ports ----------------------------------------------------------------------
+
+E, HEADS, VOCAB, SEQ = 8, 2, 11, 5
+
+
+class TorchTransformer(torch.nn.Module):
+  """Embedding, multi-head self-attention, LayerNorms, an MLP and an output head tied to the embedding."""
+
+  def __init__(self):
+    super().__init__()
+    self.embed = torch.nn.Embedding(VOCAB, E)
+    # No projection biases: the key's is a parameter without gradient (softmax does not see it),
+    # whose rounding noise Adam's and Adagrad's normalisation would make a step.
+    self.attn = torch.nn.MultiheadAttention(E, HEADS, bias=False, batch_first=True)
+    self.norm1 = torch.nn.LayerNorm(E)
+    self.mlp = torch.nn.Sequential(torch.nn.Linear(E, 16), torch.nn.GELU(), torch.nn.Linear(16, E))
+    self.norm2 = torch.nn.LayerNorm(E)
+    self.head = torch.nn.Linear(E, VOCAB, bias=False)
+    self.head.weight = self.embed.weight
+
+  def forward(self, tokens):
+    h = self.embed(tokens)
+    a, _ = self.attn(h, h, h, need_weights=False)
+    h = self.norm1(h + a)
+    h = self.norm2(h + self.mlp(h))
+    return self.head(h)
+
+
+def attention(query, key, value, *args, **kwargs):
+  """Scaled dot-product attention in the inputs' dtype (nnx's default, jax.nn.dot_product_attention,
+  was 5e-8 off PyTorch's in float64 here)."""
+  weights = jax.nn.softmax(jnp.einsum("...qhd,...khd->...hqk", query / jnp.sqrt(query.shape[-1]), key))
+  return jnp.einsum("...hqk,...khd->...qhd", weights, value)
+
+
+class NnxTransformer(nnx.Module):
+  def __init__(self, rngs):
+    self.embed = nnx.Embed(VOCAB, E, rngs=rngs, **F64)
+    self.attn = nnx.MultiHeadAttention(
+      HEADS, E, decode=False, use_bias=False, attention_fn=attention, rngs=rngs, **F64
+    )
+    self.norm1 = nnx.LayerNorm(E, epsilon=1e-5, rngs=rngs, **F64)
+    gelu = lambda x: nnx.gelu(x, approximate=False)  # noqa: E731
+    self.mlp = nnx.Sequential(nnx.Linear(E, 16, rngs=rngs, **F64), gelu, nnx.Linear(16, E, rngs=rngs, **F64))
+    self.norm2 = nnx.LayerNorm(E, epsilon=1e-5, rngs=rngs, **F64)
+
+  def __call__(self, tokens):
+    h = self.embed(tokens)
+    h = self.norm1(h + self.attn(h))
+    h = self.norm2(h + self.mlp(h))
+    return self.embed.attend(h)  # the tied head
+
+
+class TorchConvNet(torch.nn.Module):
+  def __init__(self):
+    super().__init__()
+    self.conv1 = torch.nn.Conv2d(2, 4, 3, padding=1, bias=False)  # a bias before BatchNorm has no gradient
+    self.bn = torch.nn.BatchNorm2d(4)
+    self.conv2 = torch.nn.Conv2d(4, 3, 3, stride=2)
+    self.fc = torch.nn.Linear(3 * 2 * 2, 3)
+
+  def forward(self, x):  # NCHW
+    h = torch.relu(self.bn(self.conv1(x)))
+    return self.fc(torch.tanh(self.conv2(h)).flatten(1))
+
+
+class TorchBatchNorm(nnx.BatchNorm):
+  """nnx.BatchNorm whose running variance is PyTorch's: the batch's unbiased variance
+  (nnx.BatchNorm's running variance is the biased one, which PyTorch uses only to normalize), its
+  statistics in the parameters' dtype (nnx.BatchNorm keeps them in float32)."""
+
+  def __init__(self, num_features, **kwargs):
+    super().__init__(num_features, **kwargs)
+    self.mean = nnx.BatchStat(jnp.zeros(num_features, kwargs["param_dtype"]))
+    self.var = nnx.BatchStat(jnp.ones(num_features, kwargs["param_dtype"]))
+
+  def __call__(self, x, use_running_average=None):
+    if use_running_average:
+      return super().__call__(x, use_running_average=True)
+    axes = tuple(range(x.ndim - 1))
+    mean, var = x.mean(axes), x.var(axes)
+    n = x.size // x.shape[-1]
+    self.mean[...] = self.momentum * self.mean[...] + (1 - self.momentum) * mean
+    self.var[...] = self.momentum * self.var[...] + (1 - self.momentum) * var * (n / (n - 1))
+    return (x - mean) / jnp.sqrt(var + self.epsilon) * self.scale[...] + self.bias[...]
+
+
+class NnxConvNet(nnx.Module):
+  def __init__(self, rngs):
+    self.conv1 = nnx.Conv(2, 4, (3, 3), padding=((1, 1), (1, 1)), use_bias=False, rngs=rngs, **F64)
+    self.bn = TorchBatchNorm(4, momentum=0.9, epsilon=1e-5, rngs=rngs, **F64)
+    self.conv2 = nnx.Conv(4, 3, (3, 3), strides=2, padding="VALID", rngs=rngs, **F64)
+    self.fc = nnx.Linear(3 * 2 * 2, 3, rngs=rngs, **F64)
+
+  def __call__(self, x):  # NCHW in, as PyTorch's; NHWC inside
+    h = jax.nn.relu(self.bn(self.conv1(jnp.transpose(x, (0, 2, 3, 1)))))
+    h = jnp.tanh(self.conv2(h))
+    return self.fc(jnp.transpose(h, (0, 3, 1, 2)).reshape(h.shape[0], -1))  # PyTorch's flatten order
+
+
+def transformer_batches(n):
+  g = torch.Generator().manual_seed(1)
+  return [
+    (torch.randint(0, VOCAB, (3, SEQ), generator=g), torch.randint(0, VOCAB, (3, SEQ), generator=g))
+    for _ in range(n)
+  ]
+
+
+def conv_batches(n):
+  g = torch.Generator().manual_seed(2)
+  return [
+    (torch.randn(4, 2, 5, 5, generator=g, dtype=torch.float64), torch.randint(0, 3, (4,), generator=g))
+    for _ in range(n)
+  ]
+
+
+def torch_loss(model, batch):
+  x, y = batch
+  logits = model(x)
+  return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
+def jax_loss(model, batch):
+  x, y = (jnp.asarray(t.numpy()) if isinstance(t, torch.Tensor) else t for t in batch)
+  logits = model(x)
+  logits = logits.reshape(-1, logits.shape[-1])
+  return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), y.reshape(-1, 1), axis=1))
+
+
+MODELS = {
+  "transformer": (TorchTransformer, NnxTransformer, transformer_batches),
+  "convnet": (TorchConvNet, NnxConvNet, conv_batches),
+}
+
+
+def torch_model(name):
+  torch.manual_seed(0)
+  return MODELS[name][0]().double()
+
+
+def port(name):
+  return MODELS[name][1](nnx.Rngs(0))
+
+
+def carried_weights(layout, model, port_model):
+  """The port with ``model``'s weights and batch statistics."""
+  graphdef, params, stats = nnx.split(port_model, nnx.Param, nnx.BatchStat)
+  tensors = model.state_dict()
+  return graphdef, layout.to_jax(tensors, params), layout.to_jax(tensors, stats)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_ports_forward_equals_pytorchs(name):
+  model, batches = torch_model(name), MODELS[name][2](1)
+  layout = derive(model, port(name))
+  graphdef, params, stats = carried_weights(layout, model, port(name))
+  model.train()
+  expected = model(batches[0][0]).detach().numpy()
+  got = nnx.merge(graphdef, params, stats)(jnp.asarray(batches[0][0].numpy()))
+  np.testing.assert_allclose(np.asarray(got), expected, rtol=0, atol=TOL)
+
+
+# -- the journeys --------------------------------------------------------------------------------------
+
+OPTIMIZERS = {
+  "adamw": lambda params: torch.optim.AdamW(params, lr=1e-2, weight_decay=0.05),
+  "sgd": lambda params: torch.optim.SGD(params, lr=5e-2, momentum=0.9, weight_decay=1e-3),
+  "adagrad": lambda params: torch.optim.Adagrad(params, lr=5e-2, lr_decay=1e-2),
+}
+N, M, K = 2, 3, 2  # steps in PyTorch, then in JAX, then in PyTorch again
+
+
+def factor(t):
+  return 1.0 / (1.0 + 0.25 * t)  # the schedule's factor at PyTorch's scheduler step t (LambdaLR)
+
+
+def pytorch_run(name, which, batches):
+  model = torch_model(name)
+  optimizer = OPTIMIZERS[which](model.named_parameters())
+  scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+  model.train()
+  return model, optimizer, scheduler
+
+
+def torch_step(model, optimizer, scheduler, batch):
+  optimizer.zero_grad()
+  loss = torch_loss(model, batch)
+  loss.backward()
+  optimizer.step()
+  scheduler.step()
+  return float(loss)
+
+
+@pytest.mark.parametrize("which", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_journey_pytorch_jax_pytorch_equals_pytorch(name, which):
+  batches = MODELS[name][2](N + M + K)
+  model, optimizer, scheduler = pytorch_run(name, which, batches)
+  expected = [torch_step(model, optimizer, scheduler, b) for b in batches]
+  expected_weights = model.state_dict()
+
+  model, optimizer, scheduler = pytorch_run(name, which, batches)
+  losses = [torch_step(model, optimizer, scheduler, b) for b in batches[:N]]
+  layout = derive(model, port(name))
+  graphdef, params, stats = carried_weights(layout, model, port(name))
+  base = optimizer.param_groups[0]["initial_lr"]
+  tx, state = from_torch(optimizer, params, layout=layout, learning_rate=lambda n: base * factor(n + N))
+
+  def loss_fn(params, stats, batch):
+    # Variables made inside the trace: the port's BatchNorm writes its statistics there.
+    model_j = nnx.merge(graphdef, params, jax.tree.map(jnp.asarray, stats))
+    loss = jax_loss(model_j, batch)
+    return loss, nnx.state(model_j, nnx.BatchStat)
+
+  @jax.jit
+  def jax_step(params, stats, state, batch):
+    (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, stats, batch)
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), stats, state, loss
+
+  for batch in batches[N : N + M]:
+    params, stats, state, loss = jax_step(params, stats, state, tuple(jnp.asarray(t.numpy()) for t in batch))
+    losses.append(float(loss))
+
+  to_torch(state, optimizer, params, layout=layout)
+  with torch.no_grad():
+    for key, value in layout.to_torch(stats).items():  # the batch statistics, back
+      model.state_dict()[key].copy_(torch.from_numpy(np.asarray(value)))
+  for module in model.modules():  # PyTorch's own counter (read only with momentum=None)
+    if isinstance(module, torch.nn.BatchNorm2d):
+      module.num_batches_tracked += M
+  for _ in range(M):
+    scheduler.step()
+  losses += [torch_step(model, optimizer, scheduler, b) for b in batches[N + M :]]
+
+  np.testing.assert_allclose(losses, expected, rtol=TOL, atol=0)
+  final = model.state_dict()
+  for key, value in expected_weights.items():
+    np.testing.assert_allclose(final[key].numpy(), value.numpy(), rtol=0, atol=TOL, err_msg=key)
+
+
+def test_the_carried_state_is_in_the_ports_layout():
+  model = torch_model("transformer")
+  optimizer = torch.optim.AdamW(model.named_parameters(), lr=1e-2)
+  torch_step(
+    model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor), transformer_batches(1)[0]
+  )
+  layout = derive(model, port("transformer"))
+  _, params, _ = carried_weights(layout, model, port("transformer"))
+  _, state = from_torch(optimizer, params, layout=layout, learning_rate=1e-2)
+  in_proj = optimizer.state[model.attn.in_proj_weight]["exp_avg"].numpy()
+  # PyTorch's packed rows 8:16 are the key projection, head h at columns h*4:(h+1)*4 of the kernel.
+  key_kernel = np.asarray(state.exp_avg["attn"]["key"]["kernel"][...])
+  assert key_kernel.shape == (E, HEADS, E // HEADS)
+  np.testing.assert_array_equal(key_kernel[:, 1, :], in_proj[8 + 4 : 8 + 8, :].T)
+  assert int(state.count) == 1
+
+
+# -- the map itself -------------------------------------------------------------------------------------
+
+
+def test_a_leaf_concatenated_from_two_parameters_steps_as_pytorch():
+  start = torch.randn(6, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+  grads = [
+    torch.randn(6, dtype=torch.float64, generator=torch.Generator().manual_seed(i)) for i in range(1, 5)
+  ]
+
+  def run():
+    a, b = torch.nn.Parameter(start[:3].clone()), torch.nn.Parameter(start[3:].clone())
+    return a, b, torch.optim.AdamW([("a", a), ("b", b)], lr=0.1, weight_decay=0.1)
+
+  def step(a, b, optimizer, g):
+    a.grad, b.grad = g[:3].clone(), g[3:].clone()
+    optimizer.step()
+
+  a, b, optimizer = run()
+  for g in grads:
+    step(a, b, optimizer, g)
+  expected = torch.cat([a, b]).detach().numpy()
+
+  a, b, optimizer = run()
+  for g in grads[:2]:
+    step(a, b, optimizer, g)
+  layout = Layout({"ab": concat(["a", "b"])}, shapes={"a": (3,), "b": (3,)})
+  params = layout.to_jax({"a": a, "b": b})
+  tx, state = from_torch(optimizer, params, layout=layout)
+  assert state.exp_avg["ab"].shape == (6,)
+  updates, state = tx.update({"ab": jnp.asarray(grads[2].numpy())}, state, params)
+  params = optax.apply_updates(params, updates)
+  to_torch(state, optimizer, params, layout=layout)
+  step(a, b, optimizer, grads[3])
+  np.testing.assert_allclose(torch.cat([a, b]).detach().numpy(), expected, rtol=0, atol=TOL)
+  assert float(optimizer.state[b]["step"]) == 4
+
+
+def test_concatenated_parameters_at_different_steps_are_refused():
+  a, b = (torch.nn.Parameter(torch.ones(3, dtype=torch.float64)) for _ in range(2))
+  optimizer = torch.optim.Adam([("a", a), ("b", b)], lr=0.1)
+  a.grad = torch.ones(3, dtype=torch.float64)
+  optimizer.step()  # b has no grad: a at step 1, b at step 0
+  layout = Layout({"ab": concat(["a", "b"])}, shapes={"a": (3,), "b": (3,)})
+  with pytest.raises(ValueError, match=r"'ab' is made of PyTorch parameters \['a', 'b'\] at different steps"):
+    from_torch(optimizer, layout.to_jax({"a": a, "b": b}), layout=layout)
+  # Its advice: separate leaves.
+  separate = Layout({"a": "a", "b": "b"}, shapes={"a": (3,), "b": (3,)})
+  _, state = from_torch(optimizer, separate.to_jax({"a": a, "b": b}), layout=separate)
+  assert sorted(int(s.count) for s in state.inner_states.values() for s in [s.inner_state]) == [0, 1]
+
+
+@pytest.mark.parametrize(
+  ("leaves", "message"),
+  [
+    (
+      {"x": "w", "y": "w"},
+      r"'w' is in several JAX leaves \['x', 'y'\]: a tensor used twice \(a tied weight\)",
+    ),
+    ({"x": part("w").take(0, 0, 2)}, r"rows 2:4 of axis 0 of the PyTorch tensor 'w' are in no JAX leaf"),
+    (
+      {"x": part("w").take(0, 0, 3), "y": part("w").take(0, 2, 4)},
+      r"rows 2:3 of the PyTorch tensor 'w' are in two JAX leaves",
+    ),
+    (
+      {"x": part("w").transpose(0, 0)},
+      r"permutes axes \(0, 0\), not a permutation of a tensor of shape \(4, 6\)",
+    ),
+    ({"x": part("w").reshape(5, 5)}, r"reshapes a tensor of shape \(4, 6\) to \(5, 5\), of another size"),
+    ({"x": "v"}, r"'x' is made of 'v', which shapes= does not list"),
+    ({"x": part("w").take(0, 0, 5)}, r"takes rows 0:5 of axis 0 of a tensor of shape \(4, 6\)"),
+  ],
+)
+def test_a_layout_that_does_not_tile_its_tensors_is_refused(leaves, message):
+  with pytest.raises(ValueError, match=message):
+    Layout(leaves, shapes={"w": (4, 6)})
+
+
+def test_a_shape_the_layout_does_not_make_is_refused_before_any_step():
+  model = torch.nn.Linear(3, 2).double()
+  optimizer = torch.optim.SGD(model.named_parameters(), lr=0.1)
+  wrong = Layout(
+    {"kernel": "weight", "bias": "bias"}, shapes={"weight": (2, 3), "bias": (2,)}
+  )  # no transpose
+  params = {"kernel": jnp.zeros((3, 2)), "bias": jnp.zeros(2)}
+  with pytest.raises(ValueError, match=r"the JAX leaf 'kernel' has shape \(3, 2\); the layout makes it part"):
+    from_torch(optimizer, params, layout=wrong)
+  with pytest.raises(
+    ValueError, match=r"the JAX leaf 'kernel' has shape \(3, 2\) and dtype float64; the layout"
+  ):
+    wrong.to_jax(dict(model.named_parameters()), params)
+
+
+def test_an_optimizer_without_names_is_refused_with_a_layout():
+  model = torch.nn.Linear(3, 2).double()
+  layout = derive(model, nnx.Linear(3, 2, rngs=nnx.Rngs(0), **F64))
+  params = layout.to_jax(model.state_dict())
+  with pytest.raises(ValueError, match=r"build it from model.named_parameters\(\)"):
+    from_torch(torch.optim.SGD(model.parameters(), lr=0.1), params, layout=layout)
+  from_torch(torch.optim.SGD(model.named_parameters(), lr=0.1), params, layout=layout)  # the advice
+
+
+# -- derivation's refusals --------------------------------------------------------------------------------
+
+
+class TorchBlock(torch.nn.Module):
+  def __init__(self):
+    super().__init__()
+    self.proj = torch.nn.Linear(4, 4)
+    self.ln_f = torch.nn.LayerNorm(4)
+
+
+class NnxBlockRenamed(nnx.Module):
+  def __init__(self, rngs):
+    self.proj = nnx.Linear(4, 4, rngs=rngs, **F64)
+    self.final_norm = nnx.LayerNorm(4, rngs=rngs, **F64)
+
+
+def test_a_missing_rename_is_refused_and_the_rename_it_asks_for_derives():
+  model, ported = TorchBlock().double(), NnxBlockRenamed(nnx.Rngs(0))
+  with pytest.raises(
+    ValueError,
+    match=r"no counterpart in the port: the PyTorch module 'ln_f' \(LayerNorm, tensors "
+    r"\{'weight': \(4,\), 'bias': \(4,\)\}\) and the port's 'ln_f'.*pass renames=",
+  ):
+    derive(model, ported)
+  layout = derive(model, ported, renames={"ln_f": "final_norm"})
+  assert layout.sources("final_norm.scale") == ["ln_f.weight"]
+
+
+def test_a_layer_paired_with_another_kind_is_refused():
+  model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+  ported = nnx.Sequential(nnx.LayerNorm(4, rngs=nnx.Rngs(0)))
+  with pytest.raises(
+    ValueError,
+    match=r"a Linear pairs with an nnx.Linear, not a LayerNorm: the PyTorch module '0'"
+    r" \(Linear, tensors \{'weight': \(4, 4\), 'bias': \(4,\)\}\) and the port's 'layers.0'",
+  ):
+    derive(model, ported)
+
+
+def test_a_port_built_with_other_sizes_is_refused_with_both_shapes():
+  with pytest.raises(
+    ValueError,
+    match=r"Linear '<root>' / Linear '<root>': the port's leaf 'kernel' has shape "
+    r"\(3, 5\); part\('weight'\).transpose\(1, 0\) makes the PyTorch tensor 'weight' \(2, 3\) a \(3, 2\)",
+  ):
+    derive(torch.nn.Linear(3, 2), nnx.Linear(3, 5, rngs=nnx.Rngs(0)))
+
+
+def test_attention_with_biases_and_other_key_and_value_sizes():
+  for kdim in (None, 6):
+    torch.manual_seed(0)
+    model = torch.nn.MultiheadAttention(8, 2, kdim=kdim, vdim=kdim, batch_first=True).double()
+    ported = nnx.MultiHeadAttention(
+      2, 8, in_kv_features=kdim, decode=False, attention_fn=attention, rngs=nnx.Rngs(0), **F64
+    )
+    layout = derive(model, ported)
+    graphdef, params = nnx.split(ported, nnx.Param)
+    q, kv = torch.randn(2, 3, 8, dtype=torch.float64), torch.randn(2, 4, kdim or 8, dtype=torch.float64)
+    expected, _ = model(q, kv, kv, need_weights=False)
+    got = nnx.merge(graphdef, layout.to_jax(model.state_dict(), params))(
+      jnp.asarray(q.numpy()), jnp.asarray(kv.numpy())
+    )
+    np.testing.assert_allclose(np.asarray(got), expected.detach().numpy(), rtol=0, atol=TOL)
+    back = layout.to_torch(layout.to_jax(model.state_dict(), params))
+    assert all(np.array_equal(np.asarray(back[n]), t.numpy()) for n, t in model.state_dict().items())
+
+
+def test_other_heads_are_refused():
+  with pytest.raises(ValueError, match=r"PyTorch's 2 heads of 4 against the port's 4 of 2"):
+    derive(torch.nn.MultiheadAttention(8, 2), nnx.MultiHeadAttention(4, 8, decode=False, rngs=nnx.Rngs(0)))
+
+
+def test_a_transposed_convolution_without_transpose_kernel_is_refused():
+  model = torch.nn.ConvTranspose2d(2, 3, 3)
+  with pytest.raises(ValueError, match=r"nnx.ConvTranspose with transpose_kernel=True"):
+    derive(model, nnx.ConvTranspose(2, 3, (3, 3), rngs=nnx.Rngs(0)))
+  # Its advice: the port built with transpose_kernel=True pairs, and computes PyTorch's convolution.
+  model = model.double()
+  ported = nnx.ConvTranspose(2, 3, (3, 3), padding="VALID", transpose_kernel=True, rngs=nnx.Rngs(0), **F64)
+  layout = derive(model, ported)
+  graphdef, params = nnx.split(ported, nnx.Param)
+  x = torch.randn(1, 2, 4, 4, dtype=torch.float64)
+  got = nnx.merge(graphdef, layout.to_jax(model.state_dict(), params))(
+    jnp.asarray(x.numpy().transpose(0, 2, 3, 1))
+  )
+  np.testing.assert_allclose(
+    np.asarray(got), model(x).detach().numpy().transpose(0, 2, 3, 1), atol=TOL, rtol=0
+  )
+
+
+def test_a_port_leaf_made_of_nothing_is_refused():
+  class Extra(nnx.Module):
+    def __init__(self, rngs):
+      self.proj = nnx.Linear(4, 4, rngs=rngs)
+      self.ln_f = nnx.LayerNorm(4, rngs=rngs)
+      self.gate = nnx.Param(jnp.zeros(4))
+
+  with pytest.raises(
+    ValueError, match=r"the port's leaves \[\('gate', \(4,\)\)\] are made of no PyTorch tensor"
+  ):
+    derive(TorchBlock(), Extra(nnx.Rngs(0)))
+
+
+# -- wrong maps that shapes cannot tell: the check of docs/interop.md ---------------------------------------
+
+
+def one_step_check(model, ported, layout, batch):
+  """docs/interop.md's check: one batch's loss and gradients, the port's against PyTorch's."""
+  graphdef, params, stats = nnx.split(ported, nnx.Param, nnx.BatchStat)
+  tensors = model.state_dict()
+  params, stats = layout.to_jax(tensors, params), layout.to_jax(tensors, stats)
+  model.zero_grad()
+  loss = torch_loss(model, batch)
+  loss.backward()
+  expected = layout.to_jax({n: p.grad for n, p in model.named_parameters()}, params)
+
+  def loss_fn(params):
+    return jax_loss(nnx.merge(graphdef, params, jax.tree.map(jnp.asarray, stats)), batch)
+
+  got_loss, grads = jax.value_and_grad(loss_fn)(params)
+  np.testing.assert_allclose(float(got_loss), float(loss), rtol=1e-12)
+  for g, e in zip(jax.tree.leaves(grads), jax.tree.leaves(expected)):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=0, atol=1e-12)
+
+
+def planted(layout, path, source):
+  return Layout({**layout.leaves, path: source}, layout.shapes)
+
+
+def test_the_check_passes_for_the_derived_layouts():
+  for name in MODELS:
+    model = torch_model(name)
+    one_step_check(model, port(name), derive(model, port(name)), MODELS[name][2](1)[0])
+
+
+@pytest.mark.parametrize(
+  ("path", "source"),
+  [
+    # a transpose left out, in a square projection (8 x 8): the shapes cannot tell
+    ("attn.out.kernel", part("attn.out_proj.weight").reshape(HEADS, E // HEADS, E)),
+    # the heads split in the wrong order: (in, head_dim, heads) read as (in, heads, head_dim)
+    (
+      "attn.query.kernel",
+      part("attn.in_proj_weight")
+      .take(0, 0, E)
+      .transpose(1, 0)
+      .reshape(E, E // HEADS, HEADS)
+      .transpose(0, 2, 1),
+    ),
+  ],
+)
+def test_a_wrong_map_that_shapes_cannot_tell_fails_the_check(path, source):
+  model = torch_model("transformer")
+  wrong = planted(derive(model, port("transformer")), path, source)
+  with pytest.raises(AssertionError):
+    one_step_check(model, port("transformer"), wrong, transformer_batches(1)[0])
