@@ -15,7 +15,10 @@ maps):
   "Memory"), one jitted AdamW step (params and state donated), then
   ``to_torch_state_dict(..., copy=False)`` and ``torch.save`` (the write);
 * ``carry dict``: the same from a state dict the caller loaded, ``torch.load(path)`` without
-  ``mmap``, written back with copies (``to_torch_state_dict`` by default).
+  ``mmap``, written back with copies (``to_torch_state_dict`` by default);
+* ``trainer``: the folder as a Hugging Face Trainer checkpoint (``optimizer.pt``, a constant
+  ``LambdaLR``'s ``scheduler.pt``, ``trainer_state.json``): ``from_torch_state_dict`` of its
+  ``optimizer.pt``, the step, then ``to_trainer_checkpoint`` into a new folder (the write).
 
 Both load the weights alike first (``torch.load(..., mmap=True)``, each tensor copied into a
 JAX array). The contenders alternate, ``--repeats`` times each. Printed: per contender, the
@@ -38,6 +41,7 @@ import inspect
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -46,7 +50,7 @@ import time
 from typing import Any
 
 VOCAB, POSITIONS = 50257, 1024
-CONTENDERS = ("baseline", "carry", "carry dict")
+CONTENDERS = ("baseline", "carry", "carry dict", "trainer")
 
 
 def gpt2_shapes(n: float) -> dict[str, tuple[int, ...]]:
@@ -93,6 +97,11 @@ def make_files(n: float, folder: str) -> int:
     p.grad = None
   torch.save({k: p.detach() for k, p in params.items()}, os.path.join(folder, "params.pt"))
   torch.save(opt.state_dict(), os.path.join(folder, "optimizer.pt"))
+  # The folder is also a Trainer checkpoint: a constant LambdaLR's scheduler.pt, trainer_state.json.
+  scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+  torch.save(scheduler.state_dict(), os.path.join(folder, "scheduler.pt"))
+  with open(os.path.join(folder, "trainer_state.json"), "w") as f:
+    json.dump({"global_step": 1}, f)
   return sum(p.numel() for p in params.values())
 
 
@@ -111,7 +120,7 @@ def child(contender: str, folder: str) -> None:
   import numpy as np
   import torch
 
-  from onnx_optax.interop import from_torch_state_dict, to_torch_state_dict
+  from onnx_optax.interop import from_torch_state_dict, to_torch_state_dict, to_trainer_checkpoint
 
   floor = _rss_anon()
   phases: dict[str, list[float]] = {}
@@ -155,13 +164,20 @@ def child(contender: str, folder: str) -> None:
     params, state = jax.jit(step, donate_argnums=(0, 1))(params, state)
     jax.block_until_ready(state)
     phase("write")
-    like = torch.load(source, mmap=True, weights_only=True) if contender == "carry" else carried
-    options: dict[str, Any] = {"copy": contender == "carry dict"} if new else {}
-    out = to_torch_state_dict(state, like, **options)
-    torch.save(out, target)
+    if contender == "trainer":
+      written = to_trainer_checkpoint(state, folder, target, steps=1, learning_rate=1e-4)
+      out = torch.load(written / "optimizer.pt", mmap=True, weights_only=True)
+    else:
+      like = torch.load(source, mmap=True, weights_only=True) if contender == "carry" else carried
+      options: dict[str, Any] = {"copy": contender == "carry dict"} if new else {}
+      out = to_torch_state_dict(state, like, **options)
+      torch.save(out, target)
     assert np.isfinite(float(out["state"][0]["exp_avg"].sum()))
   phase("")
-  os.remove(target)
+  if os.path.isdir(target):
+    shutil.rmtree(target)
+  else:
+    os.remove(target)
   print(json.dumps({"floor": floor, "phases": phases}), flush=True)
 
 

@@ -134,3 +134,34 @@ def test_path_of_the_legacy_format(tmp_path: os.PathLike) -> None:
   _, state = from_torch_state_dict(path, params)
   for name, value in _moments(state).items():
     np.testing.assert_array_equal(np.asarray(value), _saved(saved, name).numpy())
+
+
+def test_trainer_checkpoint_written_from_the_jax_arrays(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+  """``to_trainer_checkpoint`` maps the run's ``optimizer.pt`` (its template) and hands
+  ``torch.save`` tensors that are the JAX arrays' memory: no copy of the state on the way out. The
+  file written holds the JAX state's values."""
+  from onnx_optax.interop import to_trainer_checkpoint
+
+  saved, params = _saved_adamw()
+  source = tmp_path / "checkpoint-1"
+  source.mkdir()
+  torch.save(saved, source / "optimizer.pt")
+  w = torch.nn.Parameter(torch.zeros(1))
+  schedule = torch.optim.lr_scheduler.LambdaLR(torch.optim.AdamW([w], lr=1e-3), lambda step: 1.0)
+  torch.save(schedule.state_dict(), source / "scheduler.pt")
+  (source / "trainer_state.json").write_text('{"global_step": 1}')
+  _, state = from_torch_state_dict(source / "optimizer.pt", params)
+  loads, saves = [], []
+  load, save = torch.load, torch.save
+  monkeypatch.setattr(torch, "load", lambda *a, **k: loads.append(k.get("mmap")) or load(*a, **k))
+  monkeypatch.setattr(
+    torch, "save", lambda obj, path, *a, **k: saves.append((obj, path)) or save(obj, path, *a, **k)
+  )
+  target = to_trainer_checkpoint(state, source, tmp_path / "checkpoint-2", steps=0, learning_rate=1e-3)
+  assert loads[0] is True  # optimizer.pt, the first file read, is mapped
+  (written,) = [obj for obj, path in saves if str(path).endswith("optimizer.pt")]
+  for name, value in _moments(state).items():
+    assert _saved(written, name).data_ptr() == value.unsafe_buffer_pointer()
+  again = torch.load(target / "optimizer.pt", weights_only=True)
+  for name, value in _moments(state).items():
+    np.testing.assert_array_equal(_saved(again, name).numpy(), np.asarray(value))

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from onnx_optax.interop import _torch_optim
+from onnx_optax.interop import _dtensor, _torch_optim
 from onnx_optax.interop.torch_checkpoints import (
   _check_steps,
   _evaluated,
@@ -150,7 +150,10 @@ def to_trainer_checkpoint(
   record = _found_inf(found_inf, source, steps)
   skipped = sum(record) if record is not None else 0
   rng_files = _rng_files(torch, source, rng_state)
-  saved = torch.load(source / "optimizer.pt", weights_only=True, map_location="cpu")
+  # The run's optimizer.pt is the template of groups and keys: mapped from the file, not read into
+  # memory, and the state written shares the JAX arrays' memory until torch.save has written it
+  # (docs/interop.md, "Memory").
+  saved = _dtensor.load(torch, source / "optimizer.pt")
   scheduler = torch.load(source / "scheduler.pt", weights_only=True, map_location="cpu")
   trainer_state = json.loads((source / "trainer_state.json").read_text())
   groups = _param_groups(saved, "optimizer.pt")
@@ -164,7 +167,7 @@ def to_trainer_checkpoint(
     learning_rate=_evaluated(learning_rate, steps, len(groups)),
   )
   written = to_torch_state_dict(
-    state, saved, optimizer=optimizer, learning_rate=later["_last_lr"], param_names=param_names
+    state, saved, optimizer=optimizer, learning_rate=later["_last_lr"], param_names=param_names, copy=False
   )
   _check_steps(written, saved, steps)
   scaler = None
