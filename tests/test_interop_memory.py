@@ -165,3 +165,33 @@ def test_trainer_checkpoint_written_from_the_jax_arrays(tmp_path, monkeypatch: p
   again = torch.load(target / "optimizer.pt", weights_only=True)
   for name, value in _moments(state).items():
     np.testing.assert_array_equal(_saved(again, name).numpy(), np.asarray(value))
+
+
+def test_to_torch_copies_each_tensor_as_it_writes_it(monkeypatch: pytest.MonkeyPatch) -> None:
+  """``to_torch`` checks the whole state with tensors that are the JAX arrays' memory (nothing copied
+  up front), then gives each state entry a copy of its own as it writes it: the optimizer, which
+  PyTorch steps in place, never shares memory with JAX, and holds the JAX state's values."""
+  from onnx_optax.interop import _torch_optim, from_torch, to_torch
+
+  g = torch.Generator().manual_seed(0)
+  params = {k: torch.nn.Parameter(torch.randn(s, generator=g)) for k, s in SHAPES.items()}
+  opt = torch.optim.AdamW(params.items(), lr=1e-3)
+  for p in params.values():
+    p.grad = torch.randn(p.shape, generator=g)
+  opt.step()
+  jax_params = {k: jnp.asarray(p.detach().numpy()) for k, p in params.items()}
+  tx, state = from_torch(opt, jax_params)
+  _, state = tx.update(jax.tree.map(jnp.ones_like, jax_params), state, jax_params)
+  buffers = {v.unsafe_buffer_pointer() for v in _moments(state).values()}
+  handed = []
+  write = _torch_optim.write
+  monkeypatch.setattr(
+    _torch_optim, "write", lambda *a, **k: handed.extend(t.data_ptr() for t in a[6]) or write(*a, **k)
+  )
+  to_torch(state, opt)
+  assert set(handed) == buffers  # every tensor handed to the writes is a JAX array's memory
+  for k, p in params.items():
+    for f in FIELDS:
+      written = opt.state[p][f]
+      assert written.data_ptr() not in buffers
+      np.testing.assert_array_equal(written.numpy(), np.asarray(getattr(state, f)[k]))

@@ -390,9 +390,13 @@ def check_field(field: registry.Field, value: Any, shape: tuple, dtype: str, whe
   )
 
 
-def write(torch: Any, kind: str, slot: dict, group: dict, p: Any, count: int, tensors: tuple) -> None:
+def write(
+  torch: Any, kind: str, slot: dict, group: dict, p: Any, count: int, tensors: tuple, *, shared: bool = False
+) -> None:
   """Rewrites one parameter's state entry ``slot`` (``optimizer.state[p]``) in place, from a checked
-  write (``count``: PyTorch's ``step``, the updates done).
+  write (``count``: PyTorch's ``step``, the updates done). ``shared``: a CPU tensor of ``tensors``
+  may be a JAX array's memory (``checked_writes(copy=False)``): the entry gets a copy of it, made
+  here, since PyTorch steps its state in place and JAX takes its arrays as immutable.
 
   A class without ``step`` keeps no state before its first step (``count == 0``: PyTorch's next
   step is a first one), and none of a field kept only under an option the group has not set.
@@ -416,6 +420,9 @@ def write(torch: Any, kind: str, slot: dict, group: dict, p: Any, count: int, te
       slot.pop(f.name, None)
     else:
       old = slot.get(f.name)
+      own = shared and tensor.device.type == "cpu" and not _dtensor.is_dtensor(tensor)
       if not f.like_params:  # a field of its own shape: where PyTorch kept it, else on the parameter's device
-        tensor = tensor.to(device=old.device if isinstance(old, torch.Tensor) else p.device)
+        tensor = tensor.to(device=old.device if isinstance(old, torch.Tensor) else p.device, copy=own)
+      elif own:
+        tensor = tensor.clone()
       slot[f.name] = tensor

@@ -404,18 +404,21 @@ def to_torch(state: Any, optimizer: Any, params: Any = None, *, layout: Any = No
   if layout is not None:
     state = _layout.state_to_torch(_layout_names(layout, groups), state)
     params = None if params is None else layout.to_torch(params)
-  writes = checked_writes(torch, kind, groups, state)
+  # Checked whole before anything is written, each tensor sharing its JAX array's memory where it
+  # can (a CPU one); each is copied once as it is written, so the state is held once more at most
+  # by one tensor in flight (docs/interop.md, "Memory").
+  writes = checked_writes(torch, kind, groups, state, copy=False)
   new_params = None
   if params is not None:
     leaves, _, _ = _torch_placement.ordered(params, groups, "params")
     new_params = [
-      _dtensor.to_tensor(torch, leaf, p, f"params for {where}")
+      _dtensor.to_tensor(torch, leaf, p, f"params for {where}", copy=False)
       for leaf, p, (_, _, where) in zip(
         leaves, _torch_placement.tensors(groups), _torch_placement.described(groups)
       )
     ]
   for p, group, count, tensors in writes:
-    _torch_optim.write(torch, kind, optimizer.state[p], group, p, count, tensors)
+    _torch_optim.write(torch, kind, optimizer.state[p], group, p, count, tensors, shared=True)
   if new_params is not None:
     with torch.no_grad():
       for p, value in zip(_torch_placement.tensors(groups), new_params):
