@@ -18,7 +18,10 @@ maps):
   ``mmap``, written back with copies (``to_torch_state_dict`` by default);
 * ``trainer``: the folder as a Hugging Face Trainer checkpoint (``optimizer.pt``, a constant
   ``LambdaLR``'s ``scheduler.pt``, ``trainer_state.json``): ``from_torch_state_dict`` of its
-  ``optimizer.pt``, the step, then ``to_trainer_checkpoint`` into a new folder (the write).
+  ``optimizer.pt``, the step, then ``to_trainer_checkpoint`` into a new folder (the write);
+* ``live``: a ``torch.optim.AdamW`` in memory (built and loaded before the read), ``from_torch``,
+  the step, ``to_torch`` of the state and the weights (the write). PyTorch's own weights and
+  state stay in memory beside JAX's: its least peak is twice the others' minimum.
 
 Both load the weights alike first (``torch.load(..., mmap=True)``, each tensor copied into a
 JAX array). The contenders alternate, ``--repeats`` times each. Printed: per contender, the
@@ -50,7 +53,7 @@ import time
 from typing import Any
 
 VOCAB, POSITIONS = 50257, 1024
-CONTENDERS = ("baseline", "carry", "carry dict", "trainer")
+CONTENDERS = ("baseline", "carry", "carry dict", "trainer", "live")
 
 
 def gpt2_shapes(n: float) -> dict[str, tuple[int, ...]]:
@@ -113,6 +116,18 @@ def _rss_anon(pid: int | str = "self") -> int:
   return 0
 
 
+def _stepper(tx: Any) -> Any:
+  """One update with gradients ``1e-3 * params``."""
+  import jax
+
+  def step(params: Any, state: Any) -> Any:
+    grads = jax.tree.map(lambda p: 1e-3 * p, params)
+    updates, state = tx.update(grads, state, params)
+    return jax.tree.map(lambda p, u: p + u, params, updates), state
+
+  return step
+
+
 def child(contender: str, folder: str) -> None:
   """One measurement, in its own process: prints ``{"floor": bytes, "phases": {name: [t0, t1]}}``."""
   import jax
@@ -120,7 +135,13 @@ def child(contender: str, folder: str) -> None:
   import numpy as np
   import torch
 
-  from onnx_optax.interop import from_torch_state_dict, to_torch_state_dict, to_trainer_checkpoint
+  from onnx_optax.interop import (
+    from_torch,
+    from_torch_state_dict,
+    to_torch,
+    to_torch_state_dict,
+    to_trainer_checkpoint,
+  )
 
   floor = _rss_anon()
   phases: dict[str, list[float]] = {}
@@ -137,9 +158,24 @@ def child(contender: str, folder: str) -> None:
   mapped = torch.load(os.path.join(folder, "params.pt"), mmap=True, weights_only=True)
   params = {k: jnp.array(t.numpy(), copy=True) for k, t in mapped.items()}
   jax.block_until_ready(params)
+  if contender == "live":  # PyTorch's model and optimizer, in memory of their own (not the file's)
+    live = {k: torch.nn.Parameter(t.clone()) for k, t in mapped.items()}
+    opt = torch.optim.AdamW(live.items(), lr=1e-4, weight_decay=0.1)
+    opt.load_state_dict(torch.load(source, mmap=True, weights_only=True))
+    for entry in opt.state.values():
+      entry.update({f: v.clone() for f, v in entry.items()})
   del mapped
   phase("read")
-  if contender == "baseline":
+  if contender == "live":
+    tx, state = from_torch(opt, params)
+    jax.block_until_ready(state)
+    phase("step")
+    params, state = jax.jit(_stepper(tx), donate_argnums=(0, 1))(params, state)
+    jax.block_until_ready(state)
+    phase("write")
+    to_torch(state, opt, params)
+    out = {"state": {0: opt.state[live["wte.weight"]]}}
+  elif contender == "baseline":
     saved = torch.load(source, weights_only=True)
     entries = saved["state"].items()
     moments = {(k, f): jax.device_put(v.numpy()) for k, entry in entries for f, v in entry.items() if v.dim()}
@@ -156,12 +192,7 @@ def child(contender: str, folder: str) -> None:
     jax.block_until_ready(state)
     phase("step")
 
-    def step(params: Any, state: Any) -> Any:
-      grads = jax.tree.map(lambda p: 1e-3 * p, params)
-      updates, state = tx.update(grads, state, params)
-      return jax.tree.map(lambda p, u: p + u, params, updates), state
-
-    params, state = jax.jit(step, donate_argnums=(0, 1))(params, state)
+    params, state = jax.jit(_stepper(tx), donate_argnums=(0, 1))(params, state)
     jax.block_until_ready(state)
     phase("write")
     if contender == "trainer":
@@ -176,7 +207,7 @@ def child(contender: str, folder: str) -> None:
   phase("")
   if os.path.isdir(target):
     shutil.rmtree(target)
-  else:
+  elif os.path.exists(target):
     os.remove(target)
   print(json.dumps({"floor": floor, "phases": phases}), flush=True)
 
