@@ -151,12 +151,20 @@ def test_trainer_checkpoint_written_from_the_jax_arrays(tmp_path, monkeypatch: p
   torch.save(schedule.state_dict(), source / "scheduler.pt")
   (source / "trainer_state.json").write_text('{"global_step": 1}')
   _, state = from_torch_state_dict(source / "optimizer.pt", params)
-  loads, saves = [], []
+  loads: list = []
+  saves: list = []
   load, save = torch.load, torch.save
-  monkeypatch.setattr(torch, "load", lambda *a, **k: loads.append(k.get("mmap")) or load(*a, **k))
-  monkeypatch.setattr(
-    torch, "save", lambda obj, path, *a, **k: saves.append((obj, path)) or save(obj, path, *a, **k)
-  )
+
+  def loading(*args, **kwargs):
+    loads.append(kwargs.get("mmap"))
+    return load(*args, **kwargs)
+
+  def saving(obj, path, *args, **kwargs):
+    saves.append((obj, path))
+    return save(obj, path, *args, **kwargs)
+
+  monkeypatch.setattr(torch, "load", loading)
+  monkeypatch.setattr(torch, "save", saving)
   target = to_trainer_checkpoint(state, source, tmp_path / "checkpoint-2", steps=0, learning_rate=1e-3)
   assert loads[0] is True  # optimizer.pt, the first file read, is mapped
   (written,) = [obj for obj, path in saves if str(path).endswith("optimizer.pt")]
@@ -183,11 +191,14 @@ def test_to_torch_copies_each_tensor_as_it_writes_it(monkeypatch: pytest.MonkeyP
   tx, state = from_torch(opt, jax_params)
   _, state = tx.update(jax.tree.map(jnp.ones_like, jax_params), state, jax_params)
   buffers = {v.unsafe_buffer_pointer() for v in _moments(state).values()}
-  handed = []
+  handed: list[int] = []
   write = _torch_optim.write
-  monkeypatch.setattr(
-    _torch_optim, "write", lambda *a, **k: handed.extend(t.data_ptr() for t in a[6]) or write(*a, **k)
-  )
+
+  def writing(*args, **kwargs):
+    handed.extend(t.data_ptr() for t in args[6])
+    return write(*args, **kwargs)
+
+  monkeypatch.setattr(_torch_optim, "write", writing)
   to_torch(state, opt)
   assert set(handed) == buffers  # every tensor handed to the writes is a JAX array's memory
   for k, p in params.items():
