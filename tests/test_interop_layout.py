@@ -194,7 +194,9 @@ def test_ports_forward_equals_pytorchs(name):
   graphdef, params, stats = carried_weights(layout, model, port(name))
   model.train()
   expected = model(batches[0][0]).detach().numpy()
-  got = nnx.merge(graphdef, params, stats)(jnp.asarray(batches[0][0].numpy()))
+  got = jax.jit(lambda p, s, x: nnx.merge(graphdef, p, s)(x))(
+    params, stats, jnp.asarray(batches[0][0].numpy())
+  )
   np.testing.assert_allclose(np.asarray(got), expected, rtol=0, atol=TOL)
 
 
@@ -263,7 +265,7 @@ def test_journey_pytorch_jax_pytorch_equals_pytorch(name, which):
   to_torch(state, optimizer, params, layout=layout)
   with torch.no_grad():
     for key, value in layout.to_torch(stats).items():  # the batch statistics, back
-      model.state_dict()[key].copy_(torch.from_numpy(np.asarray(value)))
+      model.state_dict()[key].copy_(torch.from_numpy(np.array(value)))
   for module in model.modules():  # PyTorch's own counter (read only with momentum=None)
     if isinstance(module, torch.nn.BatchNorm2d):
       module.num_batches_tracked += M
@@ -342,7 +344,7 @@ def test_concatenated_parameters_at_different_steps_are_refused():
   # Its advice: separate leaves.
   separate = Layout({"a": "a", "b": "b"}, shapes={"a": (3,), "b": (3,)})
   _, state = from_torch(optimizer, separate.to_jax({"a": a, "b": b}), layout=separate)
-  assert sorted(int(s.count) for s in state.inner_states.values() for s in [s.inner_state]) == [0, 1]
+  assert sorted(int(masked.inner_state.count) for masked in state.inner_states.values()) == [0, 1]
 
 
 @pytest.mark.parametrize(
@@ -514,7 +516,7 @@ def one_step_check(model, ported, layout, batch):
   def loss_fn(params):
     return jax_loss(nnx.merge(graphdef, params, jax.tree.map(jnp.asarray, stats)), batch)
 
-  got_loss, grads = jax.value_and_grad(loss_fn)(params)
+  got_loss, grads = jax.jit(jax.value_and_grad(loss_fn))(params)
   np.testing.assert_allclose(float(got_loss), float(loss), rtol=1e-12)
   for g, e in zip(jax.tree.leaves(grads), jax.tree.leaves(expected)):
     np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=0, atol=1e-12)
@@ -551,3 +553,82 @@ def test_a_wrong_map_that_shapes_cannot_tell_fails_the_check(path, source):
   wrong = planted(derive(model, port("transformer")), path, source)
   with pytest.raises(AssertionError):
     one_step_check(model, port("transformer"), wrong, transformer_batches(1)[0])
+
+
+class TorchZoo(torch.nn.Module):
+  """The other layers of derive's table, in containers, with a parameter of its own under another name."""
+
+  def __init__(self):
+    super().__init__()
+    self.convs = torch.nn.ModuleList([torch.nn.Conv1d(2, 4, 3), torch.nn.Conv3d(1, 2, 2)])
+    self.norms = torch.nn.ModuleDict(
+      {"group": torch.nn.GroupNorm(2, 4), "rms": torch.nn.RMSNorm(4, eps=1e-6)}
+    )
+    self.gate = torch.nn.Parameter(torch.randn(4))
+
+
+class NnxZoo(nnx.Module):
+  def __init__(self, rngs):
+    self.convs = nnx.List(
+      [
+        nnx.Conv(2, 4, (3,), padding="VALID", rngs=rngs, **F64),
+        nnx.Conv(1, 2, (2, 2, 2), padding="VALID", rngs=rngs, **F64),
+      ]
+    )
+    self.norms = nnx.Dict(
+      group=nnx.GroupNorm(4, num_groups=2, epsilon=1e-5, rngs=rngs, **F64),
+      rms=nnx.RMSNorm(4, epsilon=1e-6, rngs=rngs, **F64),
+    )
+    self.scale = nnx.Param(jnp.zeros(4))
+
+
+def test_the_other_layers_containers_and_a_renamed_parameter():
+  torch.manual_seed(0)
+  model = TorchZoo().double()
+  for p in model.parameters():  # the norms' weights away from their initial ones and zeros
+    torch.nn.init.normal_(p)
+  ported = NnxZoo(nnx.Rngs(0))
+  with pytest.raises(ValueError, match=r"the PyTorch tensor 'gate' \(4,\) has no leaf 'gate' in the port"):
+    derive(model, ported)
+  layout = derive(model, ported, renames={"gate": "scale"})  # the refusal's advice
+  graphdef, params = nnx.split(ported, nnx.Param)
+  port_model = nnx.merge(graphdef, layout.to_jax(model.state_dict(), params))
+  x1, x3 = torch.randn(2, 2, 7, dtype=torch.float64), torch.randn(2, 1, 3, 3, 3, dtype=torch.float64)
+  h = model.convs[0](x1)  # (N, C, L)
+  expected = [
+    h,
+    model.convs[1](x3),
+    model.norms["group"](h),
+    model.norms["rms"](h.transpose(1, 2)) * model.gate,
+  ]
+  hj = port_model.convs[0](jnp.asarray(x1.numpy().transpose(0, 2, 1)))  # (N, L, C)
+  got = [
+    hj.transpose(0, 2, 1),
+    port_model.convs[1](jnp.asarray(x3.numpy().transpose(0, 2, 3, 4, 1))).transpose(0, 4, 1, 2, 3),
+    port_model.norms["group"](hj).transpose(0, 2, 1),
+    port_model.norms["rms"](hj) * port_model.scale[...],
+  ]
+  for g, e in zip(got, expected):
+    np.testing.assert_allclose(np.asarray(g), e.detach().numpy(), rtol=0, atol=TOL)
+
+
+def test_a_rule_on_whole_matrices_is_refused_under_an_operation_it_does_not_declare(monkeypatch):
+  import dataclasses
+
+  from onnx_optax.interop import layout as layout_module
+
+  # SGD's rule as if it computed on whole matrices (Rule.ranks, torch.optim.Muon's (2,)).
+  rule_of = layout_module._rule
+  monkeypatch.setattr(layout_module, "_rule", lambda node: dataclasses.replace(rule_of(node), ranks=(2,)))
+  model = torch.nn.Linear(3, 2).double()
+  optimizer = torch.optim.SGD(model.named_parameters(), lr=0.1, momentum=0.9)
+  layout = derive(model, nnx.Linear(3, 2, rngs=nnx.Rngs(0), **F64))
+  with pytest.raises(
+    ValueError,
+    match=r"computes on whole matrices \(ranks \(2,\)\), and its step need not commute "
+    r"with the operations \['transpose'\] of the JAX leaf 'kernel'",
+  ):
+    from_torch(optimizer, layout.to_jax(model.state_dict()), layout=layout)
+  # In PyTorch's own layout (the refusal's advice) it is carried.
+  same = Layout({"weight": "weight", "bias": "bias"}, layout.shapes)
+  from_torch(optimizer, same.to_jax(model.state_dict()), layout=same)

@@ -14,6 +14,9 @@
   :func:`torch_param_names` names the parameters of their index-keyed files.
 * :func:`from_keras` / :func:`to_keras`: Keras 3's ``keras.optimizers.Adam``
   (DirectML Adam, on any Keras backend).
+* :mod:`onnx_optax.interop.layout` and :mod:`onnx_optax.interop.flax_nnx`: a
+  run carried into one's own model (a Flax NNX port), in its names and layouts:
+  ``from_torch(..., layout=)`` and ``to_torch(..., layout=)``.
 
 ``from_*(optimizer, params)`` returns ``(tx, state)``: the transform of
 :mod:`onnx_optax.transforms` with the other optimizer's hyperparameters and

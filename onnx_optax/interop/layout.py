@@ -22,10 +22,11 @@ parameter's operations; a scalar per parameter (:data:`~onnx_optax.registry.PER_
 NAdam's ``mu_product``) and the step count follow the parameter as they are. A
 JAX leaf made of several PyTorch parameters takes one count: parameters at
 different steps, or in param groups with other options, are refused. A field
-of any other shape is refused. Every rule the bridges carry today is
-element-wise (each element of the new state and update depends on the same
-element of the old ones alone), so its step commutes with every operation here
-and the carried run is PyTorch's exactly.
+of any other shape is refused. An element-wise rule (each element of the new
+state and update depends on the same element of the old ones alone) commutes
+with every operation here, so the carried run is PyTorch's exactly; a rule that
+computes on whole matrices (it declares :attr:`~onnx_optax.registry.Rule.ranks`)
+is refused under any operation it does not declare as ``commutes_with``.
 
 :func:`onnx_optax.interop.flax_nnx.derive` builds the layout of a PyTorch
 module and its Flax NNX port.
@@ -48,7 +49,7 @@ import optax
 from onnx_optax import registry
 from onnx_optax.interop import _common
 
-__all__ = ["Layout", "Part", "concat", "leaf_name", "part"]
+__all__ = ["Layout", "Leaf", "Part", "concat", "leaf_name", "part"]
 
 
 def leaf_name(path: Sequence[Any]) -> str:
@@ -410,12 +411,45 @@ def _dtype_of(tensors: Mapping[str, Any], name: str) -> str:
 # -- the optimizer's state through the map (used by the bridges) --------------------------------------
 
 
-def _fields(node: Any) -> tuple[registry.Field, ...]:
+def _rule(node: Any) -> registry.Rule:
   for rule in registry.rules():
     for r in rule.family():
       if r.state is type(node):
-        return r.fields
+        return r
   raise TypeError(f"no registered rule keeps a {type(node).__name__}")
+
+
+def _fields(node: Any) -> tuple[registry.Field, ...]:
+  return _rule(node).fields
+
+
+def _operations(op: Leaf) -> set[str]:
+  """The kinds of operation of a leaf's map: ``take``, ``transpose``, ``reshape``, ``concat``."""
+  kinds = {"concat"} if len(op.parts) > 1 else set()
+  for p in op.parts:
+    kinds |= {"take"} if p.rows is not None else set()
+    kinds |= {kind for kind, _ in p.ops}
+  return kinds
+
+
+def _commutes(node: Any, path: str, op: Leaf) -> None:
+  """Refuses a rule whose step need not commute with the leaf's operations.
+
+  An element-wise rule (each element of the new state and update from the same element of the
+  old ones) commutes with every operation. A rule that computes on whole matrices (it declares
+  :attr:`~onnx_optax.registry.Rule.ranks`, ``torch.optim.Muon``'s orthogonalization) commutes
+  only with those it declares as ``commutes_with`` (none where it declares nothing).
+  """
+  rule = _rule(node)
+  if not rule.ranks:
+    return
+  outside = _operations(op) - set(getattr(rule, "commutes_with", ()))
+  if outside:
+    raise ValueError(
+      f"the rule {rule.name} computes on whole matrices (ranks {rule.ranks}), and its step need not "
+      f"commute with the operations {sorted(outside)} of the JAX leaf {path!r} ({op}): carry that "
+      f"parameter in PyTorch's own layout"
+    )
 
 
 def _per_leaf(field: registry.Field, rule_state: Any, path: str, op: Leaf) -> None:
@@ -475,6 +509,7 @@ def state_to_jax(
           values.append(optax.MaskedNode())
           continue
         _per_leaf(f, node, name, op)
+        _commutes(node, name, op)
         if f.like_params:
           values.append(layout._forward(name, sources))
         else:
@@ -506,6 +541,9 @@ def state_to_torch(layout: Layout, state: Any) -> Any:
     new = {}
     for f in _fields(node):
       names, entries = _named_entries(getattr(node, f.name))
+      for name, value in zip(names, entries):
+        if name in layout.leaves and not _common.is_masked(value):
+          _commutes(node, name, layout.leaves[name])
       if f.like_params:
         new[f.name] = layout.to_torch(dict(zip(names, entries)))
         continue
