@@ -632,3 +632,82 @@ def test_a_rule_on_whole_matrices_is_refused_under_an_operation_it_does_not_decl
   # In PyTorch's own layout (the refusal's advice) it is carried.
   same = Layout({"weight": "weight", "bias": "bias"}, layout.shapes)
   from_torch(optimizer, same.to_jax(model.state_dict()), layout=same)
+
+
+class TorchAttend(torch.nn.Module):
+  def __init__(self):
+    super().__init__()
+    self.attn = torch.nn.MultiheadAttention(4, 2, bias=False, batch_first=True)
+    self.fc = torch.nn.Linear(4, 2)
+
+  def forward(self, x):
+    return self.fc(self.attn(x, x, x, need_weights=False)[0])
+
+
+class NnxAttend(nnx.Module):
+  def __init__(self, rngs):
+    self.attn = nnx.MultiHeadAttention(
+      2, 4, decode=False, use_bias=False, attention_fn=attention, rngs=rngs, **F64
+    )
+    self.fc = nnx.Linear(4, 2, rngs=rngs, **F64)
+
+  def __call__(self, x):
+    return self.fc(self.attn(x))
+
+
+@pytest.mark.parametrize(
+  "make",
+  [
+    lambda params: torch.optim.NAdam(params, lr=1e-2, momentum_decay=4e-3),  # mu_product: one per parameter
+    lambda params: torch.optim.ASGD(params, lr=1e-2, t0=1.0),  # eta, mu: one per parameter
+  ],
+  ids=["nadam", "asgd"],
+)
+def test_per_tensor_fields_follow_their_parameter_into_split_leaves(make):
+  g = torch.Generator().manual_seed(3)
+  batches = [
+    (
+      torch.randn(2, 3, 4, generator=g, dtype=torch.float64),
+      torch.randn(2, 3, 2, generator=g, dtype=torch.float64),
+    )
+    for _ in range(5)
+  ]
+
+  def run():
+    torch.manual_seed(0)
+    model = TorchAttend().double()
+    return model, make(model.named_parameters())
+
+  def step(model, optimizer, batch):
+    optimizer.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(batch[0]), batch[1])
+    loss.backward()
+    optimizer.step()
+    return float(loss)
+
+  model, optimizer = run()
+  expected = [step(model, optimizer, b) for b in batches]
+  expected_weights = model.state_dict()
+
+  model, optimizer = run()
+  losses = [step(model, optimizer, b) for b in batches[:2]]
+  ported = NnxAttend(nnx.Rngs(0))
+  layout = derive(model, ported)
+  graphdef, params = nnx.split(ported, nnx.Param)
+  params = layout.to_jax(model.state_dict(), params)
+  tx, state = from_torch(optimizer, params, layout=layout)
+
+  def loss_fn(params, x, y):
+    return jnp.mean((nnx.merge(graphdef, params)(x) - y) ** 2)
+
+  for x, y in batches[2:4]:
+    loss, grads = jax.value_and_grad(loss_fn)(params, jnp.asarray(x.numpy()), jnp.asarray(y.numpy()))
+    losses.append(float(loss))
+    updates, state = tx.update(grads, state, params)
+    params = optax.apply_updates(params, updates)
+  to_torch(state, optimizer, params, layout=layout)
+  losses.append(step(model, optimizer, batches[4]))
+
+  np.testing.assert_allclose(losses, expected, rtol=TOL, atol=0)
+  for key, value in expected_weights.items():
+    np.testing.assert_allclose(model.state_dict()[key].numpy(), value.numpy(), rtol=0, atol=TOL, err_msg=key)
