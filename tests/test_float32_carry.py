@@ -1,6 +1,6 @@
 """The PyTorch-order twins: against the NumPy expectations, against torch.optim, and carried in float32.
 
-* Each twin equals its NumPy expectation (onnx_optax/reference.py, written from PyTorch's
+* Each twin equals its NumPy expectation (onnx_optax/reference/, written from PyTorch's
   ``_single_tensor_*`` functions) in float64 to 1e-13, and its rule in float32 to the bit
   (the expectation rounds each of PyTorch's operations once, its fused multiply-adds too;
   NumPy and XLA round every operation correctly on every CPU).

@@ -1,4 +1,4 @@
-"""ONNX Runtime's own kernels as the expectation of ort_adamw, ort_sgd and reference.py.
+"""ONNX Runtime's own kernels as the expectation of ort_adamw, ort_sgd and onnx_optax.reference.
 
 ``onnxruntime-training-cpu`` (the test extra) registers the ``com.microsoft``
 training operators in a plain ``InferenceSession``. Each test builds a model of

@@ -13,7 +13,7 @@
 # caught mutant skips the rest; "the doctests": those of the mutated module,
 # of the group's modules on the baseline):
 #   core: rules/*.py, _engine.py, _numerics.py, _pytorch.py, registry.py,
-#   transforms.py, reference.py:
+#   transforms.py, reference/*.py:
 #     1. the fast tests of every term ($KILLS: the rules' values against the
 #        reference, their derivatives, the keyword-only table, the input
 #        checks' edges, the ONNX calls, the registry's declarations) and the
@@ -114,7 +114,7 @@ PRECISION=(tests/test_precision.py::test_injected_16_bit_hyperparameters_are_ref
 # The keyword-only signatures of every module, in one table.
 KEYWORDS=(tests/test_signatures.py::test_hyperparameters_are_keyword_only)
 CORE=(onnx_optax/rules/ onnx_optax/_engine.py onnx_optax/_numerics.py onnx_optax/_pytorch.py
-  onnx_optax/registry.py onnx_optax/transforms.py onnx_optax/reference.py)
+  onnx_optax/registry.py onnx_optax/transforms.py onnx_optax/reference/)
 MEASUREMENT=(onnx_optax/conformance/tolerance.py onnx_optax/conformance/arithmetic.py
   onnx_optax/conformance/scalars.py onnx_optax/conformance/models/)
 TORCH_BRIDGE=(tests/test_interop_torch.py tests/test_interop_torch_adam.py tests/test_interop_torch_mapping.py)
@@ -208,7 +208,7 @@ group() {
   case $1 in
     onnx_optax/rules | onnx_optax/rules/*.py | onnx_optax/_engine.py | onnx_optax/_numerics.py) echo core ;;
     onnx_optax/_pytorch.py | onnx_optax/registry.py | onnx_optax/transforms.py) echo core ;;
-    onnx_optax/reference.py) echo core ;;
+    onnx_optax/reference | onnx_optax/reference/*.py) echo core ;;
     onnx_optax/_checks.py) echo checks ;;
     onnx_optax/onnx.py | onnx_optax/_onnx_runtime.py | onnx_optax/directml.py) echo onnx_interface ;;
     onnx_optax/conformance/tolerance.py | onnx_optax/conformance/arithmetic.py) echo measurement ;;

@@ -1,50 +1,25 @@
-"""NumPy expectations for the rules, written from docs/spec.md alone.
+"""The PyTorch twins' expectations: torch.optim's ``_single_tensor_*`` functions, in their order.
 
-Nothing here imports JAX or calls :mod:`onnx_optax.rules`: these functions are
-an independent transcription of the spec, so that the tests and the
-conformance suite can catch mistakes in the JAX code. They compute in
-``dtype`` (float64 by default, the expectation the tolerance model assumes);
-``dtype=None`` computes in the dtype of ``X``.
-
-Single-step functions take and return NumPy arrays and return the spec's
-outputs in the spec's order (``X_new`` first). :func:`trajectory` runs one
-rule over many steps on a list of tensors.
-
-**Registered by rule.** Each rule's expectation is registered under the
-rule's name (:func:`expectation`, :func:`register`), as one *step*
-``step(R, T, X, G, *state, dtype=np.float64, **hyperparameters) -> (X_new,
-*new_state)``, ``T`` the rule's count at this update (its state's
-``count``): the conformance suite and the tests look it up by the rule's
-name (:func:`get`). A rule registered from outside the package registers
-its own expectation, written from its spec::
-
-    from onnx_optax import reference
-
-    def sign_sgd(R, T, X, G, *, dtype=np.float64):
-      X, G, R = (np.asarray(v, dtype) for v in (X, G, R))
-      return (X - R * np.sign(G),)
-
-    reference.register("sign_sgd", sign_sgd, state=0)
+Written from PyTorch 2.13's torch/optim/sgd.py ``_single_tensor_sgd``, adagrad.py
+``_single_tensor_adagrad`` and adam.py ``_single_tensor_adam`` (docs/spec.md, "PyTorch-order
+twins"), not from onnx_optax.rules. Scalars are Python floats (float64), as PyTorch's; each
+tensor operation computes in ``dtype`` and rounds its result to ``dtype``. With dtype=np.float32
+the operations that PyTorch's CPU kernels fuse (``add(other, alpha)``, ``lerp``, ``addcmul``) are
+fused multiply-adds, rounded once (``_fma``): the expectation is then PyTorch's float32
+arithmetic to the bit wherever its operations are correctly rounded. PyTorch's CPU ``sqrt``
+(MKL's ``vmsSqrt``, dispatched by MKL on the CPU it finds) is not always correctly rounded;
+NumPy's is (docs/interop.md, "PyTorch's float32 arithmetic per CPU").
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
+from onnx_optax.reference._base import _arrays, expectation
+
 __all__ = [
-  "RULES",
-  "Expectation",
-  "adagrad",
-  "adam",
-  "directml_adam",
-  "expectation",
-  "get",
-  "momentum",
-  "ort_adamw",
-  "ort_sgd",
   "pytorch_adadelta",
   "pytorch_adagrad",
   "pytorch_adam",
@@ -55,259 +30,7 @@ __all__ = [
   "pytorch_rmsprop",
   "pytorch_rprop",
   "pytorch_sgd",
-  "register",
-  "trajectory",
-  "unregister",
 ]
-
-
-class Expectation(NamedTuple):
-  """A rule's registered expectation."""
-
-  #: ``step(R, T, X, G, *state, dtype=np.float64, **hyperparameters)``: the rule's outputs on one
-  #: tensor, ``(X_new, *new_state)``, computed in ``dtype`` (``None``: ``X``'s).
-  step: Callable[..., tuple[np.ndarray, ...]]
-  #: The number of state tensors.
-  state: int
-  #: The expectation follows its framework's float32 operation order, each fused multiply-add
-  #: rounded once, and takes ``scalars={name: value}`` for the step-dependent scalars a
-  #: framework computes otherwise: in float32 it is that framework's arithmetic to the bit where
-  #: the operations are correctly rounded (the conformance check then compares to the bit).
-  framework_order: bool = False
-
-
-_EXPECTATIONS: dict[str, Expectation] = {}
-
-#: name -> ``(step, number of state tensors)`` of every registered expectation.
-RULES: dict[str, tuple[Callable[..., tuple[np.ndarray, ...]], int]] = {}
-
-
-def register(
-  name: str, step: Callable[..., tuple[np.ndarray, ...]], *, state: int, framework_order: bool = False
-) -> Expectation:
-  """Registers ``step`` as the expectation of the rule ``name`` (see :class:`Expectation`).
-
-  Raises:
-    ValueError: an expectation of that name is registered already.
-  """
-  if name in _EXPECTATIONS:
-    raise ValueError(f"an expectation named {name!r} is registered already")
-  _EXPECTATIONS[name] = Expectation(step, state, framework_order)
-  RULES[name] = (step, state)
-  return _EXPECTATIONS[name]
-
-
-def expectation(name: str, *, state: int, framework_order: bool = False) -> Callable[[Any], Any]:
-  """A decorator: :func:`register` the decorated step under ``name``, and return it unchanged."""
-
-  def decorate(step: Any) -> Any:
-    register(name, step, state=state, framework_order=framework_order)
-    return step
-
-  return decorate
-
-
-def unregister(name: str) -> None:
-  """Removes an expectation registered from outside the package (for tests)."""
-  del _EXPECTATIONS[name], RULES[name]
-
-
-def get(name: str) -> Expectation:
-  """The expectation registered under a rule's name.
-
-  Raises:
-    KeyError: none is; the message lists the registered ones.
-  """
-  try:
-    return _EXPECTATIONS[name]
-  except KeyError:
-    raise KeyError(
-      f"no NumPy expectation registered for {name!r}: register one with onnx_optax.reference.register "
-      f"(registered: {', '.join(_EXPECTATIONS)})"
-    ) from None
-
-
-def _arrays(dtype: Any, *values: Any) -> list[np.ndarray]:
-  if dtype is None:
-    dtype = np.asarray(values[0]).dtype  # X comes first in every call below.
-  return [np.asarray(v, dtype=dtype) for v in values]
-
-
-@expectation("momentum", state=1)
-def momentum(R, T, X, G, V, *, alpha, beta, mode, norm_coefficient, dtype=np.float64):
-  """ONNX Momentum. ``T``: updates already conducted. Returns ``(X_new, V_new)``."""
-  if mode not in ("standard", "nesterov"):
-    raise ValueError(f"mode must be 'standard' or 'nesterov', got {mode!r}")
-  X, G, V, R, alpha, beta, norm_coefficient = _arrays(dtype, X, G, V, R, alpha, beta, norm_coefficient)
-  G_regularized = norm_coefficient * X + G
-  beta_adjusted = beta if T > 0 else np.ones_like(beta)
-  V_new = alpha * V + beta_adjusted * G_regularized
-  if mode == "standard":
-    X_new = X - R * V_new
-  else:
-    X_new = X - R * (G_regularized + alpha * V_new)
-  return X_new, V_new
-
-
-@expectation("adagrad", state=1)
-def adagrad(R, T, X, G, H, *, decay_factor, epsilon, norm_coefficient, dtype=np.float64):
-  """ONNX Adagrad. Returns ``(X_new, H_new)``."""
-  X, G, H, R, decay_factor, epsilon, norm_coefficient = _arrays(
-    dtype, X, G, H, R, decay_factor, epsilon, norm_coefficient
-  )
-  r = R / (1 + T * decay_factor)
-  G_regularized = norm_coefficient * X + G
-  H_new = H + G_regularized * G_regularized
-  H_adaptive = np.sqrt(H_new) + epsilon
-  X_new = X - r * G_regularized / H_adaptive
-  return X_new, H_new
-
-
-@expectation("adam", state=2)
-def adam(
-  R, T, X, G, V, H, *, alpha, beta, epsilon, norm_coefficient, norm_coefficient_post, dtype=np.float64
-):
-  """ONNX Adam. Returns ``(X_final, V_new, H_new)``."""
-  X, G, V, H, R, alpha, beta, epsilon, norm_coefficient, norm_coefficient_post = _arrays(
-    dtype, X, G, V, H, R, alpha, beta, epsilon, norm_coefficient, norm_coefficient_post
-  )
-  G_regularized = norm_coefficient * X + G
-  V_new = alpha * V + (1 - alpha) * G_regularized
-  H_new = beta * H + (1 - beta) * G_regularized * G_regularized
-  H_sqrt = np.sqrt(H_new) + epsilon
-  if T > 0:
-    R_adjusted = R * np.sqrt(1 - beta**T) / (1 - alpha**T)
-  else:
-    R_adjusted = R
-  X_new = X - R_adjusted * V_new / H_sqrt
-  X_final = (1 - norm_coefficient_post) * X_new
-  return X_final, V_new, H_new
-
-
-def directml_adam(X, M, V, G, T, *, learning_rate, beta1, beta2, epsilon, dtype=np.float64):
-  """DirectML Adam, operands in DirectML's order. Returns ``(X_new, M_new, V_new)``."""
-  if T < 1:
-    raise ValueError(f"DirectML Adam needs T >= 1 (T = 0 gives 0/0), got {T}")
-  X, M, V, G, learning_rate, beta1, beta2, epsilon = _arrays(
-    dtype, X, M, V, G, learning_rate, beta1, beta2, epsilon
-  )
-  M_new = beta1 * M + (1 - beta1) * G
-  V_new = beta2 * V + (1 - beta2) * G * G
-  Alpha = np.sqrt(1 - beta2**T) / (1 - beta1**T)
-  X_new = X - learning_rate * Alpha * M_new / (np.sqrt(V_new) + epsilon)
-  return X_new, M_new, V_new
-
-
-@expectation("ort_adamw", state=2)
-def ort_adamw(
-  R, T, X, G, M1, M2, *, alpha, beta, epsilon, weight_decay, adam_mode, correct_bias, dtype=np.float64
-):
-  """ONNX Runtime AdamWOptimizer, ``T`` its ``step`` input (1 at the first update).
-
-  The bias corrections as the CPU kernel forms them: the power in float64
-  (C++'s ``std::pow(float, int64)`` returns a double), rounded to ``dtype``,
-  then subtracted from 1 in ``dtype``. With ``dtype=np.float32`` this is the
-  kernel's arithmetic step for step. Returns ``(W_new, M1_new, M2_new)``.
-  """
-  if adam_mode not in (0, 1):
-    raise ValueError(f"adam_mode must be 0 or 1, got {adam_mode!r}")
-  if adam_mode == 0 and not correct_bias:
-    raise ValueError("ONNX Runtime refuses adam_mode=0 with correct_bias=0")
-  W, G, M1, M2, lr, alpha, beta, epsilon, weight_decay = _arrays(
-    dtype, X, G, M1, M2, R, alpha, beta, epsilon, weight_decay
-  )
-  one = np.ones((), W.dtype)
-  if correct_bias:
-    alpha_correction = one - np.asarray(np.float64(alpha) ** T, W.dtype)
-    beta_correction = one - np.asarray(np.float64(beta) ** T, W.dtype)
-    lr_corrected = lr * np.sqrt(beta_correction) / alpha_correction
-  else:
-    alpha_correction, beta_correction, lr_corrected = one, one, lr
-  if adam_mode == 0:
-    W = W - W * lr * weight_decay
-  M1 = alpha * M1 + (one - alpha) * G
-  M2 = beta * M2 + (one - beta) * G * G
-  if adam_mode == 0:
-    W = W - (lr * M1) / (alpha_correction * (np.sqrt(M2 / beta_correction) + epsilon))
-  else:
-    W = W - lr_corrected * M1 / (np.sqrt(M2) + epsilon)
-    W = W - lr * weight_decay * W
-  return W, M1, M2
-
-
-@expectation("ort_sgd", state=0)
-def ort_sgd(R, T, X, G, *, dtype=np.float64):
-  """ONNX Runtime SGDOptimizerV2 (``T`` is not read). Returns ``(W_new,)``."""
-  del T
-  W, G, lr = _arrays(dtype, X, G, R)
-  return (W + (-lr) * G,)
-
-
-@expectation("directml_adam", state=2)
-def _directml_adam_spec_order(R, T, X, G, M, V, **hyper):
-  """:func:`directml_adam` with the spec's argument order ``(R, T, X, G, M, V)``."""
-  return directml_adam(X, M, V, G, T, learning_rate=R, **hyper)
-
-
-def trajectory(
-  rule: str,
-  X: Sequence[np.ndarray],
-  grads: Sequence[Sequence[np.ndarray]] | Callable[[int, list[np.ndarray]], Sequence[np.ndarray]],
-  state: Sequence[Sequence[np.ndarray]],
-  T: int,
-  learning_rates: Sequence[float],
-  dtype: Any = np.float64,
-  **hyperparameters: Any,
-) -> tuple[list[list[np.ndarray]], list[list[np.ndarray]], int]:
-  """Runs ``rule`` for ``len(learning_rates)`` steps on a list of tensors.
-
-  Args:
-    rule: a registered rule's name (:data:`RULES`).
-    X: the tensors (the leaves of a pytree, in any fixed order).
-    grads: per step, one gradient per tensor; or a function
-      ``grads(step, X) -> gradients`` of the current tensors.
-    state: one list of tensors per state field, in the spec's order
-      (Momentum ``[V]``; Adagrad ``[H]``; ONNX Adam ``[V, H]``; DirectML
-      ``[M, V]``; ONNX Runtime AdamW ``[M1, M2]``; SGD ``[]``).
-    T: the spec's ``T`` at the first step; it grows by one per step.
-    learning_rates: ``R`` for each step.
-    dtype: compute dtype (``None``: each tensor's own).
-    **hyperparameters: the rule's keyword arguments.
-
-  Returns:
-    ``(xs, state, T)``: ``xs[k]`` holds the tensors after step ``k``; the
-    final state and the ``T`` of the next step.
-  """
-  step, n_state = RULES[rule]
-  if len(state) != n_state:
-    raise ValueError(f"{rule} has {n_state} state tensors per parameter, got {len(state)}")
-  X = [np.asarray(x) for x in X]
-  S = [list(s) for s in state]
-  xs = []
-  for k, R in enumerate(learning_rates):
-    G = grads(k, X) if callable(grads) else grads[k]
-    outputs = [
-      step(R, T, x, g, *(s[i] for s in S), dtype=dtype, **hyperparameters)
-      for i, (x, g) in enumerate(zip(X, G))
-    ]
-    X = [out[0] for out in outputs]
-    S = [[out[1 + j] for out in outputs] for j in range(n_state)]
-    xs.append(X)
-    T += 1
-  return xs, S, T
-
-
-# -- PyTorch-order twins: torch.optim's _single_tensor_* functions, in their order ----------------
-#
-# Written from PyTorch 2.13's torch/optim/sgd.py `_single_tensor_sgd`, adagrad.py
-# `_single_tensor_adagrad` and adam.py `_single_tensor_adam` (docs/spec.md, "PyTorch-order
-# twins"), not from onnx_optax.rules. Scalars are Python floats (float64), as PyTorch's; each
-# tensor operation computes in `dtype` and rounds its result to `dtype`. With dtype=np.float32
-# the operations that PyTorch's CPU kernels fuse (`add(other, alpha)`, `lerp`, `addcmul`) are
-# fused multiply-adds, rounded once (`_fma`): the expectation is then PyTorch's float32
-# arithmetic to the bit wherever its operations are correctly rounded. PyTorch's CPU `sqrt`
-# (MKL's `vmsSqrt`, dispatched by MKL on the CPU it finds) is not always correctly rounded;
-# NumPy's is (docs/interop.md, "PyTorch's float32 arithmetic per CPU").
 
 
 def _fma(a: np.ndarray, b: Any, c: np.ndarray, dtype: Any) -> np.ndarray:
@@ -335,6 +58,35 @@ def _fma(a: np.ndarray, b: Any, c: np.ndarray, dtype: Any) -> np.ndarray:
     even = (s.reshape(-1).view(np.int64).reshape(s.shape) & 1) == 0
     odd = np.where((err != 0) & even & np.isfinite(s), np.nextafter(s, np.copysign(np.inf, err)), s)
   return np.asarray(odd).astype(dtype)
+
+
+def _lerp(start: np.ndarray, end: np.ndarray, weight: float) -> np.ndarray:
+  """``start.lerp(end, weight)``, a Python float ``weight``: PyTorch's two branches, each one fused
+  rounding in ``start``'s dtype (``start + weight (end - start)`` for ``|weight| < 0.5``, else
+  ``end + (weight - 1) (end - start)``)."""
+  w = np.asarray(weight, start.dtype)
+  if abs(w) < 0.5:
+    return _fma(w, end - start, start, start.dtype)
+  return _fma(w - np.asarray(1, start.dtype), end - start, end, start.dtype)
+
+
+def _weight_decay(X: np.ndarray, grad: np.ndarray, lr: float, weight_decay: float, decoupled: bool):
+  """The weight decay of Adam, AdamW, RAdam and NAdam: ``param.mul_(1 - lr * weight_decay)``
+  (decoupled) or ``grad = grad.add(param, alpha=weight_decay)``. Returns ``(X, grad)``."""
+  if weight_decay == 0:
+    return X, grad
+  if decoupled:
+    return X * np.asarray(1 - lr * weight_decay, X.dtype), grad
+  return X, _fma(X, np.asarray(weight_decay, X.dtype), grad, X.dtype)
+
+
+def _adam_moments(grad: np.ndarray, exp_avg: np.ndarray, exp_avg_sq: np.ndarray, beta1: float, beta2: float):
+  """The moments of Adam, AdamW, RAdam and NAdam, in their order: ``exp_avg.lerp_(grad, 1 - beta1)``,
+  ``exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)``. Returns both."""
+  s = lambda v: np.asarray(v, grad.dtype)  # noqa: E731
+  exp_avg = _lerp(exp_avg, grad, 1 - beta1)
+  exp_avg_sq = _fma(s(1 - beta2) * grad, grad, exp_avg_sq * s(beta2), grad.dtype)
+  return exp_avg, exp_avg_sq
 
 
 def pytorch_sgd(
@@ -405,18 +157,8 @@ def pytorch_adam(
   beta1, beta2 = betas
   step = count + 1
   grad = -G if maximize else G
-  if weight_decay != 0:
-    if decoupled_weight_decay:
-      X = X * s(1 - lr * weight_decay)  # param.mul_(1 - lr * weight_decay)
-    else:
-      grad = _fma(X, s(weight_decay), grad, X.dtype)
-  weight = s(1 - beta1)  # exp_avg.lerp_(grad, 1 - beta1), PyTorch's two branches
-  if abs(weight) < 0.5:
-    exp_avg = _fma(weight, grad - exp_avg, exp_avg, X.dtype)
-  else:
-    exp_avg = _fma(weight - s(1), grad - exp_avg, grad, X.dtype)
-  exp_avg_sq = exp_avg_sq * s(beta2)  # exp_avg_sq.mul_(beta2)
-  exp_avg_sq = _fma(s(1 - beta2) * grad, grad, exp_avg_sq, X.dtype)  # .addcmul_(grad, grad, value=1 - beta2)
+  X, grad = _weight_decay(X, grad, lr, weight_decay, decoupled_weight_decay)
+  exp_avg, exp_avg_sq = _adam_moments(grad, exp_avg, exp_avg_sq, beta1, beta2)
   bias_correction1 = 1 - beta1**step  # Python floats
   bias_correction2 = 1 - beta2**step
   step_size = lr / bias_correction1
@@ -495,11 +237,7 @@ def pytorch_adamax(
   grad = -G if maximize else G
   if weight_decay != 0:
     grad = _fma(X, s(weight_decay), grad, X.dtype)  # grad.add(param, alpha=weight_decay)
-  weight = s(1 - beta1)  # exp_avg.lerp_(grad, 1 - beta1), PyTorch's two branches
-  if abs(weight) < 0.5:
-    exp_avg = _fma(weight, grad - exp_avg, exp_avg, X.dtype)
-  else:
-    exp_avg = _fma(weight - s(1), grad - exp_avg, grad, X.dtype)
+  exp_avg = _lerp(exp_avg, grad, 1 - beta1)  # exp_avg.lerp_(grad, 1 - beta1)
   # torch.maximum(exp_inf.mul_(beta2), grad.abs().add_(eps), out=exp_inf)
   exp_inf = np.maximum(exp_inf * s(beta2), np.abs(grad) + s(eps))
   clr = lr / (1 - beta1**step) if scalars is None else scalars["clr"]  # Python floats
@@ -600,18 +338,8 @@ def pytorch_radam(
   beta1, beta2 = betas
   step = count + 1
   grad = -G if maximize else G
-  if weight_decay != 0:
-    if decoupled_weight_decay:
-      X = X * s(1 - lr * weight_decay)  # param.mul_(1 - lr * weight_decay)
-    else:
-      grad = _fma(X, s(weight_decay), grad, X.dtype)  # grad.add(param, alpha=weight_decay)
-  weight = s(1 - beta1)  # exp_avg.lerp_(grad, 1 - beta1), PyTorch's two branches
-  if abs(weight) < 0.5:
-    exp_avg = _fma(weight, grad - exp_avg, exp_avg, X.dtype)
-  else:
-    exp_avg = _fma(weight - s(1), grad - exp_avg, grad, X.dtype)
-  exp_avg_sq = exp_avg_sq * s(beta2)  # exp_avg_sq.mul_(beta2)
-  exp_avg_sq = _fma(s(1 - beta2) * grad, grad, exp_avg_sq, X.dtype)  # .addcmul_(grad, grad, value=1 - beta2)
+  X, grad = _weight_decay(X, grad, lr, weight_decay, decoupled_weight_decay)
+  exp_avg, exp_avg_sq = _adam_moments(grad, exp_avg, exp_avg_sq, beta1, beta2)
   bias_correction1 = 1 - beta1**step  # Python floats
   bias_correction2 = 1 - beta2**step
   rho_inf = 2 / (1 - beta2) - 1
@@ -666,11 +394,7 @@ def pytorch_nadam(
   step = count + 1
   grad = -G if maximize else G
   bias_correction2 = 1 - beta2**step  # Python floats
-  if weight_decay != 0:
-    if decoupled_weight_decay:
-      X = X * s(1 - lr * weight_decay)  # param.mul_(1 - lr * weight_decay)
-    else:
-      grad = _fma(X, s(weight_decay), grad, X.dtype)  # grad.add(param, alpha=weight_decay)
+  X, grad = _weight_decay(X, grad, lr, weight_decay, decoupled_weight_decay)
   mu = beta1 * (1.0 - 0.5 * (0.96 ** (step * momentum_decay)))
   mu_next = beta1 * (1.0 - 0.5 * (0.96 ** ((step + 1) * momentum_decay)))
   if scalars is not None:
@@ -678,13 +402,7 @@ def pytorch_nadam(
   # mu_product *= mu: a tensor of PyTorch's scalar dtype (float32 under its default dtype) times a
   # Python float, in float32 whatever the parameters' dtype
   mu_product = np.asarray(mu_product, np.float32) * np.float32(mu)
-  weight = s(1 - beta1)  # exp_avg.lerp_(grad, 1 - beta1), PyTorch's two branches
-  if abs(weight) < 0.5:
-    exp_avg = _fma(weight, grad - exp_avg, exp_avg, X.dtype)
-  else:
-    exp_avg = _fma(weight - s(1), grad - exp_avg, grad, X.dtype)
-  exp_avg_sq = exp_avg_sq * s(beta2)  # exp_avg_sq.mul_(beta2)
-  exp_avg_sq = _fma(s(1 - beta2) * grad, grad, exp_avg_sq, X.dtype)  # .addcmul_(grad, grad, value=1 - beta2)
+  exp_avg, exp_avg_sq = _adam_moments(grad, exp_avg, exp_avg_sq, beta1, beta2)
   denom = np.sqrt(exp_avg_sq / s(bias_correction2)) + s(eps)  # exp_avg_sq.div(bc2).sqrt().add_(eps)
   p = s(mu_product)  # mu_product.item(): exact
   grad_size = (s(-lr) * (s(1.0) - s(mu))) / (s(1.0) - p)  # -lr * (1.0 - mu) / (1.0 - mu_product)
@@ -787,13 +505,3 @@ def _pytorch_asgd_step(R, T, X, G, eta, mu, ax, *, maximize=False, **kwargs):
   float32 order: without ``jax_enable_x64`` the twin computes ``1 - lambd * eta`` and the next
   ``eta`` in float32, PyTorch in Python float64."""
   return pytorch_asgd(R, T, X, G, eta, mu, ax, maximize=maximize, **kwargs)
-
-
-@expectation("keras_adam", state=2)
-def _keras_adam_step(R, T, X, G, m, v, *, beta_1, beta_2, epsilon, dtype=np.float64):
-  """Keras's Adam is DirectML Adam in exact arithmetic (Keras's ``m += (g - m) * (1 - beta_1)`` is
-  ``beta_1 m + (1 - beta_1) g``, its ``alpha`` DirectML's ``LearningRate * Alpha`` at ``T = count +
-  1``): :func:`directml_adam` at ``T + 1``. Not Keras's order: nothing to compare to the bit."""
-  return directml_adam(
-    X, m, v, G, T + 1, learning_rate=R, beta1=beta_1, beta2=beta_2, epsilon=epsilon, dtype=dtype
-  )
