@@ -142,6 +142,32 @@ def configurations() -> dict[str, RuleConfig]:
 RULE_CONFIGS = configurations()
 
 
+def shaped(name: str, shape: int | tuple[int, ...]) -> tuple[int, ...]:
+  """``shape`` as a leaf that the configuration or rule ``name`` takes: unchanged, unless the rule
+  declares :attr:`~onnx_optax.registry.Rule.ranks` without its number of dimensions; then with
+  the first of them, its leading dimensions merged or ones appended, as the conformance grid
+  takes its shapes (``torch.optim.Muon``'s ``(2,)``: ``3`` is ``(3, 1)``, ``()`` is ``(1, 1)``).
+
+  Example:
+    >>> shaped("pytorch_sgd", 3), shaped("pytorch_sgd", (4, 3))
+    ((3,), (4, 3))
+  """
+  shape = (shape,) if isinstance(shape, int) else tuple(shape)
+  ranks = registry.get(RULE_CONFIGS[name].rule if name in RULE_CONFIGS else name).ranks
+  if not ranks or len(shape) in ranks:
+    return shape
+  r = ranks[0]
+  if len(shape) < r:
+    return (*shape, *(1,) * (r - len(shape)))
+  return (int(np.prod(shape[: len(shape) - r + 1])), *shape[len(shape) - r + 1 :])
+
+
+def elementwise(name: str) -> bool:
+  """Whether the configuration or rule ``name`` updates each element from that element alone (no
+  :attr:`~onnx_optax.registry.Rule.ranks`: Muon's update of a matrix reads the whole matrix)."""
+  return not registry.get(RULE_CONFIGS[name].rule if name in RULE_CONFIGS else name).ranks
+
+
 def first_count(rule: str) -> int:
   """``state.count`` at a rule's first update by default (DirectML's and ONNX Runtime AdamW's: 1)."""
   return registry.get(rule).first_count()
@@ -149,8 +175,8 @@ def first_count(rule: str) -> int:
 
 def as_float32_sees(value: Any) -> Any:
   """A hyperparameter as a float32 transform sees it (Python floats are weak float32)."""
-  if isinstance(value, (str, bool, tuple)) or (isinstance(value, int) and not isinstance(value, bool)):
-    return value  # a mode, a flag, ONNX Runtime's adam_mode, PyTorch's betas: not a float
+  if value is None or isinstance(value, (str, bool, tuple)) or isinstance(value, int):
+    return value  # a mode, a flag, ONNX Runtime's adam_mode, PyTorch's betas, Muon's None: not a float
   return float(np.float32(value))
 
 

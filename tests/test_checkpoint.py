@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from rule_configs import RULE_CONFIGS
+from rule_configs import RULE_CONFIGS, shaped
 
 from onnx_optax import registry
 
@@ -48,7 +48,7 @@ def _setup(config, injected):
   # A bfloat16 leaf with a float32 state: the checkpoint must keep both dtypes.
   params = {
     "w": jnp.asarray(rng.normal(size=(4, 3)), jnp.bfloat16),
-    "b": jnp.asarray(rng.normal(size=(3,)), jnp.float32),
+    "b": jnp.asarray(rng.normal(size=shaped(config, 3)), jnp.float32),
   }
   grads = [
     jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), p.dtype), params) for _ in range(STEPS)

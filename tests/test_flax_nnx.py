@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from rule_configs import RULE_CONFIGS, expectation
+from rule_configs import RULE_CONFIGS, elementwise, expectation
 
 from onnx_optax import registry
 from onnx_optax.conformance import tolerance
@@ -36,11 +36,12 @@ STEPS = 4
 
 
 class MLP(nnx.Module):
-  """Two dense layers and a fixed output scale that is not a parameter."""
+  """Two dense layers and a fixed output scale that is not a parameter; without biases for a rule
+  of matrices only (``Rule.ranks``: Muon's kernels)."""
 
-  def __init__(self, rngs: nnx.Rngs, dtype=jnp.float32):
-    self.hidden = nnx.Linear(5, 7, rngs=rngs, dtype=dtype, param_dtype=dtype)
-    self.out = nnx.Linear(7, 3, rngs=rngs, dtype=dtype, param_dtype=dtype)
+  def __init__(self, rngs: nnx.Rngs, dtype=jnp.float32, bias=True):
+    self.hidden = nnx.Linear(5, 7, use_bias=bias, rngs=rngs, dtype=dtype, param_dtype=dtype)
+    self.out = nnx.Linear(7, 3, use_bias=bias, rngs=rngs, dtype=dtype, param_dtype=dtype)
     self.scale = nnx.Variable(jnp.asarray(1.5, dtype))  # not an nnx.Param: not trained
 
   def __call__(self, x):
@@ -105,7 +106,9 @@ def _check_step(config, R, before, grads, after, *, dtype, state_dtype=None, hyp
   hyper = config.hyper if hyper is None else hyper
   for i, (x, g) in enumerate(zip(X, grads)):
     s = [_as64(field[i]) for field in S]
-    expected = step(R, T, _as64(x), _as64(g), *s, **hyper)
+    # The gradient in its own dtype, as the transform got it (a float64 one is exact either way):
+    # Muon forms its bfloat16 iteration's input in the gradient's arithmetic.
+    expected = step(R, T, _as64(x), g, *s, **hyper)
     bound = [
       a + b
       for a, b in zip(
@@ -125,14 +128,16 @@ def _check_step(config, R, before, grads, after, *, dtype, state_dtype=None, hyp
 @pytest.mark.parametrize("name", NAMES)
 def test_nnx_optimizer_follows_the_reference(name):
   config = RULE_CONFIGS[name]
-  model = MLP(nnx.Rngs(0))
+  model = MLP(nnx.Rngs(0), bias=elementwise(name))
   optimizer = nnx.Optimizer(model, config.make(config.learning_rate, **config.hyper), wrt=nnx.Param)
   assert isinstance(optimizer.opt_state, config.state_cls)
   x, y = _data(jnp.float32)
   before = _snapshot(model, optimizer)
   assert before[0] == config.first_count
   n_params = len(before[1])
-  assert n_params == 4 and all(len(field) == n_params for field in before[2]), "state only for the nnx.Params"
+  assert n_params == (4 if elementwise(name) else 2) and all(len(field) == n_params for field in before[2]), (
+    "state only for the nnx.Params"
+  )
   for _ in range(STEPS):
     grads = _leaves(_train_step(model, optimizer, x, y))
     after = _snapshot(model, optimizer)
@@ -153,7 +158,7 @@ def test_injected_learning_rate_changed_through_the_optimizer_state(name):
   config = RULE_CONFIGS[name]
   old, new = config.learning_rate, 3 * config.learning_rate
   tx = optax.inject_hyperparams(config.make, static_args=config.static_args)(old, **config.hyper)
-  model = MLP(nnx.Rngs(1))
+  model = MLP(nnx.Rngs(1), bias=elementwise(name))
   optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
   x, y = _data(jnp.float32)
   before = _snapshot(model, optimizer)
@@ -179,7 +184,7 @@ def test_injected_learning_rate_changed_through_the_optimizer_state(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_state_dtype_keeps_a_float32_state_for_half_precision_params(name, dtype):
   config = RULE_CONFIGS[name]
-  model = MLP(nnx.Rngs(2), dtype=dtype)
+  model = MLP(nnx.Rngs(2), dtype=dtype, bias=elementwise(name))
   tx = config.make(config.learning_rate, **config.hyper, state_dtype=jnp.float32)
   optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
   x, y = _data(dtype)

@@ -51,12 +51,15 @@ def test_every_torch_class_has_examples():
 
 
 class _Net(torch.nn.Module):
-  def __init__(self, dtype):
+  def __init__(self, dtype, ranks=()):
     super().__init__()
+    self.ranks = ranks  # the twin's Rule.ranks: the parameters the optimizer takes
     g = torch.Generator().manual_seed(0)
     self.first = torch.nn.Linear(3, 4, dtype=dtype)
     self.second = torch.nn.Linear(4, 2, dtype=dtype)
-    self.late = torch.nn.Parameter(torch.randn(2, generator=g, dtype=dtype))
+    # A matrix (1 x 2) for a class of matrices only (Rule.ranks), which takes it too; the same
+    # two numbers either way.
+    self.late = torch.nn.Parameter(torch.randn((1, 2) if 2 in ranks else (2,), generator=g, dtype=dtype))
     with torch.no_grad():
       for p in (*self.first.parameters(), *self.second.parameters()):
         p.copy_(torch.randn(p.shape, generator=g, dtype=dtype))
@@ -77,9 +80,21 @@ def _batches(dtype, n):
   ]
 
 
+def _ranks(cls):
+  """The numbers of dimensions of the parameters the class takes (its twin's ``Rule.ranks``)."""
+  (ranks,) = [r.ranks for r in registry.rules() if (b := r.binding("torch")) is not None and b.name == cls]
+  return ranks
+
+
+def _taken(net):
+  """The parameters the optimizer takes, by name in module order: those of the ranks its twin
+  declares (Muon's matrices), every one where it declares none."""
+  return [(n, p) for n, p in net.named_parameters() if not net.ranks or p.ndim in net.ranks]
+
+
 def _optimizer(cls, net, options, by_name, foreach=False):
   """Two groups (the second at half the rate), built from parameters or from named_parameters()."""
-  named = list(net.named_parameters())
+  named = _taken(net)
   first = [(n, p) for n, p in named if n.startswith("first")]
   rest = [(n, p) for n, p in named if not n.startswith("first")]
   pick = (lambda pairs: pairs) if by_name else (lambda pairs: [p for _, p in pairs])
@@ -105,41 +120,40 @@ def _torch_step(net, opt, batch, step):
 def _grads(net, params, batch, step, by_name):
   """PyTorch's gradients at the JAX parameters, in the JAX tree's structure."""
   with torch.no_grad():
-    for p, value in zip(net.parameters(), _leaves(params, net, by_name)):
+    for (_, p), value in zip(_taken(net), _leaves(params, net, by_name)):
       p.copy_(torch.from_numpy(np.array(value)))
   net.zero_grad()
   net.loss(batch, step).backward()
   grads = {
-    n: jnp.asarray(p.grad.numpy()) if p.grad is not None else jnp.zeros(p.shape)
-    for n, p in net.named_parameters()
+    n: jnp.asarray(p.grad.numpy()) if p.grad is not None else jnp.zeros(p.shape) for n, p in _taken(net)
   }
   return grads if by_name else [grads[n] for n in _order(net)]
 
 
 def _order(net):
   """The optimizer's order (group by group): first.*, then the rest in module order."""
-  names = [n for n, _ in net.named_parameters()]
+  names = [n for n, _ in _taken(net)]
   return [n for n in names if n.startswith("first")] + [n for n in names if not n.startswith("first")]
 
 
 def _leaves(params, net, by_name):
-  """The JAX parameters in ``net.named_parameters()`` order."""
+  """The JAX parameters in the order of ``net``'s parameters the optimizer takes."""
   if by_name:
-    return [params[n] for n, _ in net.named_parameters()]
+    return [params[n] for n, _ in _taken(net)]
   by = dict(zip(_order(net), params))
-  return [by[n] for n, _ in net.named_parameters()]
+  return [by[n] for n, _ in _taken(net)]
 
 
 def _run(cls, options, dtype, path, foreach=False):
   """Final parameters and steps of the carried run and of the run that never left PyTorch."""
   by_name = path.endswith("name")
   batches = _batches(dtype, N + M + K)
-  ref_net = _Net(dtype)
+  ref_net = _Net(dtype, _ranks(cls))
   ref_opt = _optimizer(cls, ref_net, options, by_name, foreach)
   for k, batch in enumerate(batches):
     _torch_step(ref_net, ref_opt, batch, k)
 
-  net = _Net(dtype)
+  net = _Net(dtype, _ranks(cls))
   opt = _optimizer(cls, net, options, by_name)
   for k in range(N):
     _torch_step(net, opt, batches[k], k)
@@ -165,7 +179,7 @@ def _run(cls, options, dtype, path, foreach=False):
   else:
     opt.load_state_dict(to_torch_state_dict(state, saved, optimizer=cls))
     with torch.no_grad():
-      for p, value in zip(net.parameters(), _leaves(params, net, by_name)):
+      for (_, p), value in zip(_taken(net), _leaves(params, net, by_name)):
         p.copy_(torch.from_numpy(np.array(value)))
   for k in range(N + M, N + M + K):
     _torch_step(net, opt, batches[k], k)

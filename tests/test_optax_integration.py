@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from rule_configs import RULE_CONFIGS, expectation, trajectory, trajectory_tolerances
+from rule_configs import RULE_CONFIGS, expectation, shaped, trajectory, trajectory_tolerances
 from rule_configs import as_float32_sees as _f32
 
 import onnx_optax
@@ -74,18 +74,19 @@ def _first_count(rule):
   return BY_RULE[rule].first_count
 
 
-def _tree(rng, scale=1.0):
+def _tree(rng, config, scale=1.0):
+  """A matrix and a vector, each as ``config``'s rule takes a leaf (``shaped``: Muon's matrices)."""
   return {
-    "w": (scale * rng.normal(size=(4, 3))).astype(np.float32),
-    "b": (scale * rng.normal(size=(3,))).astype(np.float32),
+    "w": (scale * rng.normal(size=shaped(config, (4, 3)))).astype(np.float32),
+    "b": (scale * rng.normal(size=shaped(config, 3))).astype(np.float32),
   }
 
 
 def _problem(config, steps=STEPS):
   """Parameters and a list of gradients of varied magnitudes."""
   rng = np.random.default_rng(zlib.crc32(config.encode()))
-  params = _tree(rng)
-  grads = [_tree(rng, scale=10.0 ** rng.uniform(-2, 1)) for _ in range(steps)]
+  params = _tree(rng, config)
+  grads = [_tree(rng, config, scale=10.0 ** rng.uniform(-2, 1)) for _ in range(steps)]
   return params, grads
 
 
@@ -388,7 +389,7 @@ def test_multi_transform(config):
     "momentum",
     [params["b"]],
     [[g["b"]] for g in grads],
-    [[np.zeros(3)]],
+    [[np.zeros(np.shape(params["b"]))]],
     0,
     [_f32(0.02)] * STEPS,
     **_seen(other, "momentum"),
@@ -508,7 +509,7 @@ def test_abstract_init_and_state_types_are_stable(config, state_dtype, inject):
   rule, make, hyper, lr, _ = CONFIGS[config]
   factory = optax.inject_hyperparams(make, static_args=_static_args(config)) if inject else make
   opt = factory(lr, **hyper, state_dtype=state_dtype)
-  params = {"w": jnp.ones((4, 3), jnp.bfloat16), "b": jnp.ones((3,), jnp.float32)}
+  params = {"w": jnp.ones((4, 3), jnp.bfloat16), "b": jnp.ones(shaped(config, 3), jnp.float32)}
   abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), params)
 
   state = opt.init(params)

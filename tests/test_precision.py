@@ -23,7 +23,7 @@ import ml_dtypes
 import numpy as np
 import optax
 import pytest
-from rule_configs import RULE_CONFIGS, as_float32_sees
+from rule_configs import RULE_CONFIGS, as_float32_sees, shaped
 
 import onnx_optax
 from onnx_optax import onnx as ox
@@ -31,25 +31,30 @@ from onnx_optax import onnx as ox
 DTYPES = [jnp.bfloat16, jnp.float16]
 
 
-def _params(dtype):
+def _params(dtype, name):
+  """A matrix and a vector, the vector as ``name``'s rule takes a leaf (``shaped``: Muon's matrices)."""
   rng = np.random.default_rng(0)
-  return {"w": jnp.asarray(rng.normal(size=(3, 2)), dtype), "b": jnp.asarray(1 + rng.uniform(size=3), dtype)}
+  b = 1 + rng.uniform(size=3)
+  return {
+    "w": jnp.asarray(rng.normal(size=(3, 2)), dtype),
+    "b": jnp.asarray(b.reshape(shaped(name, 3)), dtype),
+  }
 
 
-def _grads(dtype, k):
+def _grads(dtype, k, shapes):
   rng = np.random.default_rng(k + 1)
   # Non-zero everywhere: an injected norm_coefficient of 0 reads X, a static one does not, and
   # 0 * X + (-0.0) is +0.0 where G = -0.0 (the only input where the two differ).
   return {
     "w": jnp.asarray(rng.normal(size=(3, 2)) + 3, dtype),
-    "b": jnp.asarray(rng.uniform(0.1, 1, size=3), dtype),
+    "b": jnp.asarray(rng.uniform(0.1, 1, size=3).reshape(shapes["b"]), dtype),
   }
 
 
 def _run(tx, params, steps):
   state = tx.init(params)
   for k in range(steps):
-    updates, state = tx.update(_grads(params["w"].dtype, k), state, params)
+    updates, state = tx.update(_grads(params["w"].dtype, k, {"b": params["b"].shape}), state, params)
     params = optax.apply_updates(params, updates)
   return params, state
 
@@ -69,7 +74,7 @@ def test_injected_16_bit_hyperparameters_are_refused_and_the_fix_is_the_plain_tr
   config = RULE_CONFIGS[name]
   hyper = {**config.hyper, "state_dtype": state_dtype}
   statics = (*config.static_args, "state_dtype")
-  params = _params(dtype)
+  params = _params(dtype, name)
   with pytest.raises(TypeError, match=r"hyperparam_dtype=jnp\.float32"):
     optax.inject_hyperparams(config.make, static_args=statics)(config.learning_rate, **hyper).init(params)
   # The advice, followed literally.

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from rule_configs import shaped
 
 import onnx_optax
 from onnx_optax import _checks, registry
@@ -220,11 +221,15 @@ def test_edges_are_what_their_names_say(rule):
         assert edge.changes["state"] == ("zero" if value == "0" else value) != "random", where
       elif key in ("T", "R"):
         assert value is not None and edge.changes[key] == float(value), where
+      elif key == "shape":  # shape=9x3: the case's one leaf (a rule of matrices, Rule.ranks)
+        assert value is not None and edge.changes["shapes"] == (tuple(map(int, value.split("x"))),), where
       elif value is None:
         assert hyper.get(key) not in (None, 0, False), where
       elif key.endswith("]"):
         base, index = key[:-1].split("[")
         assert hyper[base][int(index)] == float(value), where
+      elif isinstance(hyper.get(key), str):  # a named choice: adjust_lr_fn=match_rms_adamw
+        assert hyper[key] == value, where
       else:
         assert hyper[key] == float(value), where
 
@@ -315,10 +320,11 @@ def test_a_field_declared_a_second_moment_is_never_negative(rule):
   other test passing."""
   assert rule.conformance is not None
   tx = rule.transform(0.1, **rule.conformance.hyper)
-  params = {"a": jnp.ones(4)}
+  shape = shaped(rule.name, 4)  # a leaf the rule takes (Rule.ranks: Muon's matrices)
+  params = {"a": jnp.ones(shape)}
   state = tx.init(params)
   for grads in (jnp.array([-1.0, -2.0, 0.5, -0.25]), jnp.array([-3.0, 1.0, -0.5, -2.0])):
-    _, state = tx.update({"a": grads}, state, params)
+    _, state = tx.update({"a": grads.reshape(shape)}, state, params)
   for field in rule.fields:
     if field.second_moment:
       assert np.all(np.asarray(getattr(state, field.name)["a"]) >= 0), f"{rule.name}: {field.name}"

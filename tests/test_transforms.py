@@ -37,9 +37,11 @@ import pytest
 from rule_configs import (
   ROUNDINGS,
   RULE_CONFIGS,
+  elementwise,
   expectation,
   feedback_gain,
   field_leaf,
+  shaped,
   trajectory,
   trajectory_tolerances,
 )
@@ -57,27 +59,29 @@ CONFIGS = {k: (c.rule, c.make, c.state_cls, c.hyper, c.learning_rate) for k, c i
 SHAPES = {"w": (4, 3), "b": (3,), "nested": [(), (5,)]}
 
 
-def _tree(rng, dtype, scale=1.0):
+def _tree(rng, dtype, scale=1.0, config=""):
+  """The tree of SHAPES, each shape as ``config``'s rule takes a leaf (``shaped``: Muon's matrices)."""
+  at = (lambda shape: shaped(config, shape)) if config else (lambda shape: shape)
   return {
-    "w": (scale * rng.normal(size=SHAPES["w"])).astype(dtype),
-    "b": (scale * rng.normal(size=SHAPES["b"])).astype(dtype),
-    "nested": [(scale * rng.normal(size=s)).astype(dtype) for s in SHAPES["nested"]],
+    "w": (scale * rng.normal(size=at(SHAPES["w"]))).astype(dtype),
+    "b": (scale * rng.normal(size=at(SHAPES["b"]))).astype(dtype),
+    "nested": [(scale * rng.normal(size=at(s))).astype(dtype) for s in SHAPES["nested"]],
   }
 
 
 def _run(config, dtype, jit, nonzero_start):
   rule, make, state_cls, hyper, lr = CONFIGS[config]
   rng = np.random.default_rng(zlib.crc32(f"{config}{nonzero_start}".encode()))
-  params = _tree(rng, dtype)
+  params = _tree(rng, dtype, config=config)
   # Gradients of varied magnitudes, so that epsilon matters for some steps.
-  grads = [_tree(rng, dtype, scale=10.0 ** rng.uniform(-2, 1)) for _ in range(STEPS)]
+  grads = [_tree(rng, dtype, scale=10.0 ** rng.uniform(-2, 1), config=config) for _ in range(STEPS)]
   fields = RULE_CONFIGS[config].fields
   if nonzero_start:
     # Second moments must be non-negative; first moments may be anything, but one declared the
     # root_of a second moment stays below its root (a state the rule reaches).
     drawn: dict[str, Any] = {}
     for f in fields:
-      tree = _tree(rng, dtype)
+      tree = _tree(rng, dtype, config=config)
       if f.second_moment:
         tree = jax.tree.map(np.abs, tree)
       elif f.root_of:
@@ -185,7 +189,9 @@ def _twin_update_is_its_frameworks_to_the_bit(config):
   8 roundings of its operands."""
   rule, make, state_cls, hyper, lr = CONFIGS[config]
   rng = np.random.default_rng(0)
-  n = 10_000
+  # A rule of matrices (Rule.ranks) gets one 8 x 16 matrix: small enough that float32 sums of
+  # bfloat16 products (Muon's iteration) are the correctly rounded sums its expectation forms.
+  n = (10_000,) if elementwise(config) else (8, 16)
   x, g = rng.normal(size=n).astype(np.float32), rng.normal(size=n).astype(np.float32)
   s = []
   for f in RULE_CONFIGS[config].fields:  # a field declared root_of a second moment stays below its root
@@ -291,12 +297,12 @@ def _jit_contracts_multiply_add_within_one_rounding():
 def test_count_is_T_and_starts_at_initial_count(config):
   rule, make, state_cls, hyper, lr = CONFIGS[config]
   opt = make(lr, **hyper)
-  params = {"a": jnp.ones(3)}
+  params = {"a": jnp.ones(shaped(config, 3))}
   state = opt.init(params)
   assert state.count.dtype == jnp.int32
   assert int(state.count) == RULE_CONFIGS[config].first_count
   for _ in range(3):
-    _, state = opt.update({"a": jnp.ones(3)}, state, params)
+    _, state = opt.update({"a": jnp.ones(shaped(config, 3))}, state, params)
   assert int(state.count) == RULE_CONFIGS[config].first_count + 3
   assert int(make(lr, **hyper, initial_count=5).init(params).count) == 5
 
@@ -306,10 +312,10 @@ def test_count_saturates_and_updates_stay_finite(config):
   rule, make, state_cls, hyper, lr = CONFIGS[config]
   big = np.iinfo(np.int32).max
   opt = make(lr, **hyper, initial_count=big - 1)
-  params = {"a": jnp.ones(3)}
+  params = {"a": jnp.ones(shaped(config, 3))}
   state = opt.init(params)
   for _ in range(3):
-    u, state = jax.jit(opt.update)({"a": jnp.full(3, 0.5)}, state, params)
+    u, state = jax.jit(opt.update)({"a": jnp.full(shaped(config, 3), 0.5)}, state, params)
     assert np.all(np.isfinite(np.asarray(u["a"])))
   assert int(state.count) == big
 
@@ -351,7 +357,7 @@ def test_schedule_is_evaluated_at_updates_applied():
 def test_state_buffers_are_distinct_and_donatable(config):
   rule, make, state_cls, hyper, lr = CONFIGS[config]
   opt = make(lr, **hyper)
-  params = {"a": jnp.ones((64,)), "b": jnp.ones((64,))}
+  params = {"a": jnp.ones(shaped(config, 64)), "b": jnp.ones(shaped(config, 64))}
   for init in (opt.init, jax.jit(opt.init)):
     state = init(params)
     pointers = [leaf.unsafe_buffer_pointer() for leaf in jax.tree.leaves(state[1:])]
@@ -368,9 +374,9 @@ def test_state_buffers_are_distinct_and_donatable(config):
 def test_none_leaves_pass_through(config):
   rule, make, state_cls, hyper, lr = CONFIGS[config]
   opt = make(lr, **hyper)
-  params = {"a": jnp.ones(3), "frozen": None}
+  params = {"a": jnp.ones(shaped(config, 3)), "frozen": None}
   state = opt.init(params)
-  u, state = jax.jit(opt.update)({"a": jnp.ones(3), "frozen": None}, state, params)
+  u, state = jax.jit(opt.update)({"a": jnp.ones(shaped(config, 3)), "frozen": None}, state, params)
   assert u["frozen"] is None
   assert all(field["frozen"] is None for field in state[1:])
 
@@ -384,7 +390,7 @@ def test_update_refuses_a_state_that_is_not_its_own(config):
   rule, make, state_cls, hyper, lr = CONFIGS[config]
   fields = [f.name for f in RULE_CONFIGS[config].fields]
   opt = make(lr, **hyper)
-  params = {"w": jnp.ones((2, 3)), "b": jnp.full(3, 0.5)}
+  params = {"w": jnp.ones((2, 3)), "b": jnp.full(shaped(config, 3), 0.5)}
   grads = jax.tree.map(lambda p: jnp.full_like(p, 0.25), params)
   state = opt.init(params)
   assert type(state) is state_cls and state._fields == ("count", *fields)
@@ -422,10 +428,10 @@ def test_dtype_policy(config, param_dtype, state_dtype):
   """State in state_dtype (default: the parameter's), updates in the parameter's."""
   rule, make, state_cls, hyper, lr = CONFIGS[config]
   opt = make(lr, **hyper, state_dtype=state_dtype)
-  params = {"a": jnp.ones(3, param_dtype)}
+  params = {"a": jnp.ones(shaped(config, 3), param_dtype)}
   state = opt.init(params)
   for _ in range(2):
-    u, state = jax.jit(opt.update)({"a": jnp.full(3, 0.5, param_dtype)}, state, params)
+    u, state = jax.jit(opt.update)({"a": jnp.full(shaped(config, 3), 0.5, param_dtype)}, state, params)
     assert u["a"].dtype == param_dtype
     for f, field in zip(RULE_CONFIGS[config].fields, state[1:]):
       assert field["a"].dtype == f.dtype_for(param_dtype, state_dtype)
