@@ -711,3 +711,39 @@ def test_per_tensor_fields_follow_their_parameter_into_split_leaves(make):
   np.testing.assert_allclose(losses, expected, rtol=TOL, atol=0)
   for key, value in expected_weights.items():
     np.testing.assert_allclose(model.state_dict()[key].numpy(), value.numpy(), rtol=0, atol=TOL, err_msg=key)
+
+
+def test_the_maps_other_refusals():
+  with pytest.raises(ValueError, match=r"take\(\) comes first and once"):
+    part("w").transpose(1, 0).take(0, 0, 1)
+  with pytest.raises(
+    ValueError, match=r"concatenates parts of shapes \[\(4, 6\), \(2,\)\] along axis 0: the other axes"
+  ):
+    Layout({"x": concat(["w", "b"])}, shapes={"w": (4, 6), "b": (2,)})
+  with pytest.raises(ValueError, match=r"'w' is split along several axes \[0, 1\]: split one axis"):
+    Layout({"x": part("w").take(0, 0, 4), "y": part("w").take(1, 0, 6)}, shapes={"w": (4, 6)})
+  layout = Layout({"x": part("w").take(0, 0, 2), "y": part("w").take(0, 2, 4)}, shapes={"w": (4, 6)})
+  with pytest.raises(ValueError, match=r"'x' is made of the PyTorch tensor 'w', which is not given"):
+    layout.to_jax({"v": np.zeros((4, 6))})
+  with pytest.raises(ValueError, match=r"the JAX leaf 'z' is in no entry of the layout"):
+    layout.to_jax({"w": np.zeros((4, 6))}, {"z": jnp.zeros(3)})
+  with pytest.raises(
+    ValueError, match=r"the PyTorch tensor 'w' is also in the JAX leaves \['y'\], which are not given"
+  ):
+    layout.to_torch({"x": jnp.zeros((2, 6))})
+  with jax.enable_x64(False):
+    with pytest.raises(ValueError, match=r"'w' has dtype float64, which JAX's default 32-bit mode truncates"):
+      layout.to_jax({"w": np.zeros((4, 6))})
+  assert layout.to_jax({"w": np.zeros((4, 6))})["x"].dtype == jnp.float64  # with jax_enable_x64, the advice
+
+
+def test_derives_other_refusals():
+  with pytest.raises(ValueError, match=r"renames \['nothing'\] name no PyTorch module or tensor"):
+    derive(torch.nn.Linear(3, 2), nnx.Linear(3, 2, rngs=nnx.Rngs(0)), renames={"nothing": "kernel"})
+  with pytest.raises(
+    ValueError, match=r"add_bias_kv and add_zero_attn have no nnx.MultiHeadAttention counterpart"
+  ):
+    derive(
+      torch.nn.MultiheadAttention(8, 2, add_bias_kv=True),
+      nnx.MultiHeadAttention(2, 8, decode=False, rngs=nnx.Rngs(0)),
+    )

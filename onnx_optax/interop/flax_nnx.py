@@ -366,7 +366,8 @@ def derive(torch_module: Any, nnx_module: Any, renames: Mapping[str, str] | None
   if missing:
     raise ValueError(
       f"the port's leaves {[(m, walk.port_shapes[m]) for m in missing]} are made of no PyTorch tensor: "
-      f"name their PyTorch counterparts with renames={{<PyTorch path>: <the port's path>}}"
+      f"name their PyTorch counterparts with renames={{<PyTorch path>: <the port's path>}}, or leave "
+      f"them out of the port"
     )
   layout = Layout(walk.leaves, walk.shapes)
   for path, shape in walk.port_shapes.items():

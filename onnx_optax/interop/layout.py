@@ -310,7 +310,9 @@ class Layout:
         *heads, last = path.split(".")
         for key in heads:
           node = node.setdefault(key, {})
-        node[last] = jax.ShapeDtypeStruct(self.out_shapes[path], _dtype_of(tensors, self.sources(path)[0]))
+        node[last] = jax.ShapeDtypeStruct(
+          self.out_shapes[path], _dtype_of(tensors, self.sources(path)[0], path)
+        )
       like = nested
     flat, treedef = jax.tree_util.tree_flatten_with_path(like)
     out = []
@@ -402,9 +404,9 @@ def _host(value: Any) -> Any:
   return value
 
 
-def _dtype_of(tensors: Mapping[str, Any], name: str) -> str:
+def _dtype_of(tensors: Mapping[str, Any], name: str, path: str) -> str:
   if name not in tensors:
-    raise ValueError(f"the PyTorch tensor {name!r} is not given")
+    raise ValueError(f"the JAX leaf {path!r} is made of the PyTorch tensor {name!r}, which is not given")
   return _common.dtype_name(_host(tensors[name]).dtype)
 
 
