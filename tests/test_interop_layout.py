@@ -747,3 +747,22 @@ def test_derives_other_refusals():
       torch.nn.MultiheadAttention(8, 2, add_bias_kv=True),
       nnx.MultiHeadAttention(2, 8, decode=False, rngs=nnx.Rngs(0)),
     )
+
+
+def test_a_split_parameters_per_tensor_field_edited_apart_is_refused_on_the_way_back():
+  torch.manual_seed(0)
+  model = TorchAttend().double()
+  optimizer = torch.optim.NAdam(model.named_parameters(), lr=1e-2)
+  layout = derive(model, NnxAttend(nnx.Rngs(0)))
+  params = layout.to_jax(model.state_dict())
+  _, state = from_torch(optimizer, params, layout=layout)
+  mu = jax.tree.map(lambda v: v, state.mu_product)  # a copy, edited below
+  mu["attn"]["key"]["kernel"] = mu["attn"]["key"]["kernel"] * 0.5  # by hand: PyTorch keeps one per parameter
+  with pytest.raises(
+    ValueError, match=r"'attn.in_proj_weight' is in several JAX leaves whose 'mu_product' differ"
+  ):
+    to_torch(state._replace(mu_product=mu), optimizer, layout=layout)
+  with pytest.raises(ValueError, match=r"the JAX leaf 'fc.kernel' has shape \(2, 4\); the layout makes it"):
+    to_torch(
+      state, optimizer, {**params, "fc": {**params["fc"], "kernel": params["fc"]["kernel"].T}}, layout=layout
+    )
