@@ -34,7 +34,8 @@ Usage (from the repository root)::
 
   python benchmarks/carry_memory.py --params 0.1e9
   python benchmarks/carry_memory.py --params 0.1e9 0.35e9 --out docs/benchmarks/carry_memory_cpu.txt
-  python benchmarks/carry_memory.py --params 1e9 --contenders baseline,carry --repeats 1   # 17 GiB free
+  python benchmarks/carry_memory.py --params 1e9 --contenders baseline,carry,trainer --repeats 1 \
+      --out docs/benchmarks/carry_memory_1b_cpu.txt   # 17 GiB free; live would need twice that
 """
 
 from __future__ import annotations
