@@ -18,7 +18,7 @@ import pytest
 import torch
 from flax import nnx
 
-from onnx_optax.interop import from_torch, to_torch
+from onnx_optax.interop import from_torch, from_torch_state_dict, to_torch, to_torch_state_dict
 from onnx_optax.interop.flax_nnx import derive
 from onnx_optax.interop.layout import Layout, concat, part
 
@@ -231,9 +231,13 @@ def torch_step(model, optimizer, scheduler, batch):
   return float(loss)
 
 
-@pytest.mark.parametrize("which", sorted(OPTIMIZERS))
-@pytest.mark.parametrize("name", sorted(MODELS))
-def test_journey_pytorch_jax_pytorch_equals_pytorch(name, which):
+JOURNEYS = [(name, which, "optimizer") for name in sorted(MODELS) for which in sorted(OPTIMIZERS)]
+# Through files: the state dict torch.save wrote, read by path, written back and loaded.
+JOURNEYS += [("transformer", "adamw", "file"), ("convnet", "sgd", "file")]
+
+
+@pytest.mark.parametrize("name, which, via", JOURNEYS)
+def test_journey_pytorch_jax_pytorch_equals_pytorch(name, which, via, tmp_path):
   batches = MODELS[name][2](N + M + K)
   model, optimizer, scheduler = pytorch_run(name, which, batches)
   expected = [torch_step(model, optimizer, scheduler, b) for b in batches]
@@ -244,7 +248,14 @@ def test_journey_pytorch_jax_pytorch_equals_pytorch(name, which):
   layout = derive(model, port(name))
   graphdef, params, stats = carried_weights(layout, model, port(name))
   base = optimizer.param_groups[0]["initial_lr"]
-  tx, state = from_torch(optimizer, params, layout=layout, learning_rate=lambda n: base * factor(n + N))
+  schedule = lambda n: base * factor(n + N)  # noqa: E731  # the PyTorch schedule, shifted
+  if via == "file":
+    torch.save(optimizer.state_dict(), tmp_path / "optimizer.pt")
+    tx, state = from_torch_state_dict(
+      tmp_path / "optimizer.pt", params, layout=layout, learning_rate=schedule
+    )
+  else:
+    tx, state = from_torch(optimizer, params, layout=layout, learning_rate=schedule)
 
   def loss_fn(params, stats, batch):
     # Variables made inside the trace: the port's BatchNorm writes its statistics there.
@@ -262,7 +273,15 @@ def test_journey_pytorch_jax_pytorch_equals_pytorch(name, which):
     params, stats, state, loss = jax_step(params, stats, state, tuple(jnp.asarray(t.numpy()) for t in batch))
     losses.append(float(loss))
 
-  to_torch(state, optimizer, params, layout=layout)
+  if via == "file":
+    written = to_torch_state_dict(state, tmp_path / "optimizer.pt", layout=layout, learning_rate=schedule(M))
+    torch.save(written, tmp_path / "optimizer-2.pt")
+    optimizer.load_state_dict(torch.load(tmp_path / "optimizer-2.pt", weights_only=True))
+    with torch.no_grad():
+      for key, value in layout.to_torch(params).items():
+        model.get_parameter(key).copy_(torch.from_numpy(np.array(value)))
+  else:
+    to_torch(state, optimizer, params, layout=layout)
   with torch.no_grad():
     for key, value in layout.to_torch(stats).items():  # the batch statistics, back
       model.state_dict()[key].copy_(torch.from_numpy(np.array(value)))
@@ -766,3 +785,24 @@ def test_a_split_parameters_per_tensor_field_edited_apart_is_refused_on_the_way_
     to_torch(
       state, optimizer, {**params, "fc": {**params["fc"], "kernel": params["fc"]["kernel"].T}}, layout=layout
     )
+
+
+def test_a_state_dict_without_names_is_refused_with_a_layout_and_its_advice_carries(tmp_path):
+  """A state dict keyed by index, of an optimizer built from ``parameters()``: the layout names
+  PyTorch's parameters, so it is refused until ``param_names`` names them, as the error says."""
+  from onnx_optax.interop import torch_param_names
+
+  model = torch_model("transformer")
+  optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+  layout = derive(model, port("transformer"))
+  _, params, _ = carried_weights(layout, model, port("transformer"))
+  saved = optimizer.state_dict()
+  with pytest.raises(ValueError, match=r"layout=.*param_names=torch_param_names\(optimizer, model\)"):
+    from_torch_state_dict(saved, params, layout=layout)
+  tx, state = from_torch_state_dict(
+    saved, params, layout=layout, param_names=torch_param_names(optimizer, model)
+  )
+  with pytest.raises(ValueError, match=r"to_torch_state_dict\(\.\.\., layout=\.\.\.\)"):
+    to_torch_state_dict(state, saved, layout=layout)
+  written = to_torch_state_dict(state, saved, layout=layout, param_names=torch_param_names(optimizer, model))
+  assert written["param_groups"][0]["params"] == saved["param_groups"][0]["params"]

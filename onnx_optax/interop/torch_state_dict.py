@@ -42,6 +42,7 @@ import numpy as np
 import optax
 
 from onnx_optax.interop import _common, _dtensor, _torch_optim, _torch_placement
+from onnx_optax.interop import layout as _layout
 from onnx_optax.interop import torch as bridge
 
 __all__ = ["from_torch_state_dict", "to_torch_state_dict"]
@@ -78,6 +79,7 @@ def from_torch_state_dict(
   optimizer: Any = None,
   learning_rate: Any = None,
   param_names: Sequence[str] | None = None,
+  layout: Any = None,
 ) -> tuple[optax.GradientTransformationExtraArgs, Any]:
   """The transform and state that continue a saved PyTorch optimizer's run in JAX.
 
@@ -122,6 +124,10 @@ def from_torch_state_dict(
       optimizer that saved it (a Trainer's ``optimizer.pt``, a Lightning
       checkpoint's ``optimizer_states``). ``params`` keyed by those names is
       then placed by name, so parameters of one shape cannot trade places.
+    layout: None, or a :class:`~onnx_optax.interop.layout.Layout`, as for
+      :func:`~onnx_optax.interop.from_torch`: ``params`` are one's own model's, the state
+      follows them. The state dict must name its parameters (its keys, its groups'
+      ``param_names``, or ``param_names``).
 
   Returns:
     ``(tx, state)``, as :func:`~onnx_optax.interop.from_torch` returns them.
@@ -154,6 +160,10 @@ def from_torch_state_dict(
   state_dict, _ = _unflattened(state_dict, "state_dict")
   kind, groups, entries, keys, names = _read(state_dict, optimizer, "state_dict")
   names = _given_names(param_names, keys, names, "state_dict")
+  own = params
+  if layout is not None:
+    _named(names, "from_torch_state_dict")
+    params = layout.to_torch(params)
   leaves, _, paths = _common.leaf_paths(params)
   perm = _placed(params, leaves, paths, keys, names)
   stand_ins = {}
@@ -178,7 +188,17 @@ def from_torch_state_dict(
     None,
     source="state_dict",
   )
-  return bridge.carry(torch, view, params, learning_rate)
+  return bridge.carry(torch, view, own, learning_rate, layout=layout)
+
+
+def _named(names: Sequence[Any] | None, call: str) -> None:
+  """Refuses a layout beside a state dict keyed by index with no names (the layout names them)."""
+  if names is None:
+    raise ValueError(
+      f"{call}(..., layout=...): the layout names PyTorch's parameters, and this state dict keys them "
+      f"by index with no names: pass param_names=torch_param_names(optimizer, model), the names of the "
+      f"optimizer that saved it"
+    )
 
 
 def to_torch_state_dict(
@@ -189,6 +209,7 @@ def to_torch_state_dict(
   learning_rate: Any = None,
   param_names: Sequence[str] | None = None,
   copy: bool = True,
+  layout: Any = None,
 ) -> dict[str, Any]:
   """A state dict of a JAX run, to load with ``optimizer.load_state_dict`` (or ``set_optimizer_state_dict``).
 
@@ -233,6 +254,9 @@ def to_torch_state_dict(
       (docs/interop.md, "Memory"). JAX takes its arrays as immutable: do not
       load those tensors into an optimizer that steps (PyTorch writes its
       state in place) while the JAX state is still in use.
+    layout: None, or the :class:`~onnx_optax.interop.layout.Layout` that
+      :func:`from_torch_state_dict` took: ``state`` is one's own model's,
+      inverted onto the template's parameter names.
 
   Returns:
     ``{"state": ..., "param_groups": ...}`` with PyTorch tensors.
@@ -260,6 +284,9 @@ def to_torch_state_dict(
   like, flat = _unflattened(like, "like")
   kind, groups, entries, keys, names = _read(like, optimizer, "like")
   names = _given_names(param_names, keys, names, "like")
+  if layout is not None:
+    _named(names, "to_torch_state_dict")
+    state = _layout.state_to_torch(layout, state)
   rates = _written_rates(groups, learning_rate)
   # Each parameter's state value, placed as to_torch places it: its shape and
   # dtype stand in for a parameter that has no entry in like yet.
