@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+import numpy as np
+
 __all__ = [
   "Binding",
   "bind_to_scalars",
@@ -39,7 +41,10 @@ __all__ = [
   "Edge",
   "Field",
   "Hyperparameter",
+  "ABSENT",
   "LEARNING_RATE",
+  "MATRICES",
+  "NOT_MATRICES",
   "PER_TENSOR",
   "Policy",
   "Rule",
@@ -50,6 +55,7 @@ __all__ = [
   "Trajectory",
   "Variant",
   "get",
+  "param_shape",
   "register",
   "rules",
   "unregister",
@@ -85,6 +91,14 @@ class Field:
     reach: ``(low, high)``: the values the field takes in every state the rule reaches, which
       the conformance grid and the tests' random states draw from (NAdam's ``mu_product`` in
       ``(0, 1]``); None: the grid's usual draws.
+    exists: ``exists(parameter's shape) -> bool``: whether the rule keeps the field beside such a
+      parameter (Adafactor's factored ``row_var`` and ``col_var`` for two or more dimensions,
+      its ``variance`` below: :data:`MATRICES`, :data:`NOT_MATRICES`); None: beside every one.
+      Where it does not, the state holds one zero of shape :data:`ABSENT` in its place, so
+      that every field's tree keeps the parameters' structure (``jit``, checkpoints, the
+      engine's checks); :meth:`shape_for` gives that shape there, and the engine's
+      ``init``, its checks, the conformance grid and the bridges (which write no such key for
+      PyTorch and read none) read it.
   """
 
   name: str
@@ -96,10 +110,17 @@ class Field:
   shape: Callable[[tuple[int, ...]], tuple[int, ...]] | None = None
   dtypes: tuple[str, ...] = ()
   reach: tuple[float, float] | None = None
+  exists: Callable[[tuple[int, ...]], bool] | None = None
+
+  def exists_for(self, param_shape: Any) -> bool:
+    """Whether the rule keeps the field beside a parameter of ``param_shape`` (:attr:`exists`)."""
+    return self.exists is None or bool(self.exists(tuple(param_shape)))
 
   def shape_for(self, param_shape: Any) -> tuple[int, ...]:
-    """The field's shape for a parameter of ``param_shape``."""
+    """The field's shape for a parameter of ``param_shape``; :data:`ABSENT` where it does not exist."""
     shape = tuple(param_shape)
+    if not self.exists_for(shape):
+      return ABSENT
     return shape if self.shape is None else tuple(self.shape(shape))
 
   def dtype_for(self, param_dtype: Any, state_dtype: Any = None) -> Any:
@@ -117,8 +138,46 @@ class Field:
 
   @property
   def like_params(self) -> bool:
-    """The field has its parameter's shape and (``state_dtype`` aside) dtype."""
-    return self.shape is None and not self.dtypes
+    """The field has its parameter's shape and (``state_dtype`` aside) dtype, beside every parameter."""
+    return self.shape is None and not self.dtypes and self.exists is None
+
+
+#: :meth:`Field.shape_for` where the field does not exist (:attr:`Field.exists`): one zero holds its
+#: place in the state, as in ``optax.adafactor``'s (checkpointers such as Orbax refuse empty arrays).
+ABSENT: tuple[int, ...] = (1,)
+
+
+def MATRICES(shape: tuple[int, ...]) -> bool:  # noqa: N802  # a declaration's constant
+  """:attr:`Field.exists` of a field kept beside parameters of two or more dimensions."""
+  return len(shape) >= 2
+
+
+def NOT_MATRICES(shape: tuple[int, ...]) -> bool:  # noqa: N802
+  """:attr:`Field.exists` of a field kept beside parameters of fewer than two dimensions."""
+  return len(shape) < 2
+
+
+def param_shape(fields: tuple[Field, ...], values: Any) -> tuple[int, ...] | None:
+  """The shape of the parameter that a rule's state values (one per field, in order) stand beside.
+
+  A field of the parameter's shape gives it; else the broadcast of the fields' shapes (Adafactor's
+  ``row_var`` ``(..., m, 1)`` and ``col_var`` ``(..., 1, n)``), those of :data:`ABSENT` shape left
+  out first, kept where every field's :meth:`Field.shape_for` of it is the value's shape. None:
+  no such shape.
+  """
+  for f, v in zip(fields, values):
+    if f.like_params:
+      return tuple(v.shape)
+  shapes = [tuple(v.shape) for v in values]
+  present = [s for f, s in zip(fields, shapes) if s != ABSENT or f.exists is None]
+  for candidates in (present, shapes):
+    try:
+      shape = tuple(int(n) for n in np.broadcast_shapes(*candidates)) if candidates else ()
+    except ValueError:
+      continue
+    if all(f.shape_for(shape) == s for f, s in zip(fields, shapes)):
+      return shape
+  return None
 
 
 def PER_TENSOR(shape: tuple[int, ...]) -> tuple[int, ...]:  # noqa: N802  # a declaration's constant
@@ -345,6 +404,7 @@ class Conformance:
     tests: the tests' configuration.
     edges: the cases this rule adds to the grid.
     dtypes: the parameter dtypes the grid runs it in.
+    why_not: dtype -> why the grid leaves it out of :attr:`dtypes`, which the report prints.
     more_tests: configurations the tests run besides :attr:`tests`, by the suffix of their
       name (``{"nesterov": ...}`` is ``pytorch_sgd_nesterov``).
     tiny_gradient: the hyperparameters the grid's tiny-gradient cases change besides epsilon:
@@ -354,16 +414,25 @@ class Conformance:
       :attr:`Rule.fields` entry, which the conformance report names an element by; empty:
       ``X_new``, then each field's ``spec`` followed by ``_new``.
     trajectory: the tests' tolerance model of a run (:class:`Trajectory`).
+    shapes: the leaves' shapes of the grid's cases that do not name theirs (every case but
+      ``pytree``, ``scalar`` and ``odd``): a rule whose state depends on the rank
+      (:attr:`Field.exists`) runs them on a vector and a matrix.
+    huge: dtype -> the magnitude of the grid's huge gradients where the rule's arithmetic holds a
+      higher power of the gradient than its square (Adafactor's ``row_var @ col_var``, of order
+      ``G ** 4``: PyTorch overflows beyond it as the twin does); unlisted dtypes: the grid's own.
   """
 
   hyper: Mapping[str, Any]
   tests: TestConfig
   edges: tuple[Edge, ...] = ()
   dtypes: tuple[str, ...] = ("float32", "float64", "float16", "bfloat16")
+  why_not: Mapping[str, str] = field(default_factory=dict)
   more_tests: Mapping[str, TestConfig] = field(default_factory=dict)
   tiny_gradient: Mapping[str, Any] = field(default_factory=dict)
   outputs: tuple[str, ...] = ()
   trajectory: Trajectory = field(default_factory=Trajectory)
+  shapes: tuple[tuple[int, ...], ...] = ((13,),)
+  huge: Mapping[str, float] = field(default_factory=dict)
 
 
 class Variant(NamedTuple):
@@ -451,6 +520,11 @@ class Rule:
   #: schedule (it would change nothing after the first update, as a PyTorch scheduler changes
   #: nothing of Rprop's step sizes), and an injected rate changed later changes nothing.
   reads_learning_rate: bool = True
+  #: Whether the per-leaf part reduces over its tensor (a norm, a row's or a column's mean:
+  #: ``torch.optim.Adafactor``), so that an element's new value depends on other elements':
+  #: the conformance check evaluates the bound model one leaf at a time in its own shape (its
+  #: state fields in theirs), never on the leaves' elements concatenated. False: element-wise.
+  reduces: bool = False
 
   def defaults(self) -> dict[str, Any]:
     """The hyperparameters' defaults, read from :attr:`transform`'s signature (required ones left out)."""

@@ -48,6 +48,7 @@ from onnx_optax.rules.onnx_adam import AdamState, adam
 from onnx_optax.rules.onnx_momentum import MomentumState, momentum
 from onnx_optax.rules.ort import OrtAdamWState, OrtSGDState, ort_adamw, ort_sgd
 from onnx_optax.rules.torch_adadelta import PyTorchAdadeltaState, pytorch_adadelta
+from onnx_optax.rules.torch_adafactor import PyTorchAdafactorState, pytorch_adafactor
 from onnx_optax.rules.torch_adagrad import PyTorchAdagradState, pytorch_adagrad
 from onnx_optax.rules.torch_adam import PyTorchAdamState, pytorch_adam, pytorch_adamw
 from onnx_optax.rules.torch_adamax import PyTorchAdamaxState, pytorch_adamax
@@ -67,6 +68,7 @@ __all__ = [
   "OrtAdamWState",
   "OrtSGDState",
   "PyTorchAdadeltaState",
+  "PyTorchAdafactorState",
   "PyTorchAdagradState",
   "PyTorchASGDState",
   "PyTorchAdamState",
@@ -85,6 +87,7 @@ __all__ = [
   "ort_adamw",
   "ort_sgd",
   "pytorch_adadelta",
+  "pytorch_adafactor",
   "pytorch_adagrad",
   "pytorch_adam",
   "pytorch_adamax",

@@ -96,7 +96,7 @@ def field_leaf(f: registry.Field, drawn: Any, dtype: Any) -> np.ndarray:
   v = np.asarray(drawn, np.float64)
   shape = f.shape_for(v.shape)
   if shape != v.shape:
-    v = np.broadcast_to(v.ravel()[: max(1, int(np.prod(shape)))].reshape(shape) if v.size else 0.0, shape)
+    v = np.broadcast_to(v.ravel()[: int(np.prod(shape))].reshape(shape) if v.size else 0.0, shape)
   if f.reach is not None:
     low, high = f.reach
     v = low + (high - low) * np.abs(np.tanh(v))

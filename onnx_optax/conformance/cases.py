@@ -319,7 +319,8 @@ class Case:
         x = x * rng.choice([-1.0, 1.0], size=shape)
       return np.asarray(x).astype(dtype)  # Rounded once, from float64.
 
-    scale = {"normal": 1.0, "zero": 0.0, "tiny": _TINY[self.dtype], "huge": _HUGE[self.dtype]}[self.gradient]
+    huge = self.suite.conformance.huge.get(self.dtype, _HUGE[self.dtype])  # the rule's (Conformance.huge)
+    scale = {"normal": 1.0, "zero": 0.0, "tiny": _TINY[self.dtype], "huge": huge}[self.gradient]
     X = [draw(s, 0.5, 2.0, scale=self.x_scale) for s in self.shapes]
     G = [draw(s, 0.5, 1.0, scale=scale) for s in self.shapes]
     state_scale = _TINY[self.dtype] if self.gradient == "tiny" else 1.0
@@ -381,6 +382,7 @@ _TPU_FLOAT16_TINY = (
 def _case(rule: str, dtype: str, name: str, T: int = 5, R: float = 0.05, **kwargs: Any) -> Case:
   hyper = dict(suite_rule(rule).hyper)
   hyper.update(kwargs.pop("hyper", {}))
+  kwargs.setdefault("shapes", suite_rule(rule).conformance.shapes)  # the rule's (Conformance.shapes)
   ranks = suite_rule(rule).rule.ranks
   if ranks:  # A rule of matrices only (Rule.ranks): the grid's shapes taken to its rank.
     kwargs["shapes"] = tuple(_ranked(s, ranks) for s in kwargs.get("shapes", Case.shapes))

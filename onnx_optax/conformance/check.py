@@ -262,6 +262,18 @@ def tolerances(
   R_in, hyper_in = (R, hyper) if received_dtype is None else received(R, hyper, received_dtype)
   if expected_u is None:
     expected_u = expected_update(rule, R_in, T, X, G, state, hyper_in)
+  if suite_rule(rule).rule.reduces:  # Not element-wise (Rule.reduces): each leaf in its own shape.
+    per_leaf = []
+    for i, (x, g, want_u) in enumerate(zip(X, G, expected_u)):
+      x_i, g_i = np.asarray(x, np.float64), np.asarray(g, np.float64)
+      s_i = [np.asarray(block[i], np.float64) for block in state]
+      args = (R, T, x_i, g_i, s_i)
+      impl_i, ref_i = (tolerance.bounds(base, c, *args, update=True, **hyper) for c in (impl, ref))
+      e_u = ref_i[-1] if ref_u == ref else tolerance.bounds(base, ref_u, *args, update=True, **hyper)[-1]
+      e_u = e_u + u64 * (2 * (np.abs(want_u) + e_u)) + tiny64  # rounded from EXTENDED to float64
+      tols = [p + q for p, q in zip(impl_i[:-1], ref_i[:-1])] + [np.broadcast_to(impl_i[-1] + e_u, x_i.shape)]
+      per_leaf.append(tuple(tols))
+    return per_leaf
   # The bounds are element-wise: the leaves are evaluated as one array (one evaluation per
   # context, not one per leaf), then split back; a state field of one scalar per parameter is
   # given per element (its parameter's, broadcast).

@@ -298,7 +298,10 @@ WHY_NOT: dict[tuple[str, str], str] = {
 def why_not(rule: str, dtype: str) -> str:
   """Why the grid does not check suite rule ``rule`` in ``dtype`` (not one of its ``dtypes_of``)."""
   declared = cases_lib.dtypes_of(rule)
-  for binding in cases_lib.suite_rule(rule).rule.bindings:
+  declaration = cases_lib.suite_rule(rule).rule
+  if declaration.conformance is not None and dtype in declaration.conformance.why_not:
+    return declaration.conformance.why_not[dtype]
+  for binding in declaration.bindings:
     if (binding.kind, dtype) in WHY_NOT:
       return WHY_NOT[binding.kind, dtype]
   return f"not among the dtypes its conformance declares ({', '.join(declared)}); no reason given"

@@ -339,8 +339,11 @@ def read_state(torch: Any, view: View, group: dict, p: Any, where: str) -> tuple
   fields = [f for f in twin.fields if not (f.name in cls.optional and not group[cls.optional[f.name]])]
   if not any(slot.get(f.name) is not None for f in fields):
     return 0, tuple(_unstepped(view, f, p, group) for f in twin.fields)
+  # A field PyTorch keeps only beside other ranks (Field.exists) is None here: init's empty array.
   tensors = tuple(
-    _dtensor.to_host(torch, slot[f.name], where) if f in fields and slot.get(f.name) is not None else None
+    _dtensor.to_host(torch, slot[f.name], where)
+    if f in fields and slot.get(f.name) is not None and f.exists_for(tuple(p.shape))
+    else None
     for f in twin.fields
   )
   if not cls.step:
@@ -416,7 +419,8 @@ def write(
     slot["step"] = torch.tensor(float(count), dtype=dtype, device=device)
   for f, tensor in zip(twin.fields, tensors):
     option = cls.optional.get(f.name)
-    if (option is not None and not group[option]) or (not cls.step and count == 0):
+    absent = not f.exists_for(tuple(p.shape))  # a field PyTorch keeps only beside other ranks
+    if absent or (option is not None and not group[option]) or (not cls.step and count == 0):
       slot.pop(f.name, None)
     else:
       old = slot.get(f.name)

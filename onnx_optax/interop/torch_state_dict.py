@@ -41,6 +41,7 @@ import jax
 import numpy as np
 import optax
 
+from onnx_optax import registry
 from onnx_optax.interop import _common, _dtensor, _torch_optim, _torch_placement
 from onnx_optax.interop import layout as _layout
 from onnx_optax.interop import torch as bridge
@@ -296,13 +297,21 @@ def to_torch_state_dict(
   )
   stand_ins = {}
   for i, key in enumerate(keys):
-    # A field of the parameter's shape and dtype (not one of its own, Field.shape/dtypes).
-    value = next(
-      v for f, v in zip(_torch_optim.twins()[kind].fields, owners[perm[i]].values) if f.like_params
-    )
-    held = [v for v in entries.get(key, {}).values() if isinstance(v, torch.Tensor) and v.dim() > 0]
-    shape, dtype = (tuple(held[0].shape), held[0].dtype) if held else (tuple(value.shape), value.dtype)
-    device = held[0].device if held else "cpu"
+    # The parameter's shape and dtype: a field's of the parameter's shape and dtype, else
+    # registry.param_shape's of the fields' (the factored ones') and an existing field's dtype.
+    fields, values = _torch_optim.twins()[kind].fields, owners[perm[i]].values
+    own = registry.param_shape(fields, values)
+    value = next((v for f, v in zip(fields, values) if not f.dtypes and own and f.exists_for(own)), values[0])
+    alike = {f.name for f in fields if f.like_params}
+    placed = [v for v in entries.get(key, {}).values() if isinstance(v, torch.Tensor) and v.dim() > 0]
+    held = [
+      v for k, v in entries.get(key, {}).items() if k in alike and isinstance(v, torch.Tensor) and v.dim() > 0
+    ]
+    if held:
+      shape, dtype = tuple(held[0].shape), held[0].dtype
+    else:
+      shape, dtype = (tuple(value.shape) if own is None else own), value.dtype
+    device = placed[0].device if placed else "cpu"
     template = held[0] if held and _dtensor.is_dtensor(held[0]) else None
     stand_ins[key] = _Param(key, shape, dtype, device, template)
   view_groups = _groups(kind, groups, stand_ins, names)
@@ -620,7 +629,11 @@ def _check_entry(kind: str, key: Any, entry: Mapping[str, Any], shape: tuple, dt
   """A state entry's tensors have the parameter's shape and dtype; its ``step`` is a count."""
   where = f"state_dict['state'][{key!r}]"
   keeps = _entry(kind)
-  missing = sorted(keeps - set(_torch_optim.declared(kind).optional) - set(entry)) if entry else []
+  # Fields kept only beside other ranks (Field.exists) are not missing.
+  elsewhere = {f.name for f in _torch_optim.twins()[kind].fields if not f.exists_for(shape)}
+  missing = (
+    sorted(keeps - set(_torch_optim.declared(kind).optional) - elsewhere - set(entry)) if entry else []
+  )
   if missing:
     raise ValueError(
       f"{where} has no {missing}: torch.optim.{kind} keeps {sorted(keeps)} for every "

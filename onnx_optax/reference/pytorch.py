@@ -15,12 +15,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
-from onnx_optax.reference._base import _arrays, expectation
+from onnx_optax.reference._base import _arrays, expectation, register
 
 __all__ = [
   "pytorch_adadelta",
+  "pytorch_adafactor",
   "pytorch_adagrad",
   "pytorch_adam",
   "pytorch_adamax",
@@ -505,3 +507,62 @@ def _pytorch_asgd_step(R, T, X, G, eta, mu, ax, *, maximize=False, **kwargs):
   float32 order: without ``jax_enable_x64`` the twin computes ``1 - lambd * eta`` and the next
   ``eta`` in float32, PyTorch in Python float64."""
   return pytorch_asgd(R, T, X, G, eta, mu, ax, maximize=maximize, **kwargs)
+
+
+def pytorch_adafactor(
+  lr: float,
+  count: int,
+  X: Any,
+  G: Any,
+  row_var: Any,
+  col_var: Any,
+  variance: Any,
+  *,
+  beta2_decay: float = -0.8,
+  eps: tuple[float | None, float] = (None, 1e-3),
+  d: float = 1.0,
+  weight_decay: float = 0.0,
+  maximize: bool = False,
+  dtype: Any = np.float64,
+  scalars: Any = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+  """``torch.optim.Adafactor``'s step on one tensor ``X`` (``count``: PyTorch's ``step`` before it),
+  from PyTorch 2.13's ``_single_tensor_adafactor`` (docs/spec.md, "torch.optim.Adafactor"). The
+  norms couple a tensor's elements: one call is one PyTorch tensor.
+
+  ``row_var`` and ``col_var`` (``X`` of two or more dimensions) or ``variance`` (fewer) are the
+  state; the other ones are returned as given (one zero each in the transform's state). ``eps1``
+  None is the machine epsilon of ``X``'s dtype as given. Returns ``(X_new, row_var_new,
+  col_var_new, variance_new)``. ``scalars`` changes nothing (the scalars are Python floats).
+  """
+  del scalars
+  eps1, eps2 = eps
+  if eps1 is None:
+    eps1 = float(ml_dtypes.finfo(np.asarray(X).dtype).eps)
+  dtype = np.asarray(X).dtype if dtype is None else dtype
+  X, G = np.asarray(X, dtype), np.asarray(G, dtype)
+  grad = -G if maximize else G
+  step = count + 1.0
+  one_minus_beta2 = step**beta2_decay  # Python floats, as PyTorch's
+  rho = min(lr, 1 / (step**0.5))
+  numel = X.size
+  alpha = max(eps2, float(np.linalg.norm(X.ravel())) / (numel**0.5)) * rho  # before the decay
+  if weight_decay != 0:
+    X = X * np.asarray(1 - lr * weight_decay, dtype)
+  if grad.ndim > 1:
+    row_mean = np.sqrt(np.sum(grad * grad, axis=-1, keepdims=True)) ** 2 / grad.shape[-1]
+    row_var = _lerp(np.asarray(row_var, dtype), row_mean, one_minus_beta2)
+    col_mean = np.sqrt(np.sum(grad * grad, axis=-2, keepdims=True)) ** 2 / grad.shape[-2]
+    col_var = _lerp(np.asarray(col_var, dtype), col_mean, one_minus_beta2)
+    var = row_var @ col_var  # (..., m, 1) @ (..., 1, n): one product per element
+    var = var / np.maximum(np.mean(row_var, axis=-2, keepdims=True), np.asarray(eps1, dtype))
+  else:
+    variance = _lerp(np.asarray(variance, dtype), grad * grad, one_minus_beta2)
+    var = variance
+  update = (1 / np.sqrt(np.maximum(var, np.asarray(eps1 * eps1, dtype)))) * grad  # rsqrt_, mul_(grad)
+  denom = max(1.0, float(np.linalg.norm(update.ravel())) / ((numel**0.5) * d))
+  X_new = _fma(np.asarray(-alpha / denom, dtype), update, X, X.dtype)  # add_(update, alpha=-alpha / denom)
+  return X_new, np.asarray(row_var), np.asarray(col_var), np.asarray(variance)
+
+
+register("pytorch_adafactor", pytorch_adafactor, state=3)

@@ -21,5 +21,6 @@ from onnx_optax.conformance.models import torch_adamax, torch_adadelta, torch_rp
 from onnx_optax.conformance.models import torch_radam  # noqa: F401
 from onnx_optax.conformance.models import torch_nadam  # noqa: F401
 from onnx_optax.conformance.models import torch_asgd  # noqa: F401
+from onnx_optax.conformance.models import torch_adafactor  # noqa: F401
 
 # isort: on
