@@ -228,7 +228,7 @@ def torch_step(model, optimizer, scheduler, batch):
   loss.backward()
   optimizer.step()
   scheduler.step()
-  return float(loss)
+  return float(loss.detach())
 
 
 JOURNEYS = [(name, which, "optimizer") for name in sorted(MODELS) for which in sorted(OPTIMIZERS)]
@@ -806,3 +806,39 @@ def test_a_state_dict_without_names_is_refused_with_a_layout_and_its_advice_carr
     to_torch_state_dict(state, saved, layout=layout)
   written = to_torch_state_dict(state, saved, layout=layout, param_names=torch_param_names(optimizer, model))
   assert written["param_groups"][0]["params"] == saved["param_groups"][0]["params"]
+
+
+def test_a_trainer_checkpoint_into_the_port_and_back(tmp_path):
+  """A Trainer checkpoint's ``optimizer.pt`` read into the port (``from_torch_state_dict(...,
+  layout=)``), stepped, and written back by ``to_trainer_checkpoint(..., layout=)``: its
+  ``optimizer.pt`` holds in PyTorch's names what ``to_torch_state_dict`` writes for the state,
+  which the file journeys above load and continue exactly."""
+  from onnx_optax.interop import to_trainer_checkpoint
+
+  batches = MODELS["transformer"][2](N)
+  model, optimizer, scheduler = pytorch_run("transformer", "adamw", batches)
+  for batch in batches:
+    torch_step(model, optimizer, scheduler, batch)
+  source = tmp_path / f"checkpoint-{N}"
+  source.mkdir()
+  torch.save(optimizer.state_dict(), source / "optimizer.pt")
+  torch.save(scheduler.state_dict(), source / "scheduler.pt")
+  (source / "trainer_state.json").write_text(f'{{"global_step": {N}}}')
+  layout = derive(model, port("transformer"))
+  _, params, _ = carried_weights(layout, model, port("transformer"))
+  base = optimizer.param_groups[0]["initial_lr"]
+  schedule = lambda n: base * factor(n + N)  # noqa: E731
+  tx, state = from_torch_state_dict(source / "optimizer.pt", params, layout=layout, learning_rate=schedule)
+  grads = jax.tree.map(lambda p: jnp.full_like(p, 1e-3), params)
+  _, state = tx.update(grads, state, params)
+  target = to_trainer_checkpoint(
+    state, source, tmp_path / "out", steps=1, learning_rate=schedule, layout=layout
+  )
+  written = torch.load(target / "optimizer.pt", weights_only=True)
+  expected = to_torch_state_dict(state, source / "optimizer.pt", layout=layout, learning_rate=schedule(1))
+  assert written["param_groups"] == expected["param_groups"]
+  for key, entry in expected["state"].items():
+    for field, value in entry.items():
+      np.testing.assert_array_equal(
+        written["state"][key][field].numpy(), value.numpy(), err_msg=f"{key} {field}"
+      )

@@ -50,6 +50,7 @@ def to_lightning_checkpoint(
   param_names: Sequence[Any] | None = None,
   optimizer: Any = None,
   scheduler_steps: int | Sequence[int] | None = None,
+  layout: Any = None,
 ) -> dict[str, Any]:
   """A JAX run as a Lightning checkpoint, to save and resume with ``trainer.fit(..., ckpt_path=...)``.
 
@@ -112,6 +113,10 @@ def to_lightning_checkpoint(
       optimizer for several).
     optimizer: as for :func:`~onnx_optax.interop.from_torch_state_dict`
       (one per optimizer for several).
+    layout: as for :func:`~onnx_optax.interop.to_torch_state_dict`: the
+      :class:`~onnx_optax.interop.layout.Layout` of one's own model (one for
+      all the optimizers); ``weights`` stay in PyTorch's names
+      (``layout.to_torch(params)``).
     scheduler_steps: under manual optimization, the steps the module took of
       each scheduler during the JAX updates (one per optimizer for
       several); left out under automatic optimization, whose schedulers'
@@ -240,7 +245,9 @@ def to_lightning_checkpoint(
         later_schedulers.append(later)
         rates = later["_last_lr"]
       written_states.append(
-        to_torch_state_dict(states[i], saved, optimizer=kinds[i], learning_rate=rates, param_names=names[i])
+        to_torch_state_dict(
+          states[i], saved, optimizer=kinds[i], learning_rate=rates, param_names=names[i], layout=layout
+        )
       )
     except (TypeError, ValueError) as error:
       if count > 1:

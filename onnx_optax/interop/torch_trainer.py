@@ -44,6 +44,7 @@ def to_trainer_checkpoint(
   optimizer: Any = None,
   found_inf: Sequence[bool] | None = None,
   rng_state: Mapping[str, Any] | None = None,
+  layout: Any = None,
 ) -> pathlib.Path:
   """Writes a JAX run as a Hugging Face Trainer checkpoint, for ``trainer.train(resume_from_checkpoint=...)``.
 
@@ -109,6 +110,9 @@ def to_trainer_checkpoint(
     param_names: as for :func:`~onnx_optax.interop.from_torch_state_dict`
       (:func:`torch_param_names` of ``trainer.create_optimizer()``).
     optimizer: as for :func:`~onnx_optax.interop.from_torch_state_dict`.
+    layout: as for :func:`~onnx_optax.interop.to_torch_state_dict`: the
+      :class:`~onnx_optax.interop.layout.Layout` of one's own model that
+      ``from_torch_state_dict`` took.
     found_inf: for a checkpoint with ``scaler.pt``, one bool per Trainer
       step the JAX run took, ``True`` where its gradients held an inf or a
       NaN and it applied no update (``steps`` counts the ``False``):
@@ -167,7 +171,13 @@ def to_trainer_checkpoint(
     learning_rate=_evaluated(learning_rate, steps, len(groups)),
   )
   written = to_torch_state_dict(
-    state, saved, optimizer=optimizer, learning_rate=later["_last_lr"], param_names=param_names, copy=False
+    state,
+    saved,
+    optimizer=optimizer,
+    learning_rate=later["_last_lr"],
+    param_names=param_names,
+    copy=False,
+    layout=layout,
   )
   _check_steps(written, saved, steps)
   scaler = None
