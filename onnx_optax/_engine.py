@@ -105,11 +105,15 @@ def transform(
         value = hyper[initial] if isinstance(initial, str) else initial
       if not f.like_params:
         # A field of its own shape and dtype (Field.shape, Field.dtypes): one array per leaf, on
-        # its parameter's devices.
-        return jax.tree.map(
-          lambda p: _beside(jnp.full(f.shape_for(p.shape), value, f.dtype_for(p.dtype, state_dtype)), p),
-          params,
-        )
+        # its parameter's devices; sharded like the parameter where it has the parameter's shape
+        # (Adafactor's variance beside a vector), replicated over them otherwise.
+        def own(p: Any) -> Array:
+          shape, dtype = f.shape_for(p.shape), f.dtype_for(p.dtype, state_dtype)
+          if shape == tuple(p.shape):
+            return jnp.full_like(p, value, dtype=dtype)
+          return _beside(jnp.full(shape, value, dtype), p, _kept_axes(shape, tuple(p.shape)))
+
+        return jax.tree.map(own, params)
       if isinstance(value, (int, float)) and value == 0:
         # A fresh buffer per field and leaf: donated states must not alias. zeros_like, not
         # zeros(p.shape): the state inherits the parameter's sharding (and, under explicit
@@ -210,21 +214,40 @@ def _reads_params(rule: Rule, hyper: Mapping[str, Any]) -> str:
   return f"Its {values} multiplies them"
 
 
-def _beside(x: Array, p: Any) -> Array:
-  """``x``, a state leaf not of its parameter's shape (one scalar per parameter), replicated over
-  the parameter's mesh where the parameter is sharded over several devices (a parameter-shaped
-  field is sharded like the parameter by ``zeros_like``). Otherwise, and traced, ``x`` as
-  ``jnp.full`` made it: committing it to one device would give ``jit`` another argument
-  sharding than the update's outputs, and a second compilation."""
+def _kept_axes(shape: tuple[int, ...], param_shape: tuple[int, ...]) -> tuple[bool, ...] | None:
+  """Per axis of a factored field (the parameter's shape with some axes reduced to 1: Adafactor's
+  ``row_var`` and ``col_var``), whether it keeps the parameter's axis; None for another shape."""
+  if len(shape) != len(param_shape) or any(n not in (m, 1) for n, m in zip(shape, param_shape)):
+    return None
+  return tuple(n == m for n, m in zip(shape, param_shape))
+
+
+def _beside(x: Array, p: Any, kept: tuple[bool, ...] | None = None) -> Array:
+  """``x``, a state leaf not of its parameter's shape, on the parameter's devices where the
+  parameter is sharded over several: a factored field (``kept``: the parameter's axes it keeps)
+  sharded as the parameter along the axes it keeps, as the update's reductions leave it (else
+  ``jit`` sees another sharding, under explicit mesh axes another type, after the first update);
+  any other (one scalar per parameter) replicated. A parameter on one device, and a traced one
+  under automatic axes, leave ``x`` as ``jnp.full`` made it: committing it to one device would
+  give ``jit`` another argument sharding than the update's outputs, and a second compilation."""
+  if isinstance(p, jax.core.Tracer):
+    sharding = getattr(jax.typeof(p), "sharding", None)
+    spec = getattr(sharding, "spec", None)
+    if kept is None or spec is None or not any(spec):
+      return x
+    # Explicit mesh axes: the type carries the sharding.
+    return jax.sharding.reshard(x, _kept_spec(spec, kept))
   sharding = getattr(p, "sharding", None)
-  if isinstance(p, jax.core.Tracer) or not isinstance(sharding, jax.sharding.NamedSharding):
+  if not isinstance(sharding, jax.sharding.NamedSharding) or len(sharding.device_set) == 1:
     return x
-  if len(sharding.device_set) == 1:
-    return x
-  replicated = jax.sharding.NamedSharding(
-    sharding.mesh, jax.sharding.PartitionSpec(), memory_kind=sharding.memory_kind
-  )
-  return jax.device_put(x, replicated)
+  spec = _kept_spec(sharding.spec, kept) if kept is not None else jax.sharding.PartitionSpec()
+  return jax.device_put(x, jax.sharding.NamedSharding(sharding.mesh, spec, memory_kind=sharding.memory_kind))
+
+
+def _kept_spec(spec: Any, kept: tuple[bool, ...]) -> Any:
+  """``spec`` (the parameter's), each axis the field does not keep unsharded."""
+  axes = tuple(spec) + (None,) * (len(kept) - len(tuple(spec)))
+  return jax.sharding.PartitionSpec(*(a if k else None for a, k in zip(axes, kept)))
 
 
 def updates_applied(count: Array, initial_count: int | Array) -> Array:

@@ -44,8 +44,6 @@ import onnx_optax
 K = 10
 # Every configuration of every registered rule, the framework twins included.
 CONFIGS = {k: (c.make, c.hyper, c.learning_rate) for k, c in RULE_CONFIGS.items()}
-#: The hyperparameters some rule declares static (they select the formula).
-STATIC = {h for c in RULE_CONFIGS.values() for h in c.static_args}
 
 
 @pytest.fixture(autouse=True)
@@ -101,9 +99,10 @@ def _central_difference(meta, h0, name, step=None):
   return (float(jitted(up)) - float(jitted(down))) / (2 * e)
 
 
-def _split(hyper, lr):
-  # Modes, flags and formula selectors (ONNX Runtime's adam_mode) are static.
-  fixed = STATIC
+def _split(hyper, lr, rule):
+  # Modes, flags and formula selectors (ONNX Runtime's adam_mode) are static: those the rule
+  # declares static (another rule's static eps, Adafactor's pair, is this one's number).
+  fixed = RULE_CONFIGS[rule].static_args
   static = {k: v for k, v in hyper.items() if isinstance(v, (str, bool)) or k in fixed}
   numeric = {k: float(v) for k, v in hyper.items() if k not in static}
   return static, {"learning_rate": float(lr), **numeric}
@@ -134,7 +133,7 @@ def test_metagradient_matches_central_difference(config):
   """jax.grad w.r.t. every numeric hyperparameter, through K updates."""
   make, hyper, lr = CONFIGS[config]
   params, loss = _problem()
-  static, h0 = _split(hyper, lr)
+  static, h0 = _split(hyper, lr, config)
   meta = _meta_objective(make, static, loss, params, prepare=_float64_fields(config))
   grads = jax.jit(jax.grad(meta))(h0)
   assert set(grads) == set(h0)
@@ -198,7 +197,7 @@ def test_zero_H_metagradient_is_finite(rule):
   """
   make, hyper, field = SQRT_RULES[rule]
   params, loss = _dead_element_problem()
-  static, h0 = _split(hyper, 0.05)
+  static, h0 = _split(hyper, 0.05, rule)
   meta = _meta_objective(make, static, loss, params)
   grads = jax.jit(jax.grad(meta))(h0)
   for name in h0:
@@ -225,7 +224,7 @@ def test_derivative_at_epsilon_zero_is_regular_when_H_is_positive(rule):
   make, hyper, _ = SQRT_RULES[rule]
   (epsilon,) = hyper  # the rule's name for it
   params, loss = _problem()
-  static, h0 = _split({epsilon: 0.0}, 0.05)
+  static, h0 = _split({epsilon: 0.0}, 0.05, rule)
   meta = _meta_objective(make, static, loss, params)
   g = float(jax.jit(jax.grad(meta))(h0)[epsilon])
   fd = _central_difference(meta, h0, epsilon)  # steps to epsilon = -1e-9: fine while Sqrt(H) > 0
@@ -243,7 +242,7 @@ def test_derivative_at_a_decay_of_zero_is_finite(make, decay):
   rules give it the derivative ``-T * beta^(T - 1)`` instead.
   """
   params, loss = _problem()
-  static, h0 = _split({"epsilon": 0.1}, 0.05)
+  static, h0 = _split({"epsilon": 0.1}, 0.05, make.__name__)
   meta = _meta_objective(make, static, loss, params)
   grad = jax.jit(jax.grad(meta))
   jitted = jax.jit(meta)
@@ -260,7 +259,7 @@ def test_derivative_at_a_decay_of_zero_is_finite(make, decay):
 def test_second_moment_decay_of_one_is_singular(make, decay):
   """Sqrt(1 - beta^T) has an infinite derivative at beta = 1 (the spec's formula itself)."""
   params, loss = _problem()
-  static, h0 = _split({"epsilon": 0.1}, 0.05)
+  static, h0 = _split({"epsilon": 0.1}, 0.05, make.__name__)
   meta = _meta_objective(make, static, loss, params)
   grad = jax.jit(jax.grad(meta))
   assert not np.isfinite(float(grad(dict(h0, **{decay: 1.0}))[decay]))

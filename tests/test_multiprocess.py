@@ -156,7 +156,9 @@ def test_two_processes_train_like_one(tmp_path):
     assert report["detector"], "the collective detector saw nothing in a sharded sum"
     assert sorted(report["rules"]) == sorted(RULES), report
     for rule, checks in report["rules"].items():
-      assert checks["collectives"] == [], (i, rule, checks)
+      # Only a rule that reduces over a whole tensor (Rule.reduces: Adafactor) communicates.
+      reduces = onnx_optax.registry.get(RULE_CONFIGS[rule].rule).reduces
+      assert checks["collectives"] == [] or reduces, (i, rule, checks)
       assert checks["steps"] > checks["checkpoint_after"] > 0, (i, rule, checks)
 
   with np.load(tmp_path / "reference.npz") as data:
@@ -170,6 +172,14 @@ def test_two_processes_train_like_one(tmp_path):
       have = got[run + key]
       assert have.dtype == want.dtype and have.shape == want.shape, (run + key, have.dtype, want.dtype)
       different = _bits(have) != _bits(want)
+      reduces = onnx_optax.registry.get(RULE_CONFIGS[key.split("[", 1)[0]].rule).reduces
+      if reduces and np.issubdtype(want.dtype, np.floating):
+        # Its sums over a sharded tensor add the shards' partial sums in another order than one
+        # process's sum: each element within 8 ulps of the tensor's largest (a norm's rounding
+        # scales the whole tensor), not to the bit.
+        scale = np.max(np.abs(want.astype(np.float64)), initial=0.0)
+        bound = 8 * float(np.finfo(want.dtype).eps) * scale
+        different &= np.abs(have.astype(np.float64) - want) > bound
       assert not different.any(), (
         f"{run}{key}: {np.count_nonzero(different)} of {want.size} elements differ "
         f"from the single-process run; worst {np.max(np.abs(have.astype(np.float64) - want)):.3g}"
