@@ -56,18 +56,9 @@ def test_a_tensor_option_is_refused_and_the_advice_carries_it(kind, key, source)
   makes it a Python float, and the same call then carries the optimizer."""
   opt, params = _optimizer(kind)
   opt.param_groups[0][key] = _tensor(opt.param_groups[0][key])
-  pattern = rf"param_groups\[0\]\['{key}'\] is a tensor.*torch\.optim\.{kind} then"
-  if source == "optimizer":
-    with pytest.raises(ValueError, match=pattern) as refused:
-      from_torch(opt, params)
-    follow_advice(refused.value, optimizer=opt)
-    from_torch(opt, params)
-  else:
-    state_dict = opt.state_dict()
-    with pytest.raises(ValueError, match=pattern) as refused:
-      from_torch_state_dict(state_dict, params)
-    follow_advice(refused.value, state_dict=state_dict)
-    from_torch_state_dict(state_dict, params)
+  _refused_then_carried(
+    opt, params, source, rf"param_groups\[0\]\['{key}'\] is a tensor.*torch\.optim\.{kind} then"
+  )
 
 
 @pytest.mark.parametrize("kind", CAPTURABLE)
@@ -76,7 +67,14 @@ def test_capturable_is_refused_and_the_advice_carries_it(kind, source):
   """``capturable=True`` where it changes the class's rounding (its scalars as float32 tensors):
   refused naming the class and what changes; turned off as printed, the same call carries."""
   opt, params = _optimizer(kind, capturable=True)
-  pattern = rf"param_groups\[0\] has capturable=True: torch\.optim\.{kind} then .*Turn it off"
+  _refused_then_carried(
+    opt, params, source, rf"param_groups\[0\] has capturable=True: torch\.optim\.{kind} then .*Turn it off"
+  )
+
+
+def _refused_then_carried(opt, params, source, pattern):
+  """The bridge of ``source`` (a live optimizer, or its state dict) refuses with ``pattern``; the
+  code the refusal prints, run as printed on what the user holds, makes the same call carry."""
   if source == "optimizer":
     with pytest.raises(ValueError, match=pattern) as refused:
       from_torch(opt, params)

@@ -164,7 +164,8 @@ def from_torch_state_dict(
   own = params
   if layout is not None:
     _named(names, "from_torch_state_dict")
-    params = layout.to_torch(params)
+    # Only their shapes and dtypes stand in for PyTorch's parameters here: carry maps the values.
+    params = jax.eval_shape(layout.to_torch, params)
   leaves, _, paths = _common.leaf_paths(params)
   perm = _placed(params, leaves, paths, keys, names)
   stand_ins = {}
