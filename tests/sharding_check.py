@@ -72,11 +72,24 @@ def main() -> int:
       # sharded like the parameter.
       own_shape = leaf.shape != p.shape
       check(
-        leaf.sharding.device_set == p.sharding.device_set
+        (
+          leaf.sharding.device_set == p.sharding.device_set
+          and (what != "init state" or leaf.sharding.is_equivalent_to(placed_as(leaf, p), leaf.ndim))
+        )
         if own_shape
         else leaf.sharding.is_equivalent_to(p.sharding, p.ndim),
         f"{what}{jax.tree_util.keystr(path)} is {leaf.sharding}, the parameter is {p.sharding}",
       )
+
+  def placed_as(leaf, p):
+    """Where init places a field of its own shape: a factored one (the parameter's axes, some of
+    them 1) sharded as the parameter along the axes it keeps, any other replicated."""
+    spec = tuple(p.sharding.spec) + (None,) * (p.ndim - len(p.sharding.spec))
+    if leaf.ndim != p.ndim or any(n not in (m, 1) for n, m in zip(leaf.shape, p.shape)):
+      spec = ()
+    else:
+      spec = tuple(a if n == m else None for a, n, m in zip(spec, leaf.shape, p.shape))
+    return NamedSharding(p.sharding.mesh, P(*spec))
 
   def state_fields(state, injected):
     inner = state.inner_state if injected else state
