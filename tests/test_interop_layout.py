@@ -165,9 +165,27 @@ def jax_loss(model, batch):
   return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), y.reshape(-1, 1), axis=1))
 
 
+def torch_mlp():
+  return torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 3))
+
+
+def nnx_mlp(rngs):
+  return nnx.Sequential(nnx.Linear(4, 6, rngs=rngs, **F64), nnx.tanh, nnx.Linear(6, 3, rngs=rngs, **F64))
+
+
+def mlp_batches(n):
+  g = torch.Generator().manual_seed(4)
+  return [
+    (torch.randn(5, 4, generator=g, dtype=torch.float64), torch.randint(0, 3, (5,), generator=g))
+    for _ in range(n)
+  ]
+
+
 MODELS = {
   "transformer": (TorchTransformer, NnxTransformer, transformer_batches),
   "convnet": (TorchConvNet, NnxConvNet, conv_batches),
+  # Linear layers only: their kernels are PyTorch's weights transposed (Adafactor's one operation).
+  "mlp": (torch_mlp, nnx_mlp, mlp_batches),
 }
 
 
@@ -206,6 +224,9 @@ OPTIMIZERS = {
   "adamw": lambda params: torch.optim.AdamW(params, lr=1e-2, weight_decay=0.05),
   "sgd": lambda params: torch.optim.SGD(params, lr=5e-2, momentum=0.9, weight_decay=1e-3),
   "adagrad": lambda params: torch.optim.Adagrad(params, lr=5e-2, lr_decay=1e-2),
+  # Not element-wise: factored second moments (row_var, col_var) of each matrix, and the root mean
+  # squares of the parameter and the update; it commutes with a matrix transposed (Rule.commutes_with).
+  "adafactor": lambda params: torch.optim.Adafactor(params, lr=5e-2, weight_decay=1e-2, foreach=False),
 }
 N, M, K = 2, 3, 2  # steps in PyTorch, then in JAX, then in PyTorch again
 
@@ -231,7 +252,10 @@ def torch_step(model, optimizer, scheduler, batch):
   return float(loss.detach())
 
 
-JOURNEYS = [(name, which, "optimizer") for name in sorted(MODELS) for which in sorted(OPTIMIZERS)]
+JOURNEYS = [
+  (name, which, "optimizer") for name in ("convnet", "transformer") for which in ("adagrad", "adamw", "sgd")
+]
+JOURNEYS += [("mlp", "adafactor", "optimizer")]
 # Through files: the state dict torch.save wrote, read by path, written back and loaded.
 JOURNEYS += [("transformer", "adamw", "file"), ("convnet", "sgd", "file")]
 
@@ -645,7 +669,7 @@ def test_a_rule_on_whole_matrices_is_refused_under_an_operation_it_does_not_decl
   with pytest.raises(
     ValueError,
     match=r"computes on whole matrices \(ranks \(2,\)\), and its step need not commute "
-    r"with the operations \['transpose'\] of the JAX leaf 'kernel'",
+    r"with the operations \['transpose_last_two'\] of the JAX leaf 'kernel'",
   ):
     from_torch(optimizer, layout.to_jax(model.state_dict()), layout=layout)
   # In PyTorch's own layout (the refusal's advice) it is carried.
@@ -842,3 +866,31 @@ def test_a_trainer_checkpoint_into_the_port_and_back(tmp_path):
       np.testing.assert_array_equal(
         written["state"][key][field].numpy(), value.numpy(), err_msg=f"{key} {field}"
       )
+
+
+def test_a_rule_that_reduces_is_refused_under_an_operation_it_does_not_declare():
+  """Adafactor's step reduces over each tensor (its factored moments, its root mean squares): a
+  transposed kernel is carried (the journey above), rows of ``in_proj_weight`` are refused."""
+  torch.manual_seed(0)
+  model = TorchAttend().double()
+  optimizer = torch.optim.Adafactor(model.named_parameters(), lr=1e-2, foreach=False)
+  model(torch.randn(2, 3, 4, dtype=torch.float64)).square().sum().backward()
+  optimizer.step()
+  layout = derive(model, NnxAttend(nnx.Rngs(0)))
+  with pytest.raises(
+    ValueError,
+    match=r"the rule pytorch_adafactor reduces over each tensor, and its step need not commute with the "
+    r"operations \['reshape', 'take'\] of the JAX leaf 'attn.key.kernel' \(part\('attn.in_proj_weight'\)",
+  ):
+    from_torch(optimizer, layout.to_jax(model.state_dict()), layout=layout)
+  # Its advice: that parameter in PyTorch's own layout (the others as the port has them).
+  own = {path: leaf for path, leaf in layout.leaves.items() if not path.startswith("attn.")}
+  own.update({name: name for name in layout.shapes if name.startswith("attn.")})
+  same = Layout(own, layout.shapes)
+  _, state = from_torch(optimizer, same.to_jax(model.state_dict()), layout=same)
+  np.testing.assert_array_equal(
+    state.row_var["attn"]["in_proj_weight"], optimizer.state[model.attn.in_proj_weight]["row_var"].numpy()
+  )
+  np.testing.assert_array_equal(  # the transposed kernel: its row means are PyTorch's column means
+    state.row_var["fc"]["kernel"], optimizer.state[model.fc.weight]["col_var"].numpy().T
+  )
