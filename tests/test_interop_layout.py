@@ -894,3 +894,138 @@ def test_a_rule_that_reduces_is_refused_under_an_operation_it_does_not_declare()
   np.testing.assert_array_equal(  # the transposed kernel: its row means are PyTorch's column means
     state.row_var["fc"]["kernel"], optimizer.state[model.fc.weight]["col_var"].numpy().T
   )
+
+
+# -- a Trainer's own checkpoint into the port and its own resume out of it -------------------------------
+
+TRAINER_WARMUP, TRAINER_TOTAL, TRAINER_N, TRAINER_M, TRAINER_LR = 2, 6, 2, 2, 1e-2
+
+
+class TrainerMLP(torch.nn.Module):
+  """The MLP as a Trainer trains it: its forward returns the loss, and records it (the Trainer's own
+  log rounds it to 4 digits)."""
+
+  def __init__(self):
+    super().__init__()
+    self.net = torch_mlp()
+    self.losses = []
+
+  def forward(self, x, labels):
+    loss = torch_loss(self.net, (x, labels))
+    self.losses.append(float(loss.detach()))
+    return {"loss": loss}
+
+
+class NnxTrainerMLP(nnx.Module):
+  def __init__(self, rngs):
+    self.net = nnx_mlp(rngs)
+
+  def __call__(self, x):
+    return self.net(x)
+
+
+def trainer_data():
+  g = torch.Generator().manual_seed(5)
+  return [
+    {"x": torch.randn(4, generator=g, dtype=torch.float64), "labels": torch.randint(0, 3, (), generator=g)}
+    for _ in range(8)
+  ]
+
+
+def trainer(directory):
+  """A Trainer of the MLP (AdamW, its default fused kernel; weight decay: two param groups; the
+  default linear schedule with warmup; no gradient clipping, which the port's loop would repeat)."""
+  import transformers
+
+  transformers.logging.set_verbosity_error()
+  args = transformers.TrainingArguments(
+    str(directory),
+    per_device_train_batch_size=4,  # two batches an epoch
+    max_steps=TRAINER_TOTAL,
+    save_steps=TRAINER_N,
+    learning_rate=TRAINER_LR,
+    warmup_steps=TRAINER_WARMUP,
+    weight_decay=0.01,
+    max_grad_norm=0.0,
+    optim="adamw_torch_fused",
+    train_sampling_strategy="sequential",  # the batches of the JAX steps are known
+    report_to="none",
+    use_cpu=True,
+    logging_steps=1000,
+    disable_tqdm=True,
+  )
+  torch.manual_seed(0)
+  return transformers.Trainer(model=TrainerMLP().double(), args=args, train_dataset=trainer_data())
+
+
+def trainer_schedule(step):
+  """The Trainer's schedule (linear, with warmup) at its scheduler's step ``n + step``, in JAX."""
+
+  def schedule(n):
+    t = n + step
+    return TRAINER_LR * jnp.where(
+      t < TRAINER_WARMUP,
+      t / TRAINER_WARMUP,
+      jnp.maximum(0.0, (TRAINER_TOTAL - t) / (TRAINER_TOTAL - TRAINER_WARMUP)),
+    )
+
+  return schedule
+
+
+def test_a_trainer_checkpoint_continued_in_the_port_and_resumed_by_the_trainer(tmp_path):
+  """A Trainer's ``checkpoint-N`` read into the Flax NNX port (``from_torch_state_dict(...,
+  layout=)``), trained M steps in JAX with the port's own gradients, written back as ``checkpoint-
+  N+M`` (``to_trainer_checkpoint(..., layout=)``, the weights as the Trainer saves a plain module's),
+  and resumed by ``Trainer.train(resume_from_checkpoint=...)`` itself to the end: the losses of every
+  step after N and the final weights are the uninterrupted Trainer run's, to 1e-12 in float64."""
+  import json
+
+  import safetensors.torch
+
+  from onnx_optax.interop import to_trainer_checkpoint, torch_param_names
+
+  reference = trainer(tmp_path / "reference")
+  reference.train()
+  checkpoint = tmp_path / "reference" / f"checkpoint-{TRAINER_N}"
+  step = json.loads((checkpoint / "trainer_state.json").read_text())["global_step"]
+
+  resumed = trainer(tmp_path / "port")  # builds the optimizer as the run did: its groups, its order
+  names = torch_param_names(resumed.create_optimizer(), resumed.model)
+  ported = NnxTrainerMLP(nnx.Rngs(0))
+  layout = derive(resumed.model, ported)
+  graphdef, params = nnx.split(ported, nnx.Param)
+  params = layout.to_jax(safetensors.torch.load_file(checkpoint / "model.safetensors"), params)
+  schedule = trainer_schedule(step)
+  tx, state = from_torch_state_dict(
+    checkpoint / "optimizer.pt", params, layout=layout, learning_rate=schedule, param_names=names
+  )
+  assert state.inner_states["group0"].inner_state.exp_avg["net"]["layers"][0]["kernel"].shape == (4, 6)
+
+  @jax.jit
+  def jax_step(params, state, x, y):
+    loss, grads = jax.value_and_grad(lambda p: jax_loss(nnx.merge(graphdef, p), (x, y)))(params)
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state, loss
+
+  data, losses = trainer_data(), []
+  for k in range(TRAINER_N, TRAINER_N + TRAINER_M):  # the Trainer's batches of steps N + 1, ..., N + M
+    batch = data[4 * (k % 2) : 4 * (k % 2) + 4]
+    x = jnp.asarray(torch.stack([d["x"] for d in batch]).numpy())
+    y = jnp.asarray(torch.stack([d["labels"] for d in batch]).numpy())
+    params, state, loss = jax_step(params, state, x, y)
+    losses.append(float(loss))
+
+  target = tmp_path / "port" / f"checkpoint-{TRAINER_N + TRAINER_M}"
+  target.mkdir(parents=True)
+  weights = {name: torch.from_numpy(np.array(value)) for name, value in layout.to_torch(params).items()}
+  safetensors.torch.save_file(weights, target / "model.safetensors", metadata={"format": "pt"})
+  to_trainer_checkpoint(
+    state, checkpoint, target, steps=TRAINER_M, learning_rate=schedule, param_names=names, layout=layout
+  )
+  resumed.train(resume_from_checkpoint=str(target))
+
+  losses += resumed.model.losses
+  np.testing.assert_allclose(losses, reference.model.losses[TRAINER_N:], rtol=TOL, atol=0)
+  final = resumed.model.state_dict()
+  for key, value in reference.model.state_dict().items():
+    np.testing.assert_allclose(final[key].numpy(), value.numpy(), rtol=0, atol=TOL, err_msg=key)
