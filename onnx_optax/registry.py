@@ -525,6 +525,16 @@ class Rule:
   #: the conformance check evaluates the bound model one leaf at a time in its own shape (its
   #: state fields in theirs), never on the leaves' elements concatenated. False: element-wise.
   reduces: bool = False
+  #: Whether the update rounds to a lower precision inside (``torch.optim.Muon``'s Newton–Schulz
+  #: iteration in bfloat16, whatever the parameters' dtype), every such rounding through
+  #: :func:`onnx_optax._numerics.round_inside`. Its derivatives are those of the same rule with
+  #: each inner rounding taken as the identity: the straight-through derivative JAX gives
+  #: ``convert_element_type`` (computed at the rounded values, its cotangents rounded as the
+  #: values are). A central difference of the rule itself sees the roundings' flat steps
+  #: instead (0 where a step of ``h`` stays on one), so the meta-gradient test differences the
+  #: rule with the roundings taken as the identity (docs/optax.md, "Meta-gradients"). False: an
+  #: update computed in the parameters' dtype or wider, differentiable as it is computed.
+  rounds_inside: bool = False
 
   def defaults(self) -> dict[str, Any]:
     """The hyperparameters' defaults, read from :attr:`transform`'s signature (required ones left out)."""

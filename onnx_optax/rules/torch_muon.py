@@ -113,30 +113,43 @@ def _ratio(shape: tuple[int, ...], adjust_lr_fn: str | None) -> float:
   return 0.2 * math.sqrt(max(A, B))
 
 
+def _wide(x: Array) -> Array:
+  """``x`` widened to float32 where it is narrower (exact: no rounding), else as it is."""
+  return x.astype(jnp.promote_types(x.dtype, jnp.float32))
+
+
 def _bf16_product(a: Array, b: Array) -> Array:
-  """A bfloat16 matrix product accumulated in float32 (PyTorch's CPU ``mm``), not yet rounded."""
-  return jnp.dot(a, b, preferred_element_type=jnp.float32, precision=jax.lax.Precision.HIGHEST)
+  """A bfloat16 matrix product accumulated in float32 (PyTorch's CPU ``mm``), not yet rounded
+  (wider inputs, where the roundings are taken as the identity: in their own dtype)."""
+  dt = jnp.promote_types(a.dtype, jnp.float32)
+  return jnp.dot(a, b, preferred_element_type=dt, precision=jax.lax.Precision.HIGHEST)
 
 
 def newton_schulz_bfloat16(
   update: Array, ns_coefficients: tuple[float, float, float], ns_steps: int, eps: Any
 ) -> Array:
-  """PyTorch's ``_zeropower_via_newtonschulz`` on the CPU, in bfloat16 (see the module docstring)."""
+  """PyTorch's ``_zeropower_via_newtonschulz`` on the CPU, in bfloat16 (see the module docstring).
+
+  Every rounding to float32 or bfloat16 goes through :func:`onnx_optax._numerics.round_inside`
+  (the rule declares :attr:`~onnx_optax.registry.Rule.rounds_inside`); with those taken as the
+  identity the iteration runs in ``update``'s dtype.
+  """
   a, b, c = (jnp.float32(v) for v in ns_coefficients)
   f32, bf16 = jnp.float32, jnp.bfloat16
-  x = update.astype(f32).astype(bf16)  # grad.bfloat16(): float64 through float32, as c10 converts
+  x = _numerics.round_inside(_numerics.round_inside(update, f32), bf16)  # grad.bfloat16(), as c10 converts
   tall = update.shape[0] > update.shape[1]
   if tall:
     x = x.T
-  xf = x.astype(f32)
-  norm = jnp.sqrt(jnp.sum(xf * xf)).astype(bf16)  # ortho_grad.norm(): float32 accumulation
-  floor = jnp.asarray(eps, f32).astype(bf16)  # clamp(min=eps): eps in bfloat16
+  xf = _wide(x)
+  norm = _numerics.round_inside(jnp.sqrt(jnp.sum(xf * xf)), bf16)  # ortho_grad.norm(): float32 sums
+  eps = jnp.asarray(eps)
+  floor = _numerics.round_inside(_numerics.round_inside(eps, f32), bf16)  # clamp(min=eps) in bfloat16
   norm = jnp.maximum(norm, floor)
-  x = _pytorch.divide_by_scalar(xf, norm.astype(f32)).astype(bf16)  # div_: float32, rounded once
+  x = _numerics.round_inside(_pytorch.divide_by_scalar(xf, _wide(norm)), bf16)  # div_: float32, rounded once
   for _ in range(ns_steps):
-    gram = _bf16_product(x, x.T).astype(bf16)
-    gram_update = (c * _bf16_product(gram, gram) + b * gram.astype(f32)).astype(bf16)
-    x = (_bf16_product(gram_update, x) + a * x.astype(f32)).astype(bf16)
+    gram = _numerics.round_inside(_bf16_product(x, x.T), bf16)
+    gram_update = _numerics.round_inside(c * _bf16_product(gram, gram) + b * _wide(gram), bf16)
+    x = _numerics.round_inside(_bf16_product(gram_update, x) + a * _wide(x), bf16)
   return x.T if tall else x
 
 
@@ -339,6 +352,8 @@ RULE = registry.register(
     policy=_engine.FRAMEWORK,
     always_reads_params="PyTorch's Muon writes them in place (param.mul_, then param.add_)",
     ranks=(2,),
+    reduces=True,  # the iteration's matrix products: each element from the whole matrix
+    rounds_inside=True,  # the iteration in bfloat16 (newton_schulz_bfloat16)
     bindings=(
       registry.Binding("optax", "optax.contrib.muon"),  # not the same rule (docs/from_optax.md)
       registry.Binding(
