@@ -476,9 +476,14 @@ def pytorch_muon(
   """
   del count, scalars
   work = np.float64 if np.asarray(G).dtype == np.float64 else np.float32
+  g_dtype, buf_dtype = np.asarray(G).dtype, np.asarray(momentum_buffer).dtype
   g, buf = (np.asarray(v, work) for v in (G, momentum_buffer))
-  buf = _lerp(buf, g, 1 - momentum)  # buf.lerp_(grad, 1 - momentum)
-  update = _lerp(g, buf, momentum) if nesterov else buf  # grad.lerp(buf, momentum)
+  # Each lerp's result stored in its tensor's dtype (float16's rounding), then read in ``work``.
+  buf = _lerp(buf, g, 1 - momentum).astype(buf_dtype).astype(work)  # buf.lerp_(grad, 1 - momentum)
+  if nesterov:
+    update = _lerp(g, buf, momentum).astype(g_dtype).astype(work)  # grad.lerp(buf, momentum)
+  else:
+    update = buf
   ortho = _muon_newton_schulz(update, ns_coefficients, ns_steps, eps)
   A, B = np.shape(X)  # _adjust_lr, Python floats
   ratio = math.sqrt(max(1, A / B)) if adjust_lr_fn in (None, "original") else 0.2 * math.sqrt(max(A, B))

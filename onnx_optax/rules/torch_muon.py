@@ -365,6 +365,9 @@ RULE = registry.register(
           ),
           signature=frozenset({"ns_coefficients", "ns_steps"}),
           step=False,
+          # A tensor lr, momentum, weight_decay or eps: _adjust_lr, 1 - lr * weight_decay, the
+          # lerps' weights and the clamp computed in the tensor's dtype, not in float64.
+          numbers=frozenset({"lr", "momentum", "weight_decay", "eps"}),
           lacks=frozenset({"maximize", "foreach", "differentiable"}),
           refuse=_refuse,
           examples={
@@ -382,7 +385,12 @@ RULE = registry.register(
       trajectory=registry.Trajectory(_gain),
       hyper=dict(weight_decay=0.1, momentum=0.9, nesterov=True, eps=1e-7),
       tests=registry.TestConfig(dict(weight_decay=0.1, momentum=0.9, nesterov=True)),
-      dtypes=("float32", "float64"),
+      dtypes=("float32", "float64", "float16"),
+      why_not={
+        "bfloat16": "the twins' bfloat16 rows keep a float32 state beside bfloat16 parameters, which "
+        "torch.optim.Muon does not take (lerp_ of a float32 momentum_buffer toward a bfloat16 gradient: "
+        "expected dtype float for `end`, seen)"
+      },
       edges=(
         registry.Edge("nesterov=0", {"hyper": {"nesterov": False}}),
         registry.Edge("momentum=0.3", {"hyper": {"momentum": 0.3}}),  # both lerps' other branches
