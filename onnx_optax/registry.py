@@ -419,7 +419,9 @@ class Conformance:
       (:attr:`Field.exists`) runs them on a vector and a matrix.
     huge: dtype -> the magnitude of the grid's huge gradients where the rule's arithmetic holds a
       higher power of the gradient than its square (Adafactor's ``row_var @ col_var``, of order
-      ``G ** 4``: PyTorch overflows beyond it as the twin does); unlisted dtypes: the grid's own.
+      ``G ** 4``: PyTorch overflows beyond it as the twin does), or computes in a narrower dtype
+      than the parameters' (Muon's float32 and bfloat16 iteration beside float64 parameters);
+      unlisted dtypes: the grid's own.
   """
 
   hyper: Mapping[str, Any]

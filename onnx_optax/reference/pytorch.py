@@ -470,28 +470,48 @@ def pytorch_muon(
   The iteration's input is formed as PyTorch forms it, in the tensors' own arithmetic (float32
   for float32, bfloat16 and float16 tensors, float64 for float64): ``buf.lerp_(grad, 1 -
   momentum)``, ``grad.lerp(buf, momentum)`` (one fused rounding each, PyTorch's two branches);
-  the iteration is :func:`_muon_newton_schulz`; ``X_new`` is computed in ``dtype``. ``count`` is
+  the iteration is :func:`_muon_newton_schulz`; ``X_new`` and the new buffer are computed in
+  ``dtype`` (the buffer's lerp again there: the iteration's input alone is PyTorch's rounded one). ``count`` is
   not read (Muon keeps no ``step``), nor ``scalars`` (its only scalar is ``lr``). Returns
   ``(X_new, momentum_buffer_new)``.
   """
   del count, scalars
+  ortho, buf = muon_orthogonalized(
+    G, momentum_buffer, momentum=momentum, nesterov=nesterov, ns_coefficients=ns_coefficients,
+    ns_steps=ns_steps, eps=eps,
+  )
+  del buf  # the iteration's input; the new buffer is computed in ``dtype`` as the rest
+  ratio = muon_ratio(np.shape(X), adjust_lr_fn)
+  X, G, momentum_buffer = _arrays(dtype, X, G, momentum_buffer)
+  buf = _lerp(momentum_buffer, G, 1 - momentum)  # buf.lerp_(grad, 1 - momentum)
+  if weight_decay != 0:
+    X = X * np.asarray(1 - lr * weight_decay, X.dtype)  # param.mul_(1 - lr * weight_decay)
+  X_new = X + np.asarray(-(lr * ratio), X.dtype) * ortho.astype(X.dtype)  # add_(update, alpha=-adjusted_lr)
+  return X_new, buf
+
+
+def muon_orthogonalized(G, momentum_buffer, *, momentum, nesterov, ns_coefficients, ns_steps, eps):
+  """``torch.optim.Muon``'s momentum and iteration on one matrix: ``(O, momentum_buffer_new)``,
+  ``O`` the bfloat16 iteration's output (float64 values), the buffer in ``work`` (float64 for
+  float64 tensors, else float32), its values those of its own dtype. ``G`` and
+  ``momentum_buffer`` in the tensors' own dtypes: each lerp is one fused rounding in ``work``,
+  its result stored in its tensor's dtype (float16's rounding) and read back in ``work``."""
   work = np.float64 if np.asarray(G).dtype == np.float64 else np.float32
   g_dtype, buf_dtype = np.asarray(G).dtype, np.asarray(momentum_buffer).dtype
   g, buf = (np.asarray(v, work) for v in (G, momentum_buffer))
-  # Each lerp's result stored in its tensor's dtype (float16's rounding), then read in ``work``.
   buf = _lerp(buf, g, 1 - momentum).astype(buf_dtype).astype(work)  # buf.lerp_(grad, 1 - momentum)
   if nesterov:
     update = _lerp(g, buf, momentum).astype(g_dtype).astype(work)  # grad.lerp(buf, momentum)
   else:
     update = buf
-  ortho = _muon_newton_schulz(update, ns_coefficients, ns_steps, eps)
-  A, B = np.shape(X)  # _adjust_lr, Python floats
-  ratio = math.sqrt(max(1, A / B)) if adjust_lr_fn in (None, "original") else 0.2 * math.sqrt(max(A, B))
-  (X,) = _arrays(dtype, X)
-  if weight_decay != 0:
-    X = X * np.asarray(1 - lr * weight_decay, X.dtype)  # param.mul_(1 - lr * weight_decay)
-  X_new = X + np.asarray(-(lr * ratio), X.dtype) * ortho.astype(X.dtype)  # add_(update, alpha=-adjusted_lr)
-  return X_new, buf.astype(dtype if dtype is not None else work)
+  return _muon_newton_schulz(update, ns_coefficients, ns_steps, eps), buf
+
+
+def muon_ratio(shape, adjust_lr_fn) -> float:
+  """PyTorch's ``_adjust_lr`` factor, a Python float: ``sqrt(max(1, A / B))`` (None,
+  ``"original"``) or ``0.2 sqrt(max(A, B))`` (``"match_rms_adamw"``)."""
+  A, B = shape
+  return math.sqrt(max(1, A / B)) if adjust_lr_fn in (None, "original") else 0.2 * math.sqrt(max(A, B))
 
 
 # -- the twins' steps, registered by rule: ``(R, T, X, G, *state)``, ``T`` their count ------------

@@ -386,6 +386,10 @@ RULE = registry.register(
       hyper=dict(weight_decay=0.1, momentum=0.9, nesterov=True, eps=1e-7),
       tests=registry.TestConfig(dict(weight_decay=0.1, momentum=0.9, nesterov=True)),
       dtypes=("float32", "float64", "float16"),
+      # The iteration runs in float32 and bfloat16 whatever the parameters' dtype: a float64
+      # gradient beyond float32's range is inf there (NaN out, in PyTorch as in the twin), so the
+      # float64 huge case takes float32's (its squares summed in float32 stay finite).
+      huge={"float64": 1e15},
       why_not={
         "bfloat16": "the twins' bfloat16 rows keep a float32 state beside bfloat16 parameters, which "
         "torch.optim.Muon does not take (lerp_ of a float32 momentum_buffer toward a bfloat16 gradient: "
