@@ -423,8 +423,9 @@ def _bfloat16(x: np.ndarray) -> np.ndarray:
   """``x`` (float64 or float32) rounded to bfloat16 (to nearest, ties to even, through float32 as
   c10's conversion), kept as float64."""
   bits = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
-  bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-  return bits.astype(np.uint32).view(np.float32).astype(np.float64)
+  one, half = np.uint64(1), np.uint64(0x7FFF)
+  rounded = (bits + half + ((bits >> np.uint64(16)) & one)) & np.uint64(0xFFFF0000)
+  return rounded.astype(np.uint32).view(np.float32).astype(np.float64)
 
 
 def _muon_newton_schulz(update, ns_coefficients, ns_steps, eps):
@@ -471,14 +472,19 @@ def pytorch_muon(
   for float32, bfloat16 and float16 tensors, float64 for float64): ``buf.lerp_(grad, 1 -
   momentum)``, ``grad.lerp(buf, momentum)`` (one fused rounding each, PyTorch's two branches);
   the iteration is :func:`_muon_newton_schulz`; ``X_new`` and the new buffer are computed in
-  ``dtype`` (the buffer's lerp again there: the iteration's input alone is PyTorch's rounded one). ``count`` is
-  not read (Muon keeps no ``step``), nor ``scalars`` (its only scalar is ``lr``). Returns
-  ``(X_new, momentum_buffer_new)``.
+  ``dtype`` (the buffer's lerp again there: the iteration's input alone is PyTorch's rounded
+  one). ``count`` is not read (Muon keeps no ``step``), nor ``scalars`` (its only scalar is
+  ``lr``). Returns ``(X_new, momentum_buffer_new)``.
   """
   del count, scalars
   ortho, buf = muon_orthogonalized(
-    G, momentum_buffer, momentum=momentum, nesterov=nesterov, ns_coefficients=ns_coefficients,
-    ns_steps=ns_steps, eps=eps,
+    G,
+    momentum_buffer,
+    momentum=momentum,
+    nesterov=nesterov,
+    ns_coefficients=ns_coefficients,
+    ns_steps=ns_steps,
+    eps=eps,
   )
   del buf  # the iteration's input; the new buffer is computed in ``dtype`` as the rest
   ratio = muon_ratio(np.shape(X), adjust_lr_fn)
