@@ -139,10 +139,11 @@ def newton_schulz_bfloat16(
   # Sharded over explicit mesh axes (the type carries the sharding): the products contract a
   # sharded axis, whose output sharding explicit axes do not guess. The iteration reads the whole
   # matrix, as PyTorch's Muon does: replicated for it, the result resharded as the input.
-  spec = getattr(getattr(jax.typeof(update), "sharding", None), "spec", None)
-  explicit = spec is not None and any(spec)
+  # The type's own mesh, so that no mesh context is needed (jax.make_mesh's axes are explicit).
+  sharding = getattr(jax.typeof(update), "sharding", None)
+  explicit = getattr(sharding, "spec", None) is not None and any(sharding.spec)
   if explicit:
-    update = jax.sharding.reshard(update, jax.sharding.PartitionSpec())
+    update = jax.sharding.reshard(update, jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec()))
   x = _numerics.round_inside(_numerics.round_inside(update, f32), bf16)  # grad.bfloat16(), as c10 converts
   tall = update.shape[0] > update.shape[1]
   if tall:
@@ -158,7 +159,7 @@ def newton_schulz_bfloat16(
     gram_update = _numerics.round_inside(c * _bf16_product(gram, gram) + b * _wide(gram), bf16)
     x = _numerics.round_inside(_bf16_product(gram_update, x) + a * _wide(x), bf16)
   x = x.T if tall else x
-  return jax.sharding.reshard(x, spec) if explicit else x
+  return jax.sharding.reshard(x, sharding) if explicit else x
 
 
 def _lerp(start: Array, end: Array, weight: Any, small: bool | None) -> Array:
