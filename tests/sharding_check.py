@@ -66,6 +66,7 @@ def main() -> int:
   if jax.device_count() < 8:
     print(f"FAIL: need 8 devices, have {jax.device_count()} (XLA_FLAGS={os.environ.get('XLA_FLAGS')})")
     return 1
+
   def tree(config=None):
     """The parameters, their gradients and specs (as ``config``'s rule takes leaves, ``_leaves``)."""
     shapes, specs = _leaves(config)

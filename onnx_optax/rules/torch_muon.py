@@ -143,7 +143,9 @@ def newton_schulz_bfloat16(
   sharding = getattr(jax.typeof(update), "sharding", None)
   explicit = getattr(sharding, "spec", None) is not None and any(sharding.spec)
   if explicit:
-    update = jax.sharding.reshard(update, jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec()))
+    update = jax.sharding.reshard(
+      update, jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+    )
   x = _numerics.round_inside(_numerics.round_inside(update, f32), bf16)  # grad.bfloat16(), as c10 converts
   tall = update.shape[0] > update.shape[1]
   if tall:
