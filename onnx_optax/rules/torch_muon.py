@@ -140,8 +140,8 @@ def newton_schulz_bfloat16(
   # sharded axis, whose output sharding explicit axes do not guess. The iteration reads the whole
   # matrix, as PyTorch's Muon does: replicated for it, the result resharded as the input.
   # The type's own mesh, so that no mesh context is needed (jax.make_mesh's axes are explicit).
-  sharding = getattr(jax.typeof(update), "sharding", None)
-  explicit = getattr(sharding, "spec", None) is not None and any(sharding.spec)
+  sharding: Any = getattr(jax.typeof(update), "sharding", None)
+  explicit = any(getattr(sharding, "spec", None) or ())
   if explicit:
     update = jax.sharding.reshard(
       update, jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
