@@ -42,6 +42,7 @@ __all__ = [
   "Field",
   "Hyperparameter",
   "ABSENT",
+  "LAYOUT_OPERATIONS",
   "LEARNING_RATE",
   "MATRICES",
   "NOT_MATRICES",
@@ -188,6 +189,13 @@ def PER_TENSOR(shape: tuple[int, ...]) -> tuple[int, ...]:  # noqa: N802  # a de
 #: :attr:`Field.dtypes` of a field PyTorch keeps in its scalar dtype (``_get_scalar_dtype()``:
 #: float32, or float64 under ``torch.set_default_dtype(torch.float64)``), not the parameter's.
 TORCH_SCALAR_DTYPES = ("float32", "float64")
+
+#: The kinds of operation of a layout map (:mod:`onnx_optax.interop.layout`), which
+#: :attr:`Rule.commutes_with` names: ``"take"`` (rows of one axis: a tensor split among leaves),
+#: ``"concat"`` (several tensors in one leaf), ``"reshape"``, ``"transpose_last_two"`` (the last
+#: two axes swapped, the others in place: ``nnx.Linear``'s kernel of ``torch.nn.Linear``'s weight)
+#: and ``"transpose"`` (any other axis permutation).
+LAYOUT_OPERATIONS = ("take", "concat", "reshape", "transpose", "transpose_last_two")
 
 #: :attr:`Field.initial` of a field that starts at the learning rate (ASGD's ``eta``); a schedule's
 #: value at the first update.
@@ -527,6 +535,19 @@ class Rule:
   #: the conformance check evaluates the bound model one leaf at a time in its own shape (its
   #: state fields in theirs), never on the leaves' elements concatenated. False: element-wise.
   reduces: bool = False
+  #: The layout operations (:data:`LAYOUT_OPERATIONS`) that the step of a rule whose state or step
+  #: is not element-wise (it declares :attr:`ranks` or :attr:`reduces`) commutes with, and how its
+  #: state follows each: ``{operation: {field: the field whose numbers it holds after it}}``, every
+  #: field taken through the parameter's axis permutation (a field not named keeps its own numbers;
+  #: one the parameter does not have, of :data:`ABSENT` shape, stays as it is). A field of a shape
+  #: of its own follows axis permutations only. ``torch.optim.Adafactor``'s ``{"transpose_last_two":
+  #: {"row_var": "col_var", "col_var": "row_var"}}``: a matrix transposed, its row means are the
+  #: column means, transposed. The bridges' ``layout=`` refuses any other operation on such a
+  #: rule's parameter, naming the rule and the operation. An element-wise rule (neither ``ranks``
+  #: nor ``reduces``: each element of the new state and update depends on the same element of the
+  #: old ones alone) commutes with every operation, its fields following the parameter's, and
+  #: declares nothing.
+  commutes_with: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
   #: Whether the update rounds to a lower precision inside (``torch.optim.Muon``'s Newton–Schulz
   #: iteration in bfloat16, whatever the parameters' dtype), every such rounding through
   #: :func:`onnx_optax._numerics.round_inside`. Its derivatives are those of the same rule with
@@ -639,6 +660,18 @@ def register(rule: Rule) -> Rule:
       raise ValueError(f"{rule.name}: flagged[{flag!r}] is not a static hyperparameter both rules take")
     if flagged.fields[: len(rule.fields)] != rule.fields or not laid_out:
       raise ValueError(f"{rule.name}: flagged[{flag!r}]'s state is not the rule's fields, then its own")
+  names = {f.name for f in rule.fields}
+  for operation, follows in rule.commutes_with.items():
+    if operation not in LAYOUT_OPERATIONS:
+      raise ValueError(
+        f"{rule.name}: commutes_with names {operation!r}, not one of the layout operations "
+        f"{LAYOUT_OPERATIONS}"
+      )
+    stray = sorted({*follows, *follows.values()} - names)
+    if stray:
+      raise ValueError(
+        f"{rule.name}: commutes_with[{operation!r}] names {stray}, which are not fields of the rule"
+      )
   for r in rule.family():
     for i, f in enumerate(r.fields):
       if f.at_least and f.at_least not in {g.name for g in r.fields[:i]}:

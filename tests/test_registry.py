@@ -176,6 +176,17 @@ def test_a_name_is_registered_once():
     registry.get("no_such_rule")
 
 
+def test_commutes_with_names_layout_operations_and_the_rules_fields():
+  rule = registry.get("pytorch_adafactor")
+  for wrong, message in [
+    ({"rotate": {}}, r"commutes_with names 'rotate', not one of the layout operations \('take'"),
+    ({"transpose_last_two": {"row_var": "row_means"}}, r"names \['row_means'\], which are not fields"),
+  ]:
+    with pytest.raises(ValueError, match=message):
+      registry.register(registry.replace(rule, name="commutes_check", commutes_with=wrong))
+  assert "commutes_check" not in {r.name for r in registry.rules()}
+
+
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: r.name)
 def test_flags_are_declared_static(rule):
   """A flag selects the formula while the update traces (``if maximize:``), so it is declared

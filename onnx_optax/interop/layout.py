@@ -21,12 +21,16 @@ parameter's shape (``exp_avg``, ``momentum_buffer``, ``sum``) goes through the
 parameter's operations; a scalar per parameter (:data:`~onnx_optax.registry.PER_TENSOR`,
 NAdam's ``mu_product``) and the step count follow the parameter as they are. A
 JAX leaf made of several PyTorch parameters takes one count: parameters at
-different steps, or in param groups with other options, are refused. A field
-of any other shape is refused. An element-wise rule (each element of the new
-state and update depends on the same element of the old ones alone) commutes
-with every operation here, so the carried run is PyTorch's exactly; a rule that
-computes on whole matrices (it declares :attr:`~onnx_optax.registry.Rule.ranks`)
-is refused under any operation it does not declare as ``commutes_with``.
+different steps, or in param groups with other options, are refused. An
+element-wise rule (each element of the new state and update depends on the
+same element of the old ones alone) commutes with every operation here, so the
+carried run is PyTorch's exactly; its field of any other shape is refused. A
+rule that computes on whole matrices or reduces over a tensor (it declares
+:attr:`~onnx_optax.registry.Rule.ranks` or :attr:`~onnx_optax.registry.Rule.reduces`)
+is refused under any operation it does not declare in
+:attr:`~onnx_optax.registry.Rule.commutes_with`, which also says the fields a
+field of a shape of its own takes (a matrix's row means are its transpose's
+column means).
 
 :func:`onnx_optax.interop.flax_nnx.derive` builds the layout of a PyTorch
 module and its Flax NNX port.
@@ -421,49 +425,90 @@ def _rule(node: Any) -> registry.Rule:
   raise TypeError(f"no registered rule keeps a {type(node).__name__}")
 
 
-def _fields(node: Any) -> tuple[registry.Field, ...]:
-  return _rule(node).fields
+def _kind(op: str, args: tuple[int, ...]) -> str:
+  """An operation's kind among :data:`~onnx_optax.registry.LAYOUT_OPERATIONS`."""
+  n = len(args)
+  if op == "transpose" and n >= 2 and args == (*range(n - 2), n - 1, n - 2):
+    return "transpose_last_two"
+  return op
 
 
 def _operations(op: Leaf) -> set[str]:
-  """The kinds of operation of a leaf's map: ``take``, ``transpose``, ``reshape``, ``concat``."""
+  """The kinds of operation of a leaf's map (:data:`~onnx_optax.registry.LAYOUT_OPERATIONS`)."""
   kinds = {"concat"} if len(op.parts) > 1 else set()
   for p in op.parts:
     kinds |= {"take"} if p.rows is not None else set()
-    kinds |= {kind for kind, _ in p.ops}
+    kinds |= {_kind(kind, args) for kind, args in p.ops}
   return kinds
+
+
+def _elementwise(rule: registry.Rule) -> bool:
+  """Each element of the new state and update depends on the same element of the old ones alone:
+  neither :attr:`~onnx_optax.registry.Rule.ranks` nor :attr:`~onnx_optax.registry.Rule.reduces`."""
+  return not rule.ranks and not rule.reduces
 
 
 def _commutes(node: Any, path: str, op: Leaf) -> None:
   """Refuses a rule whose step need not commute with the leaf's operations.
 
-  An element-wise rule (each element of the new state and update from the same element of the
-  old ones) commutes with every operation. A rule that computes on whole matrices (it declares
-  :attr:`~onnx_optax.registry.Rule.ranks`, ``torch.optim.Muon``'s orthogonalization) commutes
-  only with those it declares as ``commutes_with`` (none where it declares nothing).
+  An element-wise rule commutes with every operation. A rule that computes on whole matrices (it
+  declares :attr:`~onnx_optax.registry.Rule.ranks`, ``torch.optim.Muon``'s orthogonalization) or
+  reduces over its tensor (:attr:`~onnx_optax.registry.Rule.reduces`) commutes only with those it
+  declares in :attr:`~onnx_optax.registry.Rule.commutes_with` (none where it declares nothing).
   """
   rule = _rule(node)
-  if not rule.ranks:
+  if _elementwise(rule):
     return
-  outside = _operations(op) - set(getattr(rule, "commutes_with", ()))
+  outside = _operations(op) - set(rule.commutes_with)
   if outside:
+    why = f"computes on whole matrices (ranks {rule.ranks})" if rule.ranks else "reduces over each tensor"
     raise ValueError(
-      f"the rule {rule.name} computes on whole matrices (ranks {rule.ranks}), and its step need not "
-      f"commute with the operations {sorted(outside)} of the JAX leaf {path!r} ({op}): carry that "
-      f"parameter in PyTorch's own layout"
+      f"the rule {rule.name} {why}, and its step need not commute with the operations {sorted(outside)} "
+      f"of the JAX leaf {path!r} ({op}): carry that parameter in PyTorch's own layout"
     )
 
 
-def _per_leaf(field: registry.Field, rule_state: Any, path: str, op: Leaf) -> None:
-  """Refuses a field that is neither the parameter's shape nor a scalar per parameter under a real op."""
-  if field.like_params or field.shape is registry.PER_TENSOR:
-    return
-  if len(op.parts) == 1 and op.parts[0].rows is None and not op.parts[0].ops:
-    return
-  raise ValueError(
-    f"the state field {field.name!r} of {type(rule_state).__name__} has a shape of its own, which does not "
-    f"follow the JAX leaf {path!r}'s operations {op}: carry that parameter without a layout operation"
-  )
+def _moves(field: registry.Field, op: Leaf) -> bool:
+  """Whether the field's value changes through the leaf's operations: a field of the parameter's shape
+  or of a shape of its own (not one scalar per parameter) under an operation that moves numbers."""
+  if field.shape is registry.PER_TENSOR:
+    return False
+  return not (len(op.parts) == 1 and op.parts[0].rows is None and not op.parts[0].ops)
+
+
+def _own_shape(rule: registry.Rule, field: registry.Field, node: Any, path: str, op: Leaf) -> bool:
+  """Whether a field of a shape of its own follows the leaf's operations by the rule's declaration
+  (:attr:`~onnx_optax.registry.Rule.commutes_with`, checked by :func:`_commutes`); refuses one of an
+  element-wise rule, which declares none."""
+  if _elementwise(rule):
+    raise ValueError(
+      f"the state field {field.name!r} of {type(node).__name__} has a shape of its own, which does not "
+      f"follow the JAX leaf {path!r}'s operations {op}: carry that parameter without a layout operation"
+    )
+  p = op.parts[0]
+  if len(op.parts) > 1 or p.rows is not None or any(kind != "transpose" for kind, _ in p.ops):
+    raise ValueError(
+      f"the rule {rule.name} declares that its step commutes with the operations {sorted(_operations(op))} "
+      f"of the JAX leaf {path!r} ({op}), but its state field {field.name!r} has a shape of its own, "
+      f"which follows axis permutations only: declare no other operation in its commutes_with"
+    )
+  return True
+
+
+def _source_field(rule: registry.Rule, name: str, p: Part) -> str:
+  """The field whose numbers, before ``p``'s operations, the field ``name`` holds after them."""
+  for kind, args in reversed(p.ops):
+    name = rule.commutes_with.get(_kind(kind, args), {}).get(name, name)
+  return name
+
+
+def _permuted(p: Part, value: Any, inverse: bool = False) -> Any:
+  perms = [args for _, args in p.ops]
+  if inverse:
+    perms = [tuple(int(a) for a in np.argsort(args)) for args in reversed(perms)]
+  for args in perms:
+    value = jnp.transpose(value, args)
+  return value
 
 
 def state_to_jax(
@@ -499,10 +544,11 @@ def state_to_jax(
   def onto(node: Any) -> Any:
     if not is_rule_state(node):
       return node
+    rule = _rule(node)
+    by_field = {f.name: dict(zip(*_named_entries(getattr(node, f.name)))) for f in rule.fields}
     new = {}
-    for f in _fields(node):
-      tree = getattr(node, f.name)
-      by_torch = dict(zip(*_named_entries(tree)))
+    for f in rule.fields:
+      by_torch = by_field[f.name]
       values = []
       for name in names:
         op = layout.leaves[name]
@@ -510,10 +556,23 @@ def state_to_jax(
         if all(_common.is_masked(v) for v in sources):
           values.append(optax.MaskedNode())
           continue
-        _per_leaf(f, node, name, op)
         _commutes(node, name, op)
         if f.like_params:
           values.append(layout._forward(name, sources))
+        elif _moves(f, op) and _own_shape(rule, f, node, name, op):
+          p, torch_shape = op.parts[0], layout.shapes[op.parts[0].name]
+          if not f.exists_for(torch_shape):  # one zero in its place (registry.ABSENT), as it is
+            values.append(sources[0])
+            continue
+          value = _permuted(p, by_field[_source_field(rule, f.name, p)][p.name])
+          expected = f.shape_for(layout.out_shapes[name])
+          if tuple(value.shape) != expected:
+            raise ValueError(
+              f"the rule {rule.name}'s commutes_with makes its state field {f.name!r} of the JAX leaf "
+              f"{name!r} ({op}) of shape {tuple(value.shape)}, where the leaf's is {expected}: "
+              f"the declaration is wrong"
+            )
+          values.append(value)
         else:
           if any(not np.array_equal(np.asarray(sources[0]), np.asarray(v)) for v in sources[1:]):
             raise ValueError(
@@ -540,21 +599,28 @@ def state_to_torch(layout: Layout, state: Any) -> Any:
   def back(node: Any) -> Any:
     if not is_rule_state(node):
       return node
+    rule = _rule(node)
     new = {}
-    for f in _fields(node):
+    own: dict[str, dict[str, Any]] = {f.name: {} for f in rule.fields if not f.like_params}
+    for f in rule.fields:
       names, entries = _named_entries(getattr(node, f.name))
       for name, value in zip(names, entries):
-        if name in layout.leaves and not _common.is_masked(value):
+        if name not in layout.leaves:
+          raise ValueError(
+            f"the JAX leaf {name!r} is in no entry of the layout (its leaves: {sorted(layout.leaves)})"
+          )
+        if not _common.is_masked(value):
           _commutes(node, name, layout.leaves[name])
       if f.like_params:
         new[f.name] = layout.to_torch(dict(zip(names, entries)))
         continue
-      out: dict[str, Any] = {}
       for name, value in zip(names, entries):
-        if name not in layout.leaves:
-          raise ValueError(f"the JAX leaf {name!r} is in no entry of the layout")
-        if not _common.is_masked(value):
-          _per_leaf(f, node, name, layout.leaves[name])
+        op, target = layout.leaves[name], f.name
+        if not _common.is_masked(value) and _moves(f, op) and _own_shape(rule, f, node, name, op):
+          p = op.parts[0]
+          if f.exists_for(layout.out_shapes[name]):  # else one zero in its place, as it is
+            target, value = _source_field(rule, f.name, p), _permuted(p, jnp.asarray(value), inverse=True)
+        out = own[target]
         for source in layout.sources(name):
           if source in out and not _common.is_masked(value):
             if not np.array_equal(np.asarray(out[source]), np.asarray(value)):
@@ -563,7 +629,6 @@ def state_to_torch(layout: Layout, state: Any) -> Any:
                 f"PyTorch keeps one per parameter"
               )
           out[source] = value
-      new[f.name] = out
-    return node._replace(**new)
+    return node._replace(**new, **own)
 
   return jax.tree.map(back, state, is_leaf=is_rule_state)

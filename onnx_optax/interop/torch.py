@@ -308,15 +308,16 @@ def _init_without(tx: Any, params: Any, names: set[str]) -> Any:
   with the carried tensors): those leaves are ``jax.ShapeDtypeStruct`` s, the rest (the counts, the
   fields of a shape of their own) init's values.
 
-  ``init`` is traced (its checks raise as they would), and only what is kept is computed: the
-  zeros of the fields left out are never allocated.
+  ``init`` is traced once (its checks raise as they would), and only what is kept is computed:
+  the zeros of the fields left out are never allocated.
   """
   is_rule_state = _common._rule_state_test()
-  abstract = jax.eval_shape(tx.init, params)
   shapes = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), params)
+  traced: list[Any] = []  # the whole state's shapes, seen by the one trace of ``kept``
 
   def kept() -> Any:
     state = tx.init(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes))
+    traced.append(jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), state))
 
     def without(node: Any) -> Any:
       return node._replace(**{n: None for n in names if n in node._fields}) if is_rule_state(node) else node
@@ -324,6 +325,7 @@ def _init_without(tx: Any, params: Any, names: set[str]) -> Any:
     return jax.tree.map(without, state, is_leaf=is_rule_state)
 
   computed = jax.jit(kept)()
+  (abstract,) = traced
 
   def merged(node: Any, values: Any) -> Any:
     if not is_rule_state(node):

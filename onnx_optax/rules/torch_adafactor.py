@@ -340,6 +340,11 @@ RULE = registry.register(
     policy=_engine.FRAMEWORK,
     always_reads_params="Its step size reads the parameters' root mean square (PyTorch's param.norm)",
     reduces=True,
+    # A matrix transposed (a Flax NNX kernel of a torch.nn.Linear weight): its row means are the
+    # column means, transposed, and row_var @ col_var / mean(row_var) is unchanged (the means of
+    # row_var and col_var are both the mean of the squares); the root mean squares of the
+    # parameter and the update do not see the order of the elements.
+    commutes_with={"transpose_last_two": {"row_var": "col_var", "col_var": "row_var"}},
     bindings=(
       registry.Binding("optax", "optax.adafactor"),  # not the same rule (docs/from_optax.md)
       registry.Binding(
