@@ -744,7 +744,7 @@ def test_a_muon_weight_is_refused_under_a_transpose():
   with pytest.raises(
     ValueError,
     match=r"the rule pytorch_muon computes on whole matrices \(ranks \(2,\)\), and its step need not "
-    r"commute with the operations \['transpose'\] of the JAX leaf 'kernel'",
+    r"commute with the operations \['transpose_last_two'\] of the JAX leaf 'kernel'",
   ):
     from_torch(optimizer, layout.to_jax(model.state_dict()), layout=layout)
   same = Layout({"weight": "weight"}, layout.shapes)
