@@ -329,6 +329,14 @@ def _ns_steps(name: str, value: Any) -> int:
   return value
 
 
+def _eps(name: str, value: Any) -> Any:
+  why = (
+    f"{name} is the floor of the norm the iteration's input is divided by (clamp(min=eps)): a negative "
+    f"one floors nothing, and a zero momentum then divides 0 by 0 (docs/spec.md, Muon)"
+  )
+  return _checks.hyperparameter(name, value, minimum=0.0, why=why)
+
+
 def _adjust_lr_fn(name: str, value: Any) -> str | None:
   if value not in ADJUST_LR_FNS:
     raise ValueError(f"{name} must be None, 'original' or 'match_rms_adamw' (PyTorch's two), got {value!r}")
@@ -361,7 +369,7 @@ RULE = registry.register(
       "momentum": registry.Hyperparameter(_checks.decay),
       "nesterov": registry.Hyperparameter(_checks.flag, static=True),
       "ns_coefficients": registry.Hyperparameter(_coefficients, static=True),
-      "eps": registry.Hyperparameter(_checks.epsilon),
+      "eps": registry.Hyperparameter(_eps),
       "ns_steps": registry.Hyperparameter(_ns_steps, static=True),
       "adjust_lr_fn": registry.Hyperparameter(_adjust_lr_fn, static=True),
     },
