@@ -9,7 +9,8 @@ optimizer step on float32 parameters (one leaf of ``--size`` elements):
   Optax transform, which is not always the same rule, docs/from_optax.md), at its defaults,
   jitted and donated the same way;
 * ``torch.optim.<class>(..., foreach=True)`` on the same number of elements (``--no-torch``
-  skips it),
+  skips it); a class that has no ``foreach`` option (its declaration's ``TorchOptimizer.lacks``:
+  ``torch.optim.Muon``) is built without it and its ratio marked ``*``,
 
 interleaved round-robin in one process (each repeat times every contender once, in a
 rotating order, each after a pause that lets the previous one's threads go idle: ``--pause``),
@@ -84,8 +85,9 @@ def jax_step(tx: optax.GradientTransformation, n: int) -> Callable[[], None]:
   return run
 
 
-def torch_step(cls: str, n: int) -> Callable[[], None] | None:
-  """One ``foreach`` step of ``torch.optim.<cls>`` on ``n`` float32 elements."""
+def torch_step(cls: str, n: int, foreach: bool = True) -> Callable[[], None] | None:
+  """One ``foreach`` step of ``torch.optim.<cls>`` on ``n`` float32 elements (its default step where
+  ``foreach`` is False: a class without the option)."""
   try:
     import torch
   except ImportError:
@@ -93,7 +95,7 @@ def torch_step(cls: str, n: int) -> Callable[[], None] | None:
   g = torch.Generator().manual_seed(0)
   p = torch.nn.Parameter(torch.randn(n >> 10, 1 << 10, generator=g))
   p.grad = 1e-3 * torch.randn(p.shape, generator=g)
-  opt = getattr(torch.optim, cls)([p], lr=LR, foreach=True)
+  opt = getattr(torch.optim, cls)([p], lr=LR, **({"foreach": True} if foreach else {}))
   opt.step()
 
   def run() -> None:
@@ -144,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     f"{'twin':<18} {'class':<10} {'twin ms':>8} {'optax namesake':<22} {'ratio':>6} {'torch foreach':>13}",
   ]
   print("\n".join(lines), flush=True)
+  footnote = ""
   for rule in registry.rules():
     binding = rule.binding("torch")
     if binding is None or (wanted and rule.name not in wanted):
@@ -152,12 +155,17 @@ def main(argv: list[str] | None = None) -> int:
     other = namesake(rule)
     if other is not None:
       contenders["optax"] = jax_step(other(LR), n)
+    # A class without a foreach option (TorchOptimizer.lacks) is timed at its default step, marked *.
+    foreach = binding.torch is None or "foreach" not in binding.torch.lacks
     if not args.no_torch:
-      step = torch_step(binding.name, n)
+      step = torch_step(binding.name, n, foreach)
       if step is not None:
         contenders["torch"] = step
     t = median_times(contenders, args.repeats, args.pause)
     ratios = {name: f"{t[name] / t['twin']:.2f}" if name in t else "-" for name in ("optax", "torch")}
+    if not foreach and "torch" in t:
+      ratios["torch"] += "*"
+      footnote = "* torch.optim.<class> has no foreach option: its default step"
     declared = rule.binding("optax")
     optax_name = declared.name if declared is not None else "(none)"
     line = (
@@ -166,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     lines.append(line)
     print(line, flush=True)
+  if footnote:
+    lines += ["", footnote]
+    print("\n" + footnote, flush=True)
   if args.out:
     with open(args.out, "w") as f:
       f.write("\n".join(lines) + "\n")

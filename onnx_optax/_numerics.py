@@ -25,6 +25,7 @@ __all__ = [
   "one_minus_power",
   "plain_sqrt",
   "regularized",
+  "round_inside",
   "sqrt",
 ]
 
@@ -150,3 +151,18 @@ def is_static_zero(value: Any) -> bool:
 def regularized(norm_coefficient: Array, X: Array | None, G: Array) -> Array:
   """``G_regularized = norm_coefficient * X + G`` (``G`` when ``X`` is not read)."""
   return G if X is None else norm_coefficient * X + G
+
+
+def round_inside(x: Array, dtype: DTypeLike) -> Array:
+  """``x`` rounded to the narrower ``dtype`` inside a rule's update (``x.astype(dtype)``).
+
+  The one function through which a rule that declares
+  :attr:`~onnx_optax.registry.Rule.rounds_inside` (``torch.optim.Muon``'s bfloat16 iteration)
+  rounds to a lower precision, called as ``_numerics.round_inside`` (looked up at each call), so
+  that a test can take every such rounding as the identity (``monkeypatch.setattr(_numerics,
+  "round_inside", lambda x, dtype: x)``): the rule then computes in its input's dtype, and its
+  derivatives are those ``jax.grad`` gives the rule itself (``convert_element_type``'s
+  straight-through derivative), now of a function a central difference can see. A widening
+  (bfloat16 to float32: exact) is no rounding and does not go through it.
+  """
+  return x.astype(dtype)

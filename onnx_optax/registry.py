@@ -427,7 +427,9 @@ class Conformance:
       (:attr:`Field.exists`) runs them on a vector and a matrix.
     huge: dtype -> the magnitude of the grid's huge gradients where the rule's arithmetic holds a
       higher power of the gradient than its square (Adafactor's ``row_var @ col_var``, of order
-      ``G ** 4``: PyTorch overflows beyond it as the twin does); unlisted dtypes: the grid's own.
+      ``G ** 4``: PyTorch overflows beyond it as the twin does), or computes in a narrower dtype
+      than the parameters' (Muon's float32 and bfloat16 iteration beside float64 parameters);
+      unlisted dtypes: the grid's own.
   """
 
   hyper: Mapping[str, Any]
@@ -546,6 +548,16 @@ class Rule:
   #: old ones alone) commutes with every operation, its fields following the parameter's, and
   #: declares nothing.
   commutes_with: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+  #: Whether the update rounds to a lower precision inside (``torch.optim.Muon``'s Newton–Schulz
+  #: iteration in bfloat16, whatever the parameters' dtype), every such rounding through
+  #: :func:`onnx_optax._numerics.round_inside`. Its derivatives are those of the same rule with
+  #: each inner rounding taken as the identity: the straight-through derivative JAX gives
+  #: ``convert_element_type`` (computed at the rounded values, its cotangents rounded as the
+  #: values are). A central difference of the rule itself sees the roundings' flat steps
+  #: instead (0 where a step of ``h`` stays on one), so the meta-gradient test differences the
+  #: rule with the roundings taken as the identity (docs/optax.md, "Meta-gradients"). False: an
+  #: update computed in the parameters' dtype or wider, differentiable as it is computed.
+  rounds_inside: bool = False
 
   def defaults(self) -> dict[str, Any]:
     """The hyperparameters' defaults, read from :attr:`transform`'s signature (required ones left out)."""

@@ -53,6 +53,7 @@ from onnx_optax.rules.torch_adagrad import PyTorchAdagradState, pytorch_adagrad
 from onnx_optax.rules.torch_adam import PyTorchAdamState, pytorch_adam, pytorch_adamw
 from onnx_optax.rules.torch_adamax import PyTorchAdamaxState, pytorch_adamax
 from onnx_optax.rules.torch_asgd import PyTorchASGDState, pytorch_asgd
+from onnx_optax.rules.torch_muon import PyTorchMuonState, pytorch_muon
 from onnx_optax.rules.torch_nadam import PyTorchNAdamState, pytorch_nadam
 from onnx_optax.rules.torch_radam import PyTorchRAdamState, pytorch_radam
 from onnx_optax.rules.torch_rmsprop import PyTorchRMSpropState, pytorch_rmsprop
@@ -73,6 +74,7 @@ __all__ = [
   "PyTorchASGDState",
   "PyTorchAdamState",
   "PyTorchAdamaxState",
+  "PyTorchMuonState",
   "PyTorchNAdamState",
   "PyTorchRAdamState",
   "PyTorchRMSpropState",
@@ -93,6 +95,7 @@ __all__ = [
   "pytorch_adamax",
   "pytorch_adamw",
   "pytorch_asgd",
+  "pytorch_muon",
   "pytorch_nadam",
   "pytorch_radam",
   "pytorch_rmsprop",

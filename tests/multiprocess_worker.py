@@ -75,6 +75,18 @@ def _values():
   return params, grads
 
 
+def _taken(name, values, grad_values):
+  """The leaves as ``name``'s rule takes them (``rule_configs.shaped``: a rule of matrices, Muon's,
+  gets ``b`` as (24, 1) and ``c`` as (3, 1), the same values; their specs shard the first axis as
+  before), the same objects for any other rule."""
+  from rule_configs import shaped
+
+  def taken(tree):
+    return {k: v.reshape(shaped(name, v.shape)) for k, v in tree.items()}
+
+  return taken(values), [taken(g) for g in grad_values]
+
+
 def _make(config):
   return config.make(LEARNING_RATE, **config.hyper)
 
@@ -95,11 +107,11 @@ def reference(out: pathlib.Path) -> None:
 
   if jax.process_count() != 1:
     raise AssertionError(f"the reference must run in a single process, got {jax.process_count()}")
-  values, grad_values = _values()
   results: dict[str, Any] = {}
   for name, config in _configs().items():
     opt = _make(config)
     step = jax.jit(_step_fn(opt), donate_argnums=(0, 1))
+    values, grad_values = _taken(name, *_values())
     params = jax.tree.map(jax.numpy.asarray, values)
     state = opt.init(params)
     for g in grad_values:
@@ -207,12 +219,12 @@ def distributed(out: pathlib.Path, port: int, process_id: int) -> None:
   check(summed, "the collective detector found nothing in a sum over the 8-device mesh")
   report = {"process_id": process_id, "detector": summed, "rules": {}}
 
-  values, grad_values = _values()
   results: dict[str, Any] = {}
   ckpt_root = out / "checkpoints"
   for name, config in _configs().items():
     opt = _make(config)
     step = jax.jit(_step_fn(opt), donate_argnums=(0, 1))
+    values, grad_values = _taken(name, *_values())
     params = global_tree(values)
     state = opt.init(params)
     for field, tree in zip(state._fields[1:], state[1:]):
@@ -227,7 +239,7 @@ def distributed(out: pathlib.Path, port: int, process_id: int) -> None:
     sharding = jax.tree.map(lambda x: x.sharding, params)
     p, s = run(step, params, state, grads, f"{name} (uninterrupted)")
     check(
-      all(p[k].sharding.is_equivalent_to(sharding[k], len(SHAPES[k])) for k in SHAPES),
+      all(p[k].sharding.is_equivalent_to(sharding[k], p[k].ndim) for k in SHAPES),
       f"{name}: the parameters' sharding changed during training",
     )
     local_shards({"params": p, "state": s}, name, results)

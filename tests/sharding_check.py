@@ -42,6 +42,18 @@ def _configs():
   return {k: (c.make, c.hyper, c.static_args, c.rule) for k, c in RULE_CONFIGS.items()}
 
 
+def _leaves(config):
+  """The vectors ``b`` (8,) and ``c`` (3,) as ``config``'s rule takes a leaf (``shaped``: a rule of
+  matrices, Muon's, gets (8, 1) along ``model`` and (3, 1) replicated; None: vectors), ``w``
+  (16, 8) as it is."""
+  from jax.sharding import PartitionSpec as P
+  from rule_configs import shaped
+
+  b, c = (shaped(config, s) if config is not None else s for s in ((8,), (3,)))
+  specs = {"w": P("data", "model"), "b": P("model", *(None,) * (len(b) - 1)), "c": P()}
+  return {"w": (16, 8), "b": b, "c": c}, specs
+
+
 def main() -> int:
   os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
   import jax
@@ -54,11 +66,17 @@ def main() -> int:
   if jax.device_count() < 8:
     print(f"FAIL: need 8 devices, have {jax.device_count()} (XLA_FLAGS={os.environ.get('XLA_FLAGS')})")
     return 1
-  specs = {"w": P("data", "model"), "b": P("model"), "c": P()}
-  rng = np.random.default_rng(0)
-  values = {"w": rng.normal(size=(16, 8)), "b": rng.normal(size=(8,)), "c": rng.normal(size=(3,))}
-  values = {k: v.astype(np.float32) for k, v in values.items()}
-  grad_values = {k: (0.5 * v + 0.1).astype(np.float32) for k, v in values.items()}
+
+  def tree(config=None):
+    """The parameters, their gradients and specs (as ``config``'s rule takes leaves, ``_leaves``)."""
+    shapes, specs = _leaves(config)
+    rng = np.random.default_rng(0)
+    values = {k: rng.normal(size=shapes[k]).astype(np.float32) for k in ("w", "b", "c")}
+    grad_values = {k: (0.5 * v + 0.1).astype(np.float32) for k, v in values.items()}
+    return values, grad_values, specs
+
+  # The closures below read these; each configuration rebinds them to its own leaves.
+  values, grad_values, specs = tree()
 
   def check(condition, message):
     if not condition:
@@ -172,6 +190,7 @@ def main() -> int:
   from onnx_optax import registry
 
   for name, (make, hyper, static, rule) in _configs().items():
+    values, grad_values, specs = tree(name)
     for injected in (False, True):
       label = f"{name} {'injected' if injected else 'plain'}"
       opt = (optax.inject_hyperparams(make, static_args=static) if injected else make)(0.05, **hyper)

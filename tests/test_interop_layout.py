@@ -733,6 +733,27 @@ def test_a_rule_on_whole_matrices_is_refused_under_an_operation_it_does_not_decl
   from_torch(optimizer, same.to_jax(model.state_dict()), layout=same)
 
 
+def test_a_muon_weight_is_refused_under_a_transpose():
+  """torch.optim.Muon's twin declares ranks (2,) and no ``commutes_with``: the transpose of its weight
+  into nnx.Linear's kernel is refused, naming the rule; in PyTorch's own layout it is carried."""
+  model = torch.nn.Linear(3, 2, bias=False).double()
+  optimizer = torch.optim.Muon(model.named_parameters(), lr=0.02)
+  model.weight.grad = torch.ones_like(model.weight)
+  optimizer.step()  # a momentum_buffer to carry
+  layout = derive(model, nnx.Linear(3, 2, use_bias=False, rngs=nnx.Rngs(0), **F64))
+  with pytest.raises(
+    ValueError,
+    match=r"the rule pytorch_muon computes on whole matrices \(ranks \(2,\)\), and its step need not "
+    r"commute with the operations \['transpose_last_two'\] of the JAX leaf 'kernel'",
+  ):
+    from_torch(optimizer, layout.to_jax(model.state_dict()), layout=layout)
+  same = Layout({"weight": "weight"}, layout.shapes)
+  _, state = from_torch(optimizer, same.to_jax(model.state_dict()), layout=same)
+  np.testing.assert_array_equal(
+    np.asarray(state.momentum_buffer["weight"]), optimizer.state[model.weight]["momentum_buffer"].numpy()
+  )
+
+
 class TorchAttend(torch.nn.Module):
   def __init__(self):
     super().__init__()

@@ -28,6 +28,16 @@ Where the spec's formulas are singular (see docs/optax.md, "Meta-gradients"):
 * ``Sqrt(1 - beta^T)`` at a second-moment decay ``beta = 1``: the true
   derivative is infinite (``~ -T / (2 Sqrt(T (1 - beta)))``).
 * Momentum is a polynomial in every hyperparameter: no singularity.
+
+A rule that rounds to a lower precision inside its update (``Rule.rounds_inside``:
+``torch.optim.Muon``'s bfloat16 iteration) declares the derivative it promises: that
+of the same rule with each inner rounding taken as the identity, the straight-through
+derivative JAX gives ``convert_element_type``. A central difference of the rule itself
+sees the roundings' flat steps instead (PyTorch Muon's ``momentum``: 0.0 against
+``jax.grad``'s 0.24), so for such a rule both sides are taken with
+``onnx_optax._numerics.round_inside``, the one function its roundings go through, as the
+identity: the central difference and ``jax.grad`` are then of the same function, compared
+to the same tolerance.
 """
 
 from __future__ import annotations
@@ -37,9 +47,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from rule_configs import RULE_CONFIGS
+from rule_configs import RULE_CONFIGS, shaped
 
 import onnx_optax
+from onnx_optax import _numerics, registry
 
 K = 10
 # Every configuration of every registered rule, the framework twins included.
@@ -52,9 +63,11 @@ def _float64():
     yield
 
 
-def _problem(weights=None):
+def _problem(weights=None, config=None):
+  """A (4, 3) and a (3,) leaf; the (3,) one as (3, 1) for a rule of matrices (``Rule.ranks``)."""
   rng = np.random.default_rng(0)
-  params = {"w": jnp.asarray(rng.normal(size=(4, 3))), "b": jnp.asarray(rng.normal(size=(3,)))}
+  b = (3,) if config is None else shaped(config, (3,))
+  params = {"w": jnp.asarray(rng.normal(size=(4, 3))), "b": jnp.asarray(rng.normal(size=(3,))).reshape(b)}
   target = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape)), params)
   if weights is None:
     weights = jax.tree.map(lambda p: jnp.asarray(1.0 + 0.5 * rng.uniform(size=p.shape)), params)
@@ -129,10 +142,15 @@ def _float64_fields(config):
 
 
 @pytest.mark.parametrize("config", sorted(CONFIGS))
-def test_metagradient_matches_central_difference(config):
-  """jax.grad w.r.t. every numeric hyperparameter, through K updates."""
+def test_metagradient_matches_central_difference(config, monkeypatch):
+  """jax.grad w.r.t. every numeric hyperparameter, through K updates.
+
+  A rule that rounds inside (``Rule.rounds_inside``) is differenced, and differentiated, with
+  its inner roundings taken as the identity (the module docstring)."""
+  if registry.get(RULE_CONFIGS[config].rule).rounds_inside:
+    monkeypatch.setattr(_numerics, "round_inside", lambda x, dtype: x)
   make, hyper, lr = CONFIGS[config]
-  params, loss = _problem()
+  params, loss = _problem(config=config)
   static, h0 = _split(hyper, lr, config)
   meta = _meta_objective(make, static, loss, params, prepare=_float64_fields(config))
   grads = jax.jit(jax.grad(meta))(h0)

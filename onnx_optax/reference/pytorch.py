@@ -13,6 +13,7 @@ NumPy's is (docs/interop.md, "PyTorch's float32 arithmetic per CPU").
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import ml_dtypes
@@ -27,6 +28,7 @@ __all__ = [
   "pytorch_adam",
   "pytorch_adamax",
   "pytorch_asgd",
+  "pytorch_muon",
   "pytorch_nadam",
   "pytorch_radam",
   "pytorch_rmsprop",
@@ -412,6 +414,110 @@ def pytorch_nadam(
   X = X + (grad_size * grad) / denom  # param.addcdiv_(grad, denom, value=grad_size)
   X = X + (avg_size * exp_avg) / denom  # param.addcdiv_(exp_avg, denom, value=avg_size)
   return X, mu_product, exp_avg, exp_avg_sq
+
+
+# -- torch.optim.Muon (torch/optim/_muon.py) ------------------------------------------------------
+
+
+def _bfloat16(x: np.ndarray) -> np.ndarray:
+  """``x`` (float64 or float32) rounded to bfloat16 (to nearest, ties to even, through float32 as
+  c10's conversion), kept as float64."""
+  bits = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+  one, half = np.uint64(1), np.uint64(0x7FFF)
+  rounded = (bits + half + ((bits >> np.uint64(16)) & one)) & np.uint64(0xFFFF0000)
+  return rounded.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def _muon_newton_schulz(update, ns_coefficients, ns_steps, eps):
+  """PyTorch's ``_zeropower_via_newtonschulz`` with every bfloat16 result correctly rounded: each
+  matrix product (of bfloat16 numbers, exact products) and ``b A + c A A``, ``a X + B X`` summed in
+  float64 and rounded once to bfloat16 (PyTorch accumulates in float32: the two differ only where
+  float32's sum lands across a bfloat16 rounding boundary)."""
+  a, b, c = (float(np.float32(v)) for v in ns_coefficients)
+  x = _bfloat16(update)  # grad.bfloat16()
+  tall = x.shape[0] > x.shape[1]
+  if tall:
+    x = x.T
+  norm = _bfloat16(np.sqrt(np.sum(x * x)))  # ortho_grad.norm()
+  norm = max(norm, float(_bfloat16(np.float64(eps))))  # .clamp(min=eps)
+  x = _bfloat16(x / norm)  # ortho_grad.div_(...)
+  for _ in range(ns_steps):
+    gram = _bfloat16(x @ x.T)  # ortho_grad @ ortho_grad.T
+    gram_update = _bfloat16(b * gram + c * (gram @ gram))  # addmm(gram, gram, gram, beta=b, alpha=c)
+    x = _bfloat16(a * x + gram_update @ x)  # addmm(ortho_grad, gram_update, ortho_grad, beta=a)
+  return x.T if tall else x
+
+
+@expectation("pytorch_muon", state=1)
+def pytorch_muon(
+  lr,
+  count,
+  X,
+  G,
+  momentum_buffer,
+  *,
+  weight_decay,
+  momentum,
+  nesterov,
+  ns_coefficients=(3.4445, -4.7750, 2.0315),
+  eps=1e-7,
+  ns_steps=5,
+  adjust_lr_fn=None,
+  dtype=np.float64,
+  scalars=None,
+):
+  """``torch.optim.Muon``'s step on one matrix (written from PyTorch's ``_single_tensor_muon``).
+
+  The iteration's input is formed as PyTorch forms it, in the tensors' own arithmetic (float32
+  for float32, bfloat16 and float16 tensors, float64 for float64): ``buf.lerp_(grad, 1 -
+  momentum)``, ``grad.lerp(buf, momentum)`` (one fused rounding each, PyTorch's two branches);
+  the iteration is :func:`_muon_newton_schulz`; ``X_new`` and the new buffer are computed in
+  ``dtype`` (the buffer's lerp again there: the iteration's input alone is PyTorch's rounded
+  one). ``count`` is not read (Muon keeps no ``step``), nor ``scalars`` (its only scalar is
+  ``lr``). Returns ``(X_new, momentum_buffer_new)``.
+  """
+  del count, scalars
+  ortho, buf = muon_orthogonalized(
+    G,
+    momentum_buffer,
+    momentum=momentum,
+    nesterov=nesterov,
+    ns_coefficients=ns_coefficients,
+    ns_steps=ns_steps,
+    eps=eps,
+  )
+  del buf  # the iteration's input; the new buffer is computed in ``dtype`` as the rest
+  ratio = muon_ratio(np.shape(X), adjust_lr_fn)
+  X, G, momentum_buffer = _arrays(dtype, X, G, momentum_buffer)
+  buf = _lerp(momentum_buffer, G, 1 - momentum)  # buf.lerp_(grad, 1 - momentum)
+  if weight_decay != 0:
+    X = X * np.asarray(1 - lr * weight_decay, X.dtype)  # param.mul_(1 - lr * weight_decay)
+  X_new = X + np.asarray(-(lr * ratio), X.dtype) * ortho.astype(X.dtype)  # add_(update, alpha=-adjusted_lr)
+  return X_new, buf
+
+
+def muon_orthogonalized(G, momentum_buffer, *, momentum, nesterov, ns_coefficients, ns_steps, eps):
+  """``torch.optim.Muon``'s momentum and iteration on one matrix: ``(O, momentum_buffer_new)``,
+  ``O`` the bfloat16 iteration's output (float64 values), the buffer in ``work`` (float64 for
+  float64 tensors, else float32), its values those of its own dtype. ``G`` and
+  ``momentum_buffer`` in the tensors' own dtypes: each lerp is one fused rounding in ``work``,
+  its result stored in its tensor's dtype (float16's rounding) and read back in ``work``."""
+  work = np.float64 if np.asarray(G).dtype == np.float64 else np.float32
+  g_dtype, buf_dtype = np.asarray(G).dtype, np.asarray(momentum_buffer).dtype
+  g, buf = (np.asarray(v, work) for v in (G, momentum_buffer))
+  buf = _lerp(buf, g, 1 - momentum).astype(buf_dtype).astype(work)  # buf.lerp_(grad, 1 - momentum)
+  if nesterov:
+    update = _lerp(g, buf, momentum).astype(g_dtype).astype(work)  # grad.lerp(buf, momentum)
+  else:
+    update = buf
+  return _muon_newton_schulz(update, ns_coefficients, ns_steps, eps), buf
+
+
+def muon_ratio(shape, adjust_lr_fn) -> float:
+  """PyTorch's ``_adjust_lr`` factor, a Python float: ``sqrt(max(1, A / B))`` (None,
+  ``"original"``) or ``0.2 sqrt(max(A, B))`` (``"match_rms_adamw"``)."""
+  A, B = shape
+  return math.sqrt(max(1, A / B)) if adjust_lr_fn in (None, "original") else 0.2 * math.sqrt(max(A, B))
 
 
 # -- the twins' steps, registered by rule: ``(R, T, X, G, *state)``, ``T`` their count ------------

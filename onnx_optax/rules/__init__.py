@@ -81,6 +81,7 @@ from onnx_optax.rules import torch_radam  # noqa: F401
 from onnx_optax.rules import torch_nadam  # noqa: F401
 from onnx_optax.rules import torch_asgd  # noqa: F401
 from onnx_optax.rules import torch_adafactor  # noqa: F401
+from onnx_optax.rules import torch_muon  # noqa: F401
 
 # isort: on
 from onnx_optax.rules.directml import DirectMLAdamScalars, directml_adam_elementwise, directml_adam_scalars

@@ -22,5 +22,6 @@ from onnx_optax.conformance.models import torch_radam  # noqa: F401
 from onnx_optax.conformance.models import torch_nadam  # noqa: F401
 from onnx_optax.conformance.models import torch_asgd  # noqa: F401
 from onnx_optax.conformance.models import torch_adafactor  # noqa: F401
+from onnx_optax.conformance.models import torch_muon  # noqa: F401
 
 # isort: on
