@@ -31,6 +31,7 @@ TIMEOUT_S = (
   300  # ~20 s (one rank) and ~40 s (two) on an idle 2-core machine; a hung collective must not hang CI
 )
 
+GATHERED = "options=StateDictOptions(full_state_dict=True)"
 JOURNEYS = {  # by (ranks, JAX devices per process)
   (1, 2): {
     "sharded/SGD",
@@ -181,6 +182,8 @@ def test_fsdp2_state_dicts_continue_in_jax_and_back(world, devices, tmp_path):
       f"rank holds {held} (of shape (4, 4))"
     ), read
     assert "split the JAX leaf '0.kernel' along its axis 1 over the processes" in read
+    assert f"which any layout carries): get_optimizer_state_dict(model, optimizer, {GATHERED})" in read
+    assert write.endswith("state = jax.experimental.multihost_utils.process_allgather(state, tiled=True)")
     assert write.startswith(
       "layout= writes the state of param_groups[0]['params'][0] ('0.weight') from the JAX leaves '0.kernel' "
       f"(part('0.weight').transpose(1, 0)), over several processes; it is a DTensor with placements "
