@@ -53,7 +53,9 @@ shards):
   dict refused and its advice run, ``process_allgather``), along their columns
   (the weights' rows, FSDP2's split: carried from the shards as they are), and
   a live optimizer built from ``named_parameters()`` through ``from_torch``
-  and ``to_torch``, the kernels split along their columns;
+  and ``to_torch``, the kernels split along their columns; the state's
+  DTensors made ``Replicate()``, read into kernels split along their rows as
+  the gathered state is, bit for bit;
 * world size 2 with two JAX devices per process (``DEVICES`` 2): ``fine/AdamW``,
   the sharded journey of a model whose first dimensions (8 and 4) split over
   the four devices, each rank's rows over its process's two;
@@ -105,7 +107,7 @@ from torch.distributed.checkpoint.state_dict import (  # noqa: E402
 )
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
-from torch.distributed.tensor import DTensor, Partial, Shard, distribute_tensor  # noqa: E402
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor  # noqa: E402
 
 from onnx_optax.interop import (  # noqa: E402
   from_torch,
@@ -502,8 +504,38 @@ def layouts():
   report["live"] = compare(model, ref)
   for name in ("rows", "columns"):
     report[name].update(compare(report[name].pop("model"), ref))
-  report["error"] = max(report[name]["error"] for name in ("rows", "columns", "live"))
+  report["replicated"] = layout_replicated(grads)
+  report["error"] = max(report[name]["error"] for name in ("rows", "columns", "live", "replicated"))
   return report
+
+
+def layout_replicated(grads):
+  """The state's DTensors made Replicate() (every rank holds each whole): read with layout= into kernels
+  split along their rows, as the gathered state dict is read, bit for bit."""
+  model, opt = model_and_optimizer("AdamW", SQUARE, torch.float64)
+  torch_steps(model, opt, grads[:N])
+  saved = get_optimizer_state_dict(model, opt)
+  whole = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+  layout = own_layout(model)
+  params = own_placed(layout, {n: whole[n].numpy() for n in NAMES}, PartitionSpec("fsdp"))
+  state = {
+    name: {
+      field: distribute_tensor(value.full_tensor(), value.device_mesh, [Replicate()])
+      if isinstance(value, DTensor)
+      else value
+      for field, value in entry.items()
+    }
+    for name, entry in saved["state"].items()
+  }
+  gathered = get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True))
+  _, want = from_torch_state_dict(gathered, params, layout=layout)
+  _, have = from_torch_state_dict({**saved, "state": state}, params, layout=layout)
+  same = all(
+    np.array_equal(np.asarray(a.data), np.asarray(b.data))
+    for x, y in zip(jax.tree.leaves(want), jax.tree.leaves(have))
+    for a, b in zip(x.addressable_shards, y.addressable_shards)
+  )
+  return {"error": 0.0 if same else 1.0}
 
 
 def layout_journey(spec, grads):
