@@ -46,6 +46,16 @@ shards):
   a gathered template is refused and the advice run as printed
   (``process_allgather``) writes the tensors the sharded write holds, bit for
   bit; into DTensors split by columns, refused;
+* ``layout/AdamW``: ``layout=`` into a port whose kernels are the weights
+  transposed (``SQUARE``), the kernels split over the processes along their
+  rows (the weights' columns: at world size 2 the read is refused, the advice
+  run as printed, the gathered state, and the write into the sharded state
+  dict refused and its advice run, ``process_allgather``), along their columns
+  (the weights' rows, FSDP2's split: carried from the shards as they are), and
+  a live optimizer built from ``named_parameters()`` through ``from_torch``
+  and ``to_torch``, the kernels split along their columns; the state's
+  DTensors made ``Replicate()``, read into kernels split along their rows as
+  the gathered state is, bit for bit;
 * world size 2 with two JAX devices per process (``DEVICES`` 2): ``fine/AdamW``,
   the sharded journey of a model whose first dimensions (8 and 4) split over
   the four devices, each rank's rows over its process's two;
@@ -82,6 +92,7 @@ if WORLD > 1:
   jax.distributed.initialize(f"127.0.0.1:{JAX_PORT}", WORLD, RANK)
 
 import jax.experimental.multihost_utils  # noqa: E402, F401  (the advice names it)
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 import torch  # noqa: E402
@@ -96,7 +107,7 @@ from torch.distributed.checkpoint.state_dict import (  # noqa: E402
 )
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
-from torch.distributed.tensor import DTensor, Partial, Shard, distribute_tensor  # noqa: E402
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor  # noqa: E402
 
 from onnx_optax.interop import (  # noqa: E402
   from_torch,
@@ -119,6 +130,7 @@ OWN = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])  # this process'
 EVEN = ((3, 4), (4, 2))  # Linear(3, 4), Tanh, Linear(4, 2): each first dimension splits over 2 evenly
 FINE = ((3, 8), (8, 4))  # first dimensions 8 and 4: over 2 ranks x 2 devices, 2 and 1 rows a device
 UNEVEN = ((3, 3), (3, 1))  # first dimensions 3 (rows 2 and 1) and 1 (rows 1 and none)
+SQUARE = ((4, 4), (4, 2))  # kernels (4, 4) and (4, 2) (the weights transposed): either axis splits over 2
 NAMES = ["0.weight", "0.bias", "2.weight", "2.bias"]
 OPTIMIZERS = {
   "SGD": lambda ps, **kw: torch.optim.SGD(ps, lr=0.1, momentum=0.9, dampening=0.1, weight_decay=0.01, **kw),
@@ -128,13 +140,13 @@ OPTIMIZERS = {
 GATHERED = "options=StateDictOptions(full_state_dict=True)"
 
 
-def model_and_optimizer(kind, dims, dtype, seed=0, **options):
+def model_and_optimizer(kind, dims, dtype, seed=0, named=False, **options):
   torch.manual_seed(seed)
   (a, b), (c, d) = dims
   model = torch.nn.Sequential(torch.nn.Linear(a, b), torch.nn.Tanh(), torch.nn.Linear(c, d)).to(dtype)
   for module in (model[0], model[2], model):
     fully_shard(module, mesh=MESH)
-  return model, OPTIMIZERS[kind](model.parameters(), **options)
+  return model, OPTIMIZERS[kind](model.named_parameters() if named else model.parameters(), **options)
 
 
 def rows(p):
@@ -434,6 +446,135 @@ def read_refusals():
   return report
 
 
+def own_layout(model):
+  """A port's layout: each Linear's weight as a ``(in, out)`` kernel (transposed), its bias as it is."""
+  from onnx_optax.interop.layout import Layout, part
+
+  shapes = {name: tuple(p.shape) for name, p in zip(NAMES, model.parameters())}
+  leaves = {f"{i}.kernel": part(f"{i}.weight").transpose(1, 0) for i in (0, 2)}
+  return Layout({**leaves, **{f"{i}.bias": f"{i}.bias" for i in (0, 2)}}, shapes=shapes)
+
+
+def own_placed(layout, named, kernel_spec):
+  """The whole PyTorch-named arrays ``named`` in the port's layout, each process putting its devices'
+  shards: the biases split as FSDP2's, the kernels by ``kernel_spec``."""
+  mesh = SPLIT.mesh
+  out = {}
+  for path, value in jax.tree_util.tree_flatten_with_path(layout.to_jax(named))[0]:
+    (layer, leaf) = (k.key for k in path)
+    spec = kernel_spec if leaf == "kernel" else PartitionSpec("fsdp")
+    host = np.asarray(value)
+    out.setdefault(layer, {})[leaf] = jax.make_array_from_callback(
+      host.shape, NamedSharding(mesh, spec), lambda i, h=host: h[i]
+    )
+  return out
+
+
+def own_steps(tx, state, params, grads, layout):
+  @jax.jit
+  def step(grads, state, params):
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  where = NamedSharding(SPLIT.mesh, PartitionSpec())
+  state = jax.tree.map(lambda x: jax.device_put(x, where) if x.ndim == 0 else x, state)
+  for step_grads in grads:
+    g = own_placed(layout, dict(zip(NAMES, step_grads)), params["0"]["kernel"].sharding.spec)
+    params, state = step(g, state, params)
+  return params, state
+
+
+def layouts():
+  """The sharded state dict carried with layout= into a port whose kernels are the weights transposed,
+  its kernels split over the processes along either axis, and back; the live optimizer likewise."""
+  ref, grads = reference("AdamW", SQUARE, torch.float64)
+  report = {
+    "rows": layout_journey(PartitionSpec("fsdp"), grads),  # the kernel's rows: the weight's columns
+    "columns": layout_journey(PartitionSpec(None, "fsdp"), grads),  # the weight's rows, FSDP2's split
+  }
+  model, opt = model_and_optimizer("AdamW", SQUARE, torch.float64, named=True)
+  torch_steps(model, opt, grads[:N])
+  layout = own_layout(model)
+  whole = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+  params = own_placed(layout, {n: whole[n].numpy() for n in NAMES}, PartitionSpec(None, "fsdp"))
+  tx, state = from_torch(opt, params, layout=layout)
+  params, state = own_steps(tx, state, params, grads[N : N + M], layout)
+  to_torch(state, opt, params, layout=layout)
+  torch_steps(model, opt, grads[N + M :])
+  report["live"] = compare(model, ref)
+  for name in ("rows", "columns"):
+    report[name].update(compare(report[name].pop("model"), ref))
+  report["replicated"] = layout_replicated(grads)
+  report["error"] = max(report[name]["error"] for name in ("rows", "columns", "live", "replicated"))
+  return report
+
+
+def layout_replicated(grads):
+  """The state's DTensors made Replicate() (every rank holds each whole): read with layout= into kernels
+  split along their rows, as the gathered state dict is read, bit for bit."""
+  model, opt = model_and_optimizer("AdamW", SQUARE, torch.float64)
+  torch_steps(model, opt, grads[:N])
+  saved = get_optimizer_state_dict(model, opt)
+  whole = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+  layout = own_layout(model)
+  params = own_placed(layout, {n: whole[n].numpy() for n in NAMES}, PartitionSpec("fsdp"))
+  state = {
+    name: {
+      field: distribute_tensor(value.full_tensor(), value.device_mesh, [Replicate()])
+      if isinstance(value, DTensor)
+      else value
+      for field, value in entry.items()
+    }
+    for name, entry in saved["state"].items()
+  }
+  gathered = get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True))
+  _, want = from_torch_state_dict(gathered, params, layout=layout)
+  _, have = from_torch_state_dict({**saved, "state": state}, params, layout=layout)
+  same = all(
+    np.array_equal(np.asarray(a.data), np.asarray(b.data))
+    for x, y in zip(jax.tree.leaves(want), jax.tree.leaves(have))
+    for a, b in zip(x.addressable_shards, y.addressable_shards)
+  )
+  return {"error": 0.0 if same else 1.0}
+
+
+def layout_journey(spec, grads):
+  """from_torch_state_dict(..., layout=), M steps in JAX, to_torch_state_dict(..., layout=) into the
+  sharded state dict; each refusal's advice run as printed."""
+  model, opt = model_and_optimizer("AdamW", SQUARE, torch.float64)
+  torch_steps(model, opt, grads[:N])
+  saved = get_optimizer_state_dict(model, opt)
+  whole = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+  layout = own_layout(model)
+  params = own_placed(layout, {n: whole[n].numpy() for n in NAMES}, spec)
+  out = {}
+  try:
+    tx, state = from_torch_state_dict(saved, params, layout=layout)
+  except ValueError as error:
+    out["read"] = message = str(error)
+    advice = message.split("which any layout carries): ", 1)[1].split("; or ", 1)[0]
+    namespace = {"get_optimizer_state_dict": get_optimizer_state_dict, "StateDictOptions": StateDictOptions}
+    readable = eval(advice, {**namespace, "model": model, "optimizer": opt})
+    tx, state = from_torch_state_dict(readable, params, layout=layout)
+  params, state = own_steps(tx, state, params, grads[N : N + M], layout)
+  try:
+    back = to_torch_state_dict(state, saved, layout=layout)
+  except ValueError as error:
+    out["write"] = message = str(error)
+    namespace = {"jax": jax, "state": state}
+    exec(message.split("(each rank takes its own rows): ", 1)[1], namespace)
+    back = to_torch_state_dict(namespace["state"], saved, layout=layout)
+  fresh, opt2 = model_and_optimizer("AdamW", SQUARE, torch.float64, seed=1)
+  named = layout.to_torch(params)
+  if WORLD > 1:  # the kernels' rows split: each rank's weight rows on both processes
+    named = jax.experimental.multihost_utils.process_allgather(named, tiled=True)
+  weights_into(fresh, [jnp.asarray(named[n]) for n in NAMES])
+  set_optimizer_state_dict(fresh, opt2, back)
+  torch_steps(fresh, opt2, grads[N + M :])
+  out["model"] = fresh
+  return out
+
+
 def main():
   report = {"journeys": {}, "seconds": {"start": time.monotonic() - START}}
   journeys = report["journeys"]
@@ -452,6 +593,7 @@ def main():
       timed(f"sharded/{kind}", sharded, kind)
     timed("flat/AdamW", sharded, "AdamW", options=StateDictOptions(flatten_optimizer_state_dict=True))
     timed("gathered/AdamW", gathered)
+    timed("layout/AdamW", layouts)
     if WORLD > 1:
       timed("float32/AdamW", sharded, "AdamW", torch.float32, spread=True)
       timed("replicated/AdamW", replicated)

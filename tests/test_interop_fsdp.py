@@ -31,12 +31,22 @@ TIMEOUT_S = (
   300  # ~20 s (one rank) and ~40 s (two) on an idle 2-core machine; a hung collective must not hang CI
 )
 
+GATHERED = "options=StateDictOptions(full_state_dict=True)"
 JOURNEYS = {  # by (ranks, JAX devices per process)
-  (1, 2): {"sharded/SGD", "sharded/Adagrad", "sharded/AdamW", "flat/AdamW", "gathered/AdamW", "refused"},
+  (1, 2): {
+    "sharded/SGD",
+    "sharded/Adagrad",
+    "sharded/AdamW",
+    "flat/AdamW",
+    "gathered/AdamW",
+    "layout/AdamW",
+    "refused",
+  },
   (2, 1): {
     "sharded/AdamW",
     "flat/AdamW",
     "gathered/AdamW",
+    "layout/AdamW",
     "float32/AdamW",
     "replicated/AdamW",
     "uneven/AdamW",
@@ -115,7 +125,13 @@ def test_fsdp2_state_dicts_continue_in_jax_and_back(world, devices, tmp_path):
     else:
       assert max(r["error"] for r in results) <= 1e-12, (name, results)
 
+  for report in reports if devices == 1 else []:  # refused only where the kernels split the weights' columns
+    layout = report["journeys"]["layout/AdamW"]
+    assert not {"read", "write"} & set(layout["columns"]) and set(layout["rows"]) >= (
+      {"read", "write"} if world > 1 else set()
+    ), layout
   if world == 1:
+    assert not {"read", "write"} & set(reports[0]["journeys"]["layout/AdamW"]["rows"])
     refused = reports[0]["journeys"]["refused"]
     assert "has placements (Partial(sum),)" in refused["partial"], refused["partial"]
     assert "reads this rank's shard of Shard(d) and Replicate() placements only" in refused["partial"]
@@ -158,5 +174,20 @@ def test_fsdp2_state_dicts_continue_in_jax_and_back(world, devices, tmp_path):
     ), write["gathered"]
     columns = ["((0, 4), (0, 2))", "((0, 4), (2, 3))"][rank]
     assert f"do not hold {columns}, what this rank's DTensor holds" in write["columns"], write["columns"]
+    read, write = journeys["layout/AdamW"]["rows"]["read"], journeys["layout/AdamW"]["rows"]["write"]
+    held = ["((0, 2), (0, 4))", "((2, 4), (0, 4))"][rank]
+    assert read.startswith(
+      "layout= makes the JAX leaves '0.kernel' (part('0.weight').transpose(1, 0)) of the state of "
+      f"param_groups[0]['params'][0] ('0.weight'), a DTensor with placements (Shard(dim=0),), of which this "
+      f"rank holds {held} (of shape (4, 4))"
+    ), read
+    assert "split the JAX leaf '0.kernel' along its axis 1 over the processes" in read
+    assert f"which any layout carries): get_optimizer_state_dict(model, optimizer, {GATHERED})" in read
+    assert write.endswith("state = jax.experimental.multihost_utils.process_allgather(state, tiled=True)")
+    assert write.startswith(
+      "layout= writes the state of param_groups[0]['params'][0] ('0.weight') from the JAX leaves '0.kernel' "
+      f"(part('0.weight').transpose(1, 0)), over several processes; it is a DTensor with placements "
+      f"(Shard(dim=0),), whose rows {held} this rank holds"
+    ), write
     weights = journeys["live/AdamW"]["refused"]
     assert "is a DTensor, and this rank holds its part" in weights and "Pass like with a sharding" in weights

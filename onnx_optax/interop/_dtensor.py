@@ -18,6 +18,7 @@ from onnx_optax.interop import _common
 
 __all__ = [
   "check_held",
+  "check_mapped",
   "dtensor_region",
   "is_dtensor",
   "load",
@@ -96,13 +97,14 @@ def to_host(torch: Any, tensor: Any, where: str = "") -> np.ndarray | _common.Ho
   return _common.HostPiece(host, tuple(a for a, _ in region), shape)
 
 
-def to_tensor(torch: Any, value: Any, like: Any, where: str, *, copy: bool = True) -> Any:
+def to_tensor(torch: Any, value: Any, like: Any, where: str, *, copy: bool = True, mapped: str = "") -> Any:
   """A JAX (or NumPy) value as a tensor like ``like``: on its device, and a ``DTensor`` with its
   placements when ``like`` is one (a FSDP2 parameter) or a stand-in for one (``like.template``).
 
   One copy of the values (none on the host in between); ``copy=False``: a JAX array on one CPU
   device, for a plain tensor on the CPU, is shared through DLPack instead (the tensor is the
-  array's memory, which JAX takes as immutable).
+  array's memory, which JAX takes as immutable). ``mapped``: the JAX leaves a ``layout=`` made
+  ``value`` of (named where this process lacks the DTensor's rows).
   """
   template = like if is_dtensor(like) else getattr(like, "template", None)
   if not copy and template is None and _shareable(value) and str(like.device) == "cpu":
@@ -111,6 +113,16 @@ def to_tensor(torch: Any, value: Any, like: Any, where: str, *, copy: bool = Tru
   host = _common.host_region(value, region)
   if host is None:
     held = [_common.bounds(s.index, value.shape) for s in value.addressable_shards]
+    if mapped and template is not None and region is not None:
+      tree = "params" if where.startswith("params") else "state"
+      raise ValueError(
+        f"layout= writes {where} from the JAX leaves {mapped}, over several processes; it is a DTensor "
+        f"with placements {tuple(template.placements)}, whose rows {region} this rank holds, and through "
+        f"the layout's operations this process's shards hold {held}: an axis permutation, reshape or "
+        f"split moves numbers between the processes, and each rank writes from this process's shards "
+        f"alone. Gather the {tree} first, then write it with layout= (each rank takes its own rows): "
+        f"{tree} = jax.experimental.multihost_utils.process_allgather({tree}, tiled=True)"
+      )
     raise ValueError(
       f"{where} is a JAX array over several processes, and this process's shards {held} do not hold "
       + (
@@ -215,4 +227,54 @@ def check_held(value: Any, leaf: Any, where: str, *, weights: bool = False) -> N
       else f"Shard the JAX parameters so that {split}, or read the gathered state on every rank: "
       f"get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))"
     )
+  )
+
+
+def moved(layout: Any, name: str | None) -> str:
+  """The JAX leaves ``layout`` makes the PyTorch tensor ``name`` into by some operation (for messages),
+  or "" where there is none (no layout, or the tensor is one leaf as it is)."""
+  if layout is None or name is None or name not in layout.pieces:
+    return ""
+  used = layout.pieces[name]
+  if all(p.rows is None and not p.ops and len(layout.leaves[path].parts) == 1 for path, p in used):
+    return ""
+  return ", ".join(f"{path!r} ({layout.leaves[path]})" for path, _ in used)
+
+
+GATHERED_READ = "get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))"
+
+
+def check_mapped(value: Any, leaf: Any, where: str, entry: Any, layout: Any, name: str) -> None:
+  """Refuses, naming ``layout=``, a rank's shard (a ``HostPiece``) of the PyTorch tensor ``name`` that
+  lacks a region which the JAX leaves the layout makes of it need on this process's devices.
+
+  ``leaf``: the PyTorch-named leaf (the JAX leaves mapped back through the layout); ``entry``: the
+  state entry's raw values (the DTensors, for their placements).
+  """
+  missing = _common.missing_region(value, leaf)
+  if missing is None or moved(layout, name) == "":  # the identity: check_held's refusal, if any
+    return
+  placements = next((tuple(t.placements) for t in entry if is_dtensor(t)), None)
+  used = layout.pieces[name]
+  leaves = moved(layout, name)
+  split = [d for d, ((a, b), n) in enumerate(zip(value.region(), value.shape)) if (a, b) != (0, n)]
+  hint = ""
+  if len(used) == 1 and split:
+    (path, p), axes = used[0], list(range(len(value.shape)))
+    if p.rows is None and all(op == "transpose" for op, _ in p.ops):
+      for _, permutation in p.ops:
+        axes = [axes[a] for a in permutation]
+      own = [axes.index(d) for d in split]
+      hint = (
+        f"; or split the JAX leaf {path!r} along its axis {own[0] if len(own) == 1 else own} over the "
+        f"processes in rank order (the tensor's axis {split[0] if len(split) == 1 else split}, which "
+        f"the DTensor splits), so that each process's devices need rows this rank holds"
+      )
+  raise ValueError(
+    f"layout= makes the JAX leaves {leaves} of {where}, a DTensor with placements {placements}, of which "
+    f"this rank holds {value.region()} (of shape {tuple(value.shape)}); through the layout's operations "
+    f"their devices on this process need {missing} of it, which this rank does not hold: an axis "
+    f"permutation, reshape or split moves numbers between the ranks' shards, and the bridge reads this "
+    f"rank's shard alone. Read the gathered state on every rank (plain tensors, which any layout "
+    f"carries): {GATHERED_READ}{hint}"
   )

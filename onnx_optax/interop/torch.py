@@ -248,7 +248,10 @@ def carry(torch: Any, view: View, params: Any, learning_rate: Any, *, layout: An
   # The groups' rules' longest fields: a flag on in some group (Adam's amsgrad) adds fields after
   # the others, and the parameters of the other groups have none of those (zeros, masked there).
   fields_of = max([_torch_optim.group_twin(kind, group).fields for group in groups], key=len, default=())
-  for (shape, dtype, where), values, leaf in zip(_torch_placement.described(groups), tensors, leaves):
+  names = _torch_placement.param_names(groups)
+  for i, ((shape, dtype, where), values, leaf) in enumerate(
+    zip(_torch_placement.described(groups), tensors, leaves)
+  ):
     for f, value in zip(fields_of, values):
       if value is None:
         continue
@@ -260,6 +263,15 @@ def carry(torch: Any, view: View, params: Any, learning_rate: Any, *, layout: An
           f"(optimizer.state[p][key] = optimizer.state[p][key].to(p.dtype)) if that is what you mean"
         )
       _torch_optim.check_field(f, value, shape, dtype, f"the state {f.name!r} of {where}")
+      if f.like_params and layout is not None and names is not None:
+        _dtensor.check_mapped(
+          value,
+          leaf,
+          f"the state of {where}",
+          view.state.get(_torch_placement.tensors(groups)[i], {}).values(),
+          layout,
+          names[i],
+        )
       if f.like_params:
         _dtensor.check_held(value, leaf, f"the state of {where}")
 
@@ -291,6 +303,11 @@ def carry(torch: Any, view: View, params: Any, learning_rate: Any, *, layout: An
     assert names is not None  # _layout_names refused an optimizer without names
     return _layout.state_to_jax(layout, transforms_by_label, dict(zip(names, labels)), state, own_params)
   return tx, _common.counts_placed(state, tree_leaves)
+
+
+def _mapped(layout: Any, names: Sequence[str] | None, i: int) -> str:
+  """The JAX leaves ``layout`` makes the ``i``-th parameter into by some operation, or "" (messages)."""
+  return _dtensor.moved(layout, None if names is None else names[i])
 
 
 def _layout_names(layout: Any, groups: Sequence[dict]) -> Any:
@@ -409,14 +426,15 @@ def to_torch(state: Any, optimizer: Any, params: Any = None, *, layout: Any = No
   # Checked whole before anything is written, each tensor sharing its JAX array's memory where it
   # can (a CPU one); each is copied once as it is written, so the state is held once more at most
   # by one tensor in flight (docs/interop.md, "Memory").
-  writes = checked_writes(torch, kind, groups, state, copy=False)
+  writes = checked_writes(torch, kind, groups, state, copy=False, layout=layout)
   new_params = None
   if params is not None:
     leaves, _, _ = _torch_placement.ordered(params, groups, "params")
+    names = _torch_placement.param_names(groups)
     new_params = [
-      _dtensor.to_tensor(torch, leaf, p, f"params for {where}", copy=False)
-      for leaf, p, (_, _, where) in zip(
-        leaves, _torch_placement.tensors(groups), _torch_placement.described(groups)
+      _dtensor.to_tensor(torch, leaf, p, f"params for {where}", copy=False, mapped=_mapped(layout, names, i))
+      for i, (leaf, p, (_, _, where)) in enumerate(
+        zip(leaves, _torch_placement.tensors(groups), _torch_placement.described(groups))
       )
     ]
   for p, group, count, tensors in writes:
@@ -428,11 +446,19 @@ def to_torch(state: Any, optimizer: Any, params: Any = None, *, layout: Any = No
 
 
 def checked_writes(
-  torch: Any, kind: str, groups: Sequence[dict], state: Any, *, source: str = "optimizer", copy: bool = True
+  torch: Any,
+  kind: str,
+  groups: Sequence[dict],
+  state: Any,
+  *,
+  source: str = "optimizer",
+  copy: bool = True,
+  layout: Any = None,
 ) -> list[tuple[Any, dict, int, tuple]]:
   """``(parameter, group, step, state tensors)`` per parameter, every check done, nothing written
   (``step``: PyTorch's, the updates done). ``source``: what the caller holds (``mapping``'s);
-  ``copy=False``: tensors on the CPU share the state's memory (:func:`_dtensor.to_tensor`)."""
+  ``copy=False``: tensors on the CPU share the state's memory (:func:`_dtensor.to_tensor`); ``layout``:
+  the layout the state was mapped back through, named where a DTensor's rows are not on this process."""
   # The state's trees have the params' structure (optax.MaskedNode where a
   # label's transform does not own a leaf): the one mapping places them.
   names = _torch_placement.param_names(groups)
@@ -480,7 +506,9 @@ def checked_writes(
           f"later (count >= {offset}, {spec_rule.name}'s initial_count)"
         )
       tensors = tuple(
-        _dtensor.to_tensor(torch, value, p, f"the state of {where}", copy=copy)
+        _dtensor.to_tensor(
+          torch, value, p, f"the state of {where}", copy=copy, mapped=_mapped(layout, names, i)
+        )
         if f.like_params
         # A field of its own shape (a scalar per parameter): a plain tensor, on the CPU here
         # (_torch_optim.write puts it where the tensor it replaces was).

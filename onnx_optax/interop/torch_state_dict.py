@@ -316,7 +316,9 @@ def to_torch_state_dict(
     template = held[0] if held and _dtensor.is_dtensor(held[0]) else None
     stand_ins[key] = _Param(key, shape, dtype, device, template)
   view_groups = _groups(kind, groups, stand_ins, names)
-  writes = bridge.checked_writes(torch, kind, view_groups, state, source="state_dict", copy=copy)
+  writes = bridge.checked_writes(
+    torch, kind, view_groups, state, source="state_dict", copy=copy, layout=layout
+  )
   out_state: dict[Any, dict] = {}
   for p, group, count, tensors in writes:
     slot = dict(entries.get(p.key, {}))  # a copy: like keeps its tensors
