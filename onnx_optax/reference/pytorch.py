@@ -471,7 +471,7 @@ def pytorch_muon(
   The iteration's input is formed as PyTorch forms it, in the tensors' own arithmetic (float32
   for float32, bfloat16 and float16 tensors, float64 for float64): ``buf.lerp_(grad, 1 -
   momentum)``, ``grad.lerp(buf, momentum)`` (one fused rounding each, PyTorch's two branches);
-  the iteration is :func:`_muon_newton_schulz`; ``X_new`` and the new buffer are computed in
+  the iteration is ``_muon_newton_schulz``; ``X_new`` and the new buffer are computed in
   ``dtype`` (the buffer's lerp again there: the iteration's input alone is PyTorch's rounded
   one). ``count`` is not read (Muon keeps no ``step``), nor ``scalars`` (its only scalar is
   ``lr``). Returns ``(X_new, momentum_buffer_new)``.
