@@ -803,7 +803,7 @@ def test_per_tensor_fields_follow_their_parameter_into_split_leaves(make):
     loss = torch.nn.functional.mse_loss(model(batch[0]), batch[1])
     loss.backward()
     optimizer.step()
-    return float(loss)
+    return float(loss.detach())
 
   model, optimizer = run()
   expected = [step(model, optimizer, b) for b in batches]
