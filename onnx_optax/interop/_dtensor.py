@@ -179,10 +179,7 @@ def dtensor_region(tensor: Any, where: str = "") -> tuple[tuple[int, int], ...]:
   mesh, placements = tensor.device_mesh, tensor.placements
   coordinate = mesh.get_coordinate()
   bounds = [[0, int(n)] for n in tensor.shape]
-  gathered = (
-    "read the gathered state instead: get_optimizer_state_dict(model, optimizer, "
-    "options=StateDictOptions(full_state_dict=True))"
-  )
+  gathered = f"read the gathered state instead: {GATHERED_READ}"
   for axis, placement in enumerate(placements):
     if type(placement) is Replicate:
       continue
@@ -206,6 +203,10 @@ def dtensor_region(tensor: Any, where: str = "") -> tuple[tuple[int, int], ...]:
   return tuple((a, b) for a, b in bounds)
 
 
+#: The advice to read a DCP / FSDP2 state gathered, as plain tensors on every rank.
+GATHERED_READ = "get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))"
+
+
 def check_held(value: Any, leaf: Any, where: str, *, weights: bool = False) -> None:
   """Refuses a rank's shard (a ``HostPiece``) that lacks a region ``leaf``'s devices on this process need."""
   missing = _common.missing_region(value, leaf)
@@ -225,7 +226,7 @@ def check_held(value: Any, leaf: Any, where: str, *, weights: bool = False) -> N
       f"in which {split}"
       if weights
       else f"Shard the JAX parameters so that {split}, or read the gathered state on every rank: "
-      f"get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))"
+      f"{GATHERED_READ}"
     )
   )
 
@@ -241,9 +242,6 @@ def moved(layout: Any, name: str | None) -> str:
   return ", ".join(f"{path!r} ({layout.leaves[path]})" for path, _ in used)
 
 
-GATHERED_READ = "get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))"
-
-
 def check_mapped(value: Any, leaf: Any, where: str, entry: Any, layout: Any, name: str) -> None:
   """Refuses, naming ``layout=``, a rank's shard (a ``HostPiece``) of the PyTorch tensor ``name`` that
   lacks a region which the JAX leaves the layout makes of it need on this process's devices.
@@ -252,11 +250,11 @@ def check_mapped(value: Any, leaf: Any, where: str, entry: Any, layout: Any, nam
   state entry's raw values (the DTensors, for their placements).
   """
   missing = _common.missing_region(value, leaf)
-  if missing is None or moved(layout, name) == "":  # the identity: check_held's refusal, if any
+  leaves = "" if missing is None else moved(layout, name)
+  if not leaves:  # nothing missing, or the identity: check_held's refusal, if any
     return
   placements = next((tuple(t.placements) for t in entry if is_dtensor(t)), None)
   used = layout.pieces[name]
-  leaves = moved(layout, name)
   split = [d for d, ((a, b), n) in enumerate(zip(value.region(), value.shape)) if (a, b) != (0, n)]
   hint = ""
   if len(used) == 1 and split:
