@@ -57,6 +57,8 @@ _LARGE_T = 7  # The T of the 10^6-element case.
 
 _TINY = {"float64": 1e-8, "float32": 1e-6, "bfloat16": 1e-6, "float16": 1e-2}
 _HUGE = {"float64": 1e100, "float32": 1e15, "bfloat16": 1e15, "float16": 100.0}
+#: The relative noise of a "near_singular" gradient (``Case.gradient``) beside its rank-one part.
+_NEAR_SINGULAR_NOISE = 1e-3
 
 
 @dataclass(frozen=True)
@@ -240,7 +242,10 @@ class Case:
     R: the learning rate.
     hyper: the rule's hyperparameters (Python floats, and Momentum's mode).
     shapes: one shape per leaf; more than one leaf makes a nested pytree.
-    gradient: ``"normal"``, ``"zero"``, ``"tiny"`` or ``"huge"``.
+    gradient: ``"normal"``, ``"zero"``, ``"tiny"``, ``"huge"``, or ``"near_singular"`` (2-D
+      leaves only: the outer product ``u v^T`` of two vectors drawn as a normal gradient, plus
+      a normal gradient times ``1e-3``, rounded once to the dtype; one singular value dominates,
+      the others are about 1e-4 to 1e-3 of it).
     state: ``"random"`` (non-zero), ``"zero"``, or ``"tight"`` (random, a field declared
       ``root_of`` a second moment within 0.1% of that bound, one declared ``at_least`` another
       equal to it).
@@ -319,10 +324,21 @@ class Case:
         x = x * rng.choice([-1.0, 1.0], size=shape)
       return np.asarray(x).astype(dtype)  # Rounded once, from float64.
 
+    def near_singular(shape):
+      # Nearly rank one: u v^T plus a relative noise of 1e-3, in float64, rounded once.
+      if len(shape) != 2:
+        raise ValueError(f"a near_singular gradient is a matrix, got shape {shape} in case {self.id}")
+      u, v = (draw((n,), 0.5, 1.0, dtype=np.float64) for n in shape)
+      noise = draw(shape, 0.5, 1.0, scale=_NEAR_SINGULAR_NOISE, dtype=np.float64)
+      return (np.outer(u, v) + noise).astype(dtype)
+
     huge = self.suite.conformance.huge.get(self.dtype, _HUGE[self.dtype])  # the rule's (Conformance.huge)
-    scale = {"normal": 1.0, "zero": 0.0, "tiny": _TINY[self.dtype], "huge": huge}[self.gradient]
     X = [draw(s, 0.5, 2.0, scale=self.x_scale) for s in self.shapes]
-    G = [draw(s, 0.5, 1.0, scale=scale) for s in self.shapes]
+    if self.gradient == "near_singular":
+      G = [near_singular(s) for s in self.shapes]
+    else:
+      scale = {"normal": 1.0, "zero": 0.0, "tiny": _TINY[self.dtype], "huge": huge}[self.gradient]
+      G = [draw(s, 0.5, 1.0, scale=scale) for s in self.shapes]
     state_scale = _TINY[self.dtype] if self.gradient == "tiny" else 1.0
     state: list[list[np.ndarray]] = []
     drawn: dict[str, list[np.ndarray]] = {}

@@ -437,6 +437,18 @@ RULE = registry.register(
         registry.Edge("shape=3x9", {"shapes": ((3, 9),)}),
         # Singular: a rank-one matrix (one singular value; the Gram matrix is 1 x 1).
         registry.Edge("shape=1x7", {"shapes": ((1, 7),)}),
+        # Near a singular matrix: a nearly rank-one gradient (Case.gradient "near_singular") from a
+        # zero buffer at the first update, so that the iteration's input is a multiple of it (0.19 G
+        # with nesterov): one singular value dominates, the others 1e-4 to 1e-3 of it. Wide, and
+        # tall (the iteration transposes it).
+        registry.Edge(
+          "gradient=near_singular",
+          {"gradient": "near_singular", "state": "zero", "T": 0, "shapes": ((8, 16),)},
+        ),
+        registry.Edge(
+          "gradient=near_singular,shape=16x8",
+          {"gradient": "near_singular", "state": "zero", "T": 0, "shapes": ((16, 8),)},
+        ),
         # The norm below eps: clamped to eps, the iteration's input far inside the unit ball.
         registry.Edge("eps=1000", {"hyper": {"eps": 1000.0}}),
       ),
