@@ -10,8 +10,10 @@ Importing this module does not import PyTorch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import jax
 import numpy as np
 
 from onnx_optax.interop import _common
@@ -82,7 +84,10 @@ def put(value: Any, leaf: Any) -> Any:
   """
   out = _common.put_like(value, leaf)
   if shares_memory(out, value.data if isinstance(value, _common.HostPiece) else value):
-    out = out.copy()
+    # A copy into JAX's own memory by the runtime (no XLA program compiled per shape, as ``out.copy()``
+    # would), which a donating step can reuse (memory JAX shares with NumPy it cannot). Waited for:
+    # the copy runs asynchronously, and the tensor may change in place once this returns.
+    out = jax.block_until_ready(jax.device_put(out, out.sharding, may_alias=False))
   return out
 
 
@@ -97,14 +102,16 @@ def to_host(torch: Any, tensor: Any, where: str = "") -> np.ndarray | _common.Ho
   return _common.HostPiece(host, tuple(a for a, _ in region), shape)
 
 
-def to_tensor(torch: Any, value: Any, like: Any, where: str, *, copy: bool = True, mapped: str = "") -> Any:
+def to_tensor(
+  torch: Any, value: Any, like: Any, where: str, *, copy: bool = True, mapped: Callable[[], str] | None = None
+) -> Any:
   """A JAX (or NumPy) value as a tensor like ``like``: on its device, and a ``DTensor`` with its
   placements when ``like`` is one (a FSDP2 parameter) or a stand-in for one (``like.template``).
 
   One copy of the values (none on the host in between); ``copy=False``: a JAX array on one CPU
   device, for a plain tensor on the CPU, is shared through DLPack instead (the tensor is the
-  array's memory, which JAX takes as immutable). ``mapped``: the JAX leaves a ``layout=`` made
-  ``value`` of (named where this process lacks the DTensor's rows).
+  array's memory, which JAX takes as immutable). ``mapped``: returns the JAX leaves a ``layout=``
+  made ``value`` of (named where this process lacks the DTensor's rows; called only then).
   """
   template = like if is_dtensor(like) else getattr(like, "template", None)
   if not copy and template is None and _shareable(value) and str(like.device) == "cpu":
@@ -113,10 +120,11 @@ def to_tensor(torch: Any, value: Any, like: Any, where: str, *, copy: bool = Tru
   host = _common.host_region(value, region)
   if host is None:
     held = [_common.bounds(s.index, value.shape) for s in value.addressable_shards]
-    if mapped and template is not None and region is not None:
+    leaves = mapped() if mapped is not None and region is not None else ""
+    if leaves and template is not None:
       tree = "params" if where.startswith("params") else "state"
       raise ValueError(
-        f"layout= writes {where} from the JAX leaves {mapped}, over several processes; it is a DTensor "
+        f"layout= writes {where} from the JAX leaves {leaves}, over several processes; it is a DTensor "
         f"with placements {tuple(template.placements)}, whose rows {region} this rank holds, and through "
         f"the layout's operations this process's shards hold {held}: an axis permutation, reshape or "
         f"split moves numbers between the processes, and each rank writes from this process's shards "
@@ -134,10 +142,7 @@ def to_tensor(torch: Any, value: Any, like: Any, where: str, *, copy: bool = Tru
         "first: state = jax.experimental.multihost_utils.process_allgather(state, tiled=True)"
       )
     )
-  if _common.dtype_name(host.dtype) == "bfloat16":  # NumPy has no bfloat16 PyTorch reads: its bits
-    tensor = torch.from_numpy(np.array(host).view(np.int16)).view(torch.bfloat16)
-  else:
-    tensor = torch.from_numpy(np.array(host))
+  tensor = _copied(torch, host)
   if template is None:
     return tensor.to(device=like.device)
   from torch.distributed.tensor import DTensor
@@ -150,6 +155,23 @@ def to_tensor(torch: Any, value: Any, like: Any, where: str, *, copy: bool = Tru
     shape=template.shape,
     stride=template.stride(),
   )
+
+
+def _copied(torch: Any, host: np.ndarray) -> Any:
+  """A CPU tensor of its own holding ``host``'s values: memory PyTorch allocates, then one copy.
+
+  Not ``np.array(host)``: NumPy asks Linux for transparent huge pages from 4 MiB on, and where huge
+  pages are made on demand (``/sys/kernel/mm/transparent_hugepage/defrag``: ``madvise``, the
+  default) the first write to each may stall to compact memory (a 147 MiB copy took 2.9 s, against
+  0.08 s into PyTorch's memory, on a 2-core VM).
+  """
+  name = _common.dtype_name(host.dtype)
+  tensor = torch.empty(host.shape, dtype=getattr(torch, name))
+  if name == "bfloat16":  # NumPy has no bfloat16 PyTorch reads: its bits
+    tensor.view(torch.int16).numpy()[...] = host.view(np.int16)
+  else:
+    tensor.numpy()[...] = host
+  return tensor
 
 
 def _shareable(value: Any) -> bool:

@@ -94,6 +94,7 @@ Importing this module does not import PyTorch; the functions do.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Sequence
 from typing import Any
@@ -432,7 +433,9 @@ def to_torch(state: Any, optimizer: Any, params: Any = None, *, layout: Any = No
     leaves, _, _ = _torch_placement.ordered(params, groups, "params")
     names = _torch_placement.param_names(groups)
     new_params = [
-      _dtensor.to_tensor(torch, leaf, p, f"params for {where}", copy=False, mapped=_mapped(layout, names, i))
+      _dtensor.to_tensor(
+        torch, leaf, p, f"params for {where}", copy=False, mapped=functools.partial(_mapped, layout, names, i)
+      )
       for i, (leaf, p, (_, _, where)) in enumerate(
         zip(leaves, _torch_placement.tensors(groups), _torch_placement.described(groups))
       )
@@ -507,7 +510,12 @@ def checked_writes(
         )
       tensors = tuple(
         _dtensor.to_tensor(
-          torch, value, p, f"the state of {where}", copy=copy, mapped=_mapped(layout, names, i)
+          torch,
+          value,
+          p,
+          f"the state of {where}",
+          copy=copy,
+          mapped=functools.partial(_mapped, layout, names, i),
         )
         if f.like_params
         # A field of its own shape (a scalar per parameter): a plain tensor, on the CPU here
