@@ -12,6 +12,11 @@ optimizer step on float32 parameters (one leaf of ``--size`` elements):
   skips it); a class that has no ``foreach`` option (its declaration's ``TorchOptimizer.lacks``:
   ``torch.optim.Muon``) is built without it and its ratio marked ``*``,
 
+* with ``--reciprocal``, the twin again with its correctly rounded divisions by a scalar
+  (``_pytorch.divide_by_scalar``, which PyTorch's ``tensor / scalar`` computes) replaced by
+  XLA's product with the reciprocal (one rounding more): not the twin, a measure of what that
+  exactness costs (its column ``x*(1/s)``, over the twin's step like the others),
+
 interleaved round-robin in one process (each repeat times every contender once, in a
 rotating order, each after a pause that lets the previous one's threads go idle: ``--pause``),
 and prints the median of each as a ratio to the twin (above 1: the twin is faster). Ratios,
@@ -23,11 +28,13 @@ Usage (from the repository root)::
   python benchmarks/twins.py                               # 16M elements, every twin
   python benchmarks/twins.py --size 1M --repeats 5 --rules pytorch_rmsprop
   python benchmarks/twins.py --out docs/benchmarks/twins_cpu.txt
+  python benchmarks/twins.py --rules pytorch_adam,pytorch_radam --no-torch --reciprocal
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import statistics
@@ -41,10 +48,10 @@ import jax.numpy as jnp
 import optax
 
 try:
-  from onnx_optax import registry
+  from onnx_optax import _pytorch, registry
 except ImportError:  # Run from a checkout without installing: use the checkout's package.
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  from onnx_optax import registry
+  from onnx_optax import _pytorch, registry
 
 LR = 1e-3
 
@@ -58,6 +65,21 @@ def namesake(rule: registry.Rule) -> Callable[[float], optax.GradientTransformat
   for part in binding.name.removeprefix("optax.").split("."):
     target = getattr(target, part)
   return target
+
+
+@contextlib.contextmanager
+def reciprocal_division():
+  """Within it, ``_pytorch.divide_by_scalar(a, b)`` is ``a * (1 / b)``: what XLA makes of ``a / b``.
+
+  For ``--reciprocal`` only, to time what PyTorch's correctly rounded division costs a twin; a
+  transform traced inside is not the twin (it rounds once more per division by a scalar).
+  """
+  exact = _pytorch.divide_by_scalar
+  _pytorch.divide_by_scalar = lambda a, b: a * (1 / b)
+  try:
+    yield
+  finally:
+    _pytorch.divide_by_scalar = exact
 
 
 def jax_step(tx: optax.GradientTransformation, n: int) -> Callable[[], None]:
@@ -133,6 +155,11 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument(
     "--pause", type=float, default=0.2, help="seconds of sleep before each timed step (default 0.2)"
   )
+  parser.add_argument(
+    "--reciprocal",
+    action="store_true",
+    help="also time each twin with its divisions by a scalar as XLA's reciprocal product (column x*(1/s))",
+  )
   parser.add_argument("--out", default="", help="also write the table to this file")
   args = parser.parse_args(argv)
   n = int(args.size.removesuffix("M")) << 20
@@ -143,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     f"optax {optax.__version__}, {jax.devices()[0].platform}",
     "median step time of each contender over the twin's (above 1: the twin is faster)",
     "",
-    f"{'twin':<18} {'class':<10} {'twin ms':>8} {'optax namesake':<22} {'ratio':>6} {'torch foreach':>13}",
+    f"{'twin':<18} {'class':<10} {'twin ms':>8} {'optax namesake':<22} {'ratio':>6} {'torch foreach':>13}"
+    + (f" {'x*(1/s)':>8}" if args.reciprocal else ""),
   ]
   print("\n".join(lines), flush=True)
   footnote = ""
@@ -157,12 +185,17 @@ def main(argv: list[str] | None = None) -> int:
       contenders["optax"] = jax_step(other(LR), n)
     # A class without a foreach option (TorchOptimizer.lacks) is timed at its default step, marked *.
     foreach = binding.torch is None or "foreach" not in binding.torch.lacks
+    if args.reciprocal:
+      with reciprocal_division():  # traced (and compiled) inside: jax_step runs the step once
+        contenders["reciprocal"] = jax_step(rule.transform(LR), n)
     if not args.no_torch:
       step = torch_step(binding.name, n, foreach)
       if step is not None:
         contenders["torch"] = step
     t = median_times(contenders, args.repeats, args.pause)
-    ratios = {name: f"{t[name] / t['twin']:.2f}" if name in t else "-" for name in ("optax", "torch")}
+    ratios = {
+      name: f"{t[name] / t['twin']:.2f}" if name in t else "-" for name in ("optax", "torch", "reciprocal")
+    }
     if not foreach and "torch" in t:
       ratios["torch"] += "*"
       footnote = "* torch.optim.<class> has no foreach option: its default step"
@@ -170,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     optax_name = declared.name if declared is not None else "(none)"
     line = (
       f"{rule.name:<18} {binding.name:<10} {1e3 * t['twin']:8.2f} {optax_name:<22} {ratios['optax']:>6} "
-      f"{ratios['torch']:>13}"
+      f"{ratios['torch']:>13}" + (f" {ratios['reciprocal']:>8}" if args.reciprocal else "")
     )
     lines.append(line)
     print(line, flush=True)
