@@ -93,7 +93,7 @@ def test_read_compiles_one_program() -> None:
   params = [jnp.asarray(p.detach().numpy()) for p in weights]
   compiled: list[str] = []
 
-  def listen(event: str, duration: float, **kwargs: object) -> None:
+  def listen(event: str, duration_secs: float, **kwargs: str | int) -> None:
     if event == "/jax/core/compile/backend_compile_duration":
       compiled.append(event)
 
