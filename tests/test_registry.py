@@ -221,8 +221,9 @@ def _edge_parts(name: str) -> list[tuple[str, str | None]]:
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: r.name)
 def test_edges_are_what_their_names_say(rule):
   """Each conformance edge is the case its name reports (``momentum=0``, ``beta=1,T=0``,
-  ``betas[0]=0.3``, ``alpha=0.999,state=0``; a bare name, ``nesterov``: that hyperparameter
-  set, not zero), so that the report's row of an edge at 0 does run the hyperparameter at 0."""
+  ``betas[0]=0.3``, ``alpha=0.999,state=0``, ``gradient=near_singular``; a bare name,
+  ``nesterov``: that hyperparameter set, not zero), so that the report's row of an edge at 0
+  does run the hyperparameter at 0."""
   assert rule.conformance is not None
   for edge in rule.conformance.edges:
     hyper = edge.changes.get("hyper", {})
@@ -232,6 +233,8 @@ def test_edges_are_what_their_names_say(rule):
         assert edge.changes["state"] == ("zero" if value == "0" else value) != "random", where
       elif key in ("T", "R"):
         assert value is not None and edge.changes[key] == float(value), where
+      elif key == "gradient":  # gradient=near_singular: a named drawing of the grid (cases.py)
+        assert edge.changes["gradient"] == value, where
       elif key == "shape":  # shape=9x3: the case's one leaf (a rule of matrices, Rule.ranks)
         assert value is not None and edge.changes["shapes"] == (tuple(map(int, value.split("x"))),), where
       elif value is None:
