@@ -25,14 +25,13 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
 import sys
-import time
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from twins import median_times  # this folder: the script's own directory is on sys.path
 
 
 def _cpu_flags() -> str:
@@ -83,14 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     "torch float32": torch_products(torch.float32),
   }
   names = list(contenders)
-  times: dict[str, list[float]] = {name: [] for name in names}
-  for r in range(args.repeats):
-    for name in names[r % len(names) :] + names[: r % len(names)]:
-      time.sleep(0.2)  # PyTorch's OpenMP threads spin a while after its own products
-      t0 = time.perf_counter()
-      contenders[name]()
-      times[name].append(time.perf_counter() - t0)
-  medians = {name: statistics.median(ts) for name, ts in times.items()}
+  # twins.py's rotation, with its pause (PyTorch's OpenMP threads spin a while after its own products).
+  medians = median_times(contenders, args.repeats, pause=0.2)
   base = medians[names[0]]
   lines = [
     f"benchmarks/bf16_product.py --rows {m} --cols {n} --repeats {args.repeats}: "

@@ -40,7 +40,7 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -127,7 +127,7 @@ def torch_step(cls: str, n: int, foreach: bool = True) -> Callable[[], None] | N
 
 
 def median_times(
-  contenders: dict[str, Callable[[], None]], repeats: int, pause: float = 0.0
+  contenders: Mapping[str, Callable[[], object]], repeats: int, pause: float = 0.0
 ) -> dict[str, float]:
   """Each contender timed once per repeat, in a rotating order; the median per contender.
 
