@@ -18,7 +18,8 @@ maps):
   ``mmap``, written back with copies (``to_torch_state_dict`` by default);
 * ``trainer``: the folder as a Hugging Face Trainer checkpoint (``optimizer.pt``, a constant
   ``LambdaLR``'s ``scheduler.pt``, ``trainer_state.json``): ``from_torch_state_dict`` of its
-  ``optimizer.pt``, the step, then ``to_trainer_checkpoint`` into a new folder (the write);
+  ``optimizer.pt``, the step, then ``to_trainer_checkpoint`` into a new folder (the write). Its
+  read is the same call as ``carry``'s: the two read times are one operation measured twice;
 * ``live``: a ``torch.optim.AdamW`` in memory (built and loaded before the read), ``from_torch``,
   the step, ``to_torch`` of the state and the weights (the write). PyTorch's own weights and
   state stay in memory beside JAX's: its least peak is twice the others' minimum.
@@ -28,14 +29,17 @@ JAX array). The contenders alternate, ``--repeats`` times each. Printed: per con
 median peak RssAnon above the floor over the minimum any carry holds (the JAX weights and
 state: three float32 tensors per parameter), for the whole run and for the read alone, and the
 median time of the read and of the write over the baseline's. The machine is shared: ratios
-measured in one run, not seconds, are the result.
+measured in one run, not seconds, are the result. Where the file and the JAX state do not both fit
+in memory (1B parameters on 23 GiB), what the page cache holds of the file when a read starts
+decides its time (the file just written, or read by the contender before); ``--cold`` empties
+the page cache before each measurement, so that every contender reads the file from the disk.
 
 Usage (from the repository root)::
 
   python benchmarks/carry_memory.py --params 0.1e9
   python benchmarks/carry_memory.py --params 0.1e9 0.35e9 --out docs/benchmarks/carry_memory_cpu.txt
-  python benchmarks/carry_memory.py --params 1e9 --contenders baseline,carry,trainer --repeats 1 \
-      --out docs/benchmarks/carry_memory_1b_cpu.txt   # 17 GiB free; live would need twice that
+  python benchmarks/carry_memory.py --params 1e9 --contenders baseline,carry,trainer --repeats 2 --cold \
+      --out docs/benchmarks/carry_memory_1b_cpu.txt   # root; 17 GiB free; live would need twice that
 """
 
 from __future__ import annotations
@@ -241,7 +245,17 @@ def measure(contender: str, folder: str) -> dict[str, Any]:
   }
 
 
-def run_size(n: float, repeats: int, contenders: tuple[str, ...]) -> list[str]:
+DROP_CACHES = "/proc/sys/vm/drop_caches"
+
+
+def drop_page_cache() -> None:
+  """Writes dirty pages out and empties the page cache (``--cold``; root, Linux)."""
+  os.sync()
+  with open(DROP_CACHES, "w") as f:
+    f.write("3\n")
+
+
+def run_size(n: float, repeats: int, contenders: tuple[str, ...], cold: bool = False) -> list[str]:
   with tempfile.TemporaryDirectory() as folder:
     count = make_files(n, folder)
     minimum = 3 * 4 * count
@@ -249,6 +263,8 @@ def run_size(n: float, repeats: int, contenders: tuple[str, ...]) -> list[str]:
     for r in range(repeats):
       order = contenders[r % len(contenders) :] + contenders[: r % len(contenders)]
       for contender in order:
+        if cold:
+          drop_page_cache()
         results[contender].append(measure(contender, folder))
     med = {c: {k: statistics.median(m[k] for m in ms) for k in ms[0]} for c, ms in results.items()}
     base = med["baseline"]
@@ -273,25 +289,35 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument(
     "--contenders", default=",".join(CONTENDERS), help="comma-separated, baseline first (default: all)"
   )
+  parser.add_argument(
+    "--cold",
+    action="store_true",
+    help=f"empty the page cache before each measurement (every read from the disk; root: {DROP_CACHES})",
+  )
   parser.add_argument("--out", default="", help="also write the table to this file")
   parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args.child:
     child(*args.child)
     return 0
+  if args.cold and not os.access(DROP_CACHES, os.W_OK):
+    parser.error(
+      f"--cold empties the page cache through {DROP_CACHES}, which only root may write: run as root"
+    )
   import jax
   import torch
 
   lines = [
     f"benchmarks/carry_memory.py --params {' '.join(f'{n:g}' for n in args.params)} --repeats "
-    f"{args.repeats} --contenders {args.contenders}: {platform.processor() or platform.machine()}, "
+    f"{args.repeats} --contenders {args.contenders}{' --cold' if args.cold else ''}: "
+    f"{platform.processor() or platform.machine()}, "
     f"{os.cpu_count()} cores, jax {jax.__version__}, torch {torch.__version__}",
     "medians; peak RssAnon above the process's floor (imports) over the minimum, and time over the "
     "baseline's (torch.load + device_put per tensor; torch.save)",
   ]
   print("\n".join(lines), flush=True)
   for n in args.params:
-    block = ["", *run_size(n, args.repeats, tuple(args.contenders.split(",")))]
+    block = ["", *run_size(n, args.repeats, tuple(args.contenders.split(",")), args.cold)]
     print("\n".join(block), flush=True)
     lines += block
   if args.out:
