@@ -8,6 +8,11 @@ in each round, and prints, per run, the wall time, the XLA compilations (JAX's
 process), the cases checked and the load average around it; then the median
 wall time of each, their ratio, and the compile counts.
 
+Then where each run's time went, in the run's own process: the process's CPU
+time (user and system), the durations of JAX's events summed (compiling, over
+the pool of compiling threads; tracing; lowering to MLIR), and the CPU time of
+the checks (``check.check_outputs``, measured on the checking thread).
+
 Usage::
 
     python benchmarks/conformance_time.py [--baseline REV] [--rounds N] [-- REPORT ARGS...]
@@ -32,21 +37,39 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: Runs the report in this process and prints one JSON line: wall time, compilations, exit code.
 _RUNNER = """
-import json, runpy, sys, time
+import json, resource, runpy, sys, threading, time
 import jax.monitoring
-compiles = [0]
+EVENTS = {"/jax/core/compile/backend_compile_duration": "compile",
+          "/jax/core/compile/jaxpr_trace_duration": "trace",
+          "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower"}
+figures = dict(compiles=0, compile=0.0, trace=0.0, lower=0.0, checks=0.0)
+lock = threading.Lock()
 def listen(event, duration, **kwargs):
-  if event == "/jax/core/compile/backend_compile_duration":
-    compiles[0] += 1
+  if event in EVENTS:
+    with lock:
+      figures[EVENTS[event]] += duration
+      figures["compiles"] += event.endswith("backend_compile_duration")
 jax.monitoring.register_event_duration_secs_listener(listen)
+from onnx_optax.conformance import check
+checked = getattr(check, "check_outputs", None)
+if checked is not None:
+  def check_outputs(*args, **kwargs):
+    start = time.thread_time()
+    try:
+      return checked(*args, **kwargs)
+    finally:
+      with lock:
+        figures["checks"] += time.thread_time() - start
+  check.check_outputs = check_outputs
 sys.argv = ["onnx_optax.conformance", *sys.argv[1:]]
 start, code = time.perf_counter(), 0
 try:
   runpy.run_module("onnx_optax.conformance", run_name="__main__")
 except SystemExit as e:
   code = e.code or 0
-print("BENCHMARK " + json.dumps(dict(seconds=time.perf_counter() - start, compiles=compiles[0], code=code)),
-      file=sys.stderr, flush=True)
+usage = resource.getrusage(resource.RUSAGE_SELF)
+figures.update(seconds=time.perf_counter() - start, code=code, user=usage.ru_utime, system=usage.ru_stime)
+print("BENCHMARK " + json.dumps(figures), file=sys.stderr, flush=True)
 """
 
 
@@ -114,7 +137,10 @@ def main() -> None:
       runs[name].append(r)
       print(
         f"round {round_ + 1} {name:<14} {r['seconds']:7.1f} s  {r['compiles']:5d} compilations  "
-        f"load {r['load'][0]:.2f} -> {r['load'][1]:.2f}  exit {r['code']}  {r['verdict'].strip()}",
+        f"load {r['load'][0]:.2f} -> {r['load'][1]:.2f}  exit {r['code']}  {r['verdict'].strip()}\n"
+        f"        CPU {r['user']:.1f} s user + {r['system']:.1f} s system; compiling {r['compile']:.1f} s "
+        f"(summed over threads), tracing {r['trace']:.1f} s, lowering {r['lower']:.1f} s, "
+        f"checks {r['checks']:.1f} s of CPU",
         flush=True,
       )
   medians = {name: statistics.median(r["seconds"] for r in rs) for name, rs in runs.items()}
