@@ -698,8 +698,9 @@ def get(name: str) -> Rule:
 
 
 def rules() -> Iterator[Rule]:
-  """Every registered rule, in registration order (the package's own first)."""
-  return iter(list(_RULES.values()))
+  """Every registered rule: the spec rules, then the framework twins, each in registration order
+  (the package's own first, in the order of their modules' names)."""
+  return iter(sorted(_RULES.values(), key=lambda rule: rule.policy.name != "spec"))
 
 
 def replace_torch(declared: TorchOptimizer, **changes: Any) -> TorchOptimizer:

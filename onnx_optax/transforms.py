@@ -50,7 +50,7 @@ from onnx_optax.rules.ort import OrtAdamWState, OrtSGDState, ort_adamw, ort_sgd
 from onnx_optax.rules.torch_adadelta import PyTorchAdadeltaState, pytorch_adadelta
 from onnx_optax.rules.torch_adafactor import PyTorchAdafactorState, pytorch_adafactor
 from onnx_optax.rules.torch_adagrad import PyTorchAdagradState, pytorch_adagrad
-from onnx_optax.rules.torch_adam import PyTorchAdamState, pytorch_adam, pytorch_adamw
+from onnx_optax.rules.torch_adam import PyTorchAdamAMSGradState, PyTorchAdamState, pytorch_adam, pytorch_adamw
 from onnx_optax.rules.torch_adamax import PyTorchAdamaxState, pytorch_adamax
 from onnx_optax.rules.torch_asgd import PyTorchASGDState, pytorch_asgd
 from onnx_optax.rules.torch_muon import PyTorchMuonState, pytorch_muon
@@ -72,6 +72,7 @@ __all__ = [
   "PyTorchAdafactorState",
   "PyTorchAdagradState",
   "PyTorchASGDState",
+  "PyTorchAdamAMSGradState",
   "PyTorchAdamState",
   "PyTorchAdamaxState",
   "PyTorchMuonState",

@@ -280,3 +280,14 @@ def test_the_interop_page_lists_every_torch_optim_class():
       assert f"`onnx_optax.{bound[name]}`" in cell, (name, cell)
     else:
       assert cell.strip().startswith("refused"), (name, cell)
+
+
+def test_the_api_page_documents_every_public_name():
+  """docs/api/onnx_optax.rst has an ``autofunction`` or ``autoclass`` for each name in
+  ``onnx_optax.__all__``: a rule exported without its entry (or an entry for a name that is
+  gone) fails here."""
+  import onnx_optax
+
+  text = (ROOT / "docs" / "api" / "onnx_optax.rst").read_text()
+  documented = set(re.findall(r"^\.\. auto(?:function|class):: onnx_optax\.(\w+)$", text, flags=re.M))
+  assert documented == set(onnx_optax.__all__), sorted(documented ^ set(onnx_optax.__all__))

@@ -16,6 +16,7 @@ import dataclasses
 import inspect
 import pathlib
 import re
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -107,6 +108,43 @@ def _imports(module: str, path: pathlib.Path) -> set[str]:
   return found
 
 
+def test_every_module_of_the_rules_and_models_packages_is_imported_in_the_order_of_names(
+  tmp_path, monkeypatch
+):
+  """A new rule is its module: the packages find their modules (private ones left alone)."""
+  from onnx_optax._discover import import_submodules
+
+  package = tmp_path / "found_here"
+  package.mkdir()
+  (package / "__init__.py").write_text("ORDER = []\n")
+  for name in ("b_rule", "a_rule", "_private"):
+    (package / f"{name}.py").write_text(f"import found_here\nfound_here.ORDER.append({name!r})\n")
+  monkeypatch.syspath_prepend(str(tmp_path))
+  import found_here
+
+  assert import_submodules("found_here", found_here.__path__) == ["found_here.a_rule", "found_here.b_rule"]
+  assert found_here.ORDER == ["a_rule", "b_rule"]
+  for package_name in ("onnx_optax.rules", "onnx_optax.conformance.models"):
+    path = PACKAGE.joinpath(*package_name.split(".")[1:])
+    expected = sorted(f"{package_name}.{p.stem}" for p in path.glob("[!_]*.py"))
+    assert [m for m in expected if m not in sys.modules] == []
+
+
+@pytest.mark.parametrize(
+  "rule", [r for r in RULES if r.transform.__module__.startswith("onnx_optax.rules.")], ids=lambda r: r.name
+)
+def test_a_rule_of_the_package_is_exported_by_its_name(rule):
+  """``onnx_optax.<rule>`` and its state class are the public names (typed, listed in
+  :mod:`onnx_optax.transforms`: the one line a new rule adds outside its own module)."""
+  for family_member in rule.family():
+    for obj in (family_member.transform, family_member.state):
+      assert getattr(onnx_optax, obj.__name__, None) is obj, (
+        f"add `from {obj.__module__} import {obj.__name__}` and {obj.__name__!r} to __all__ in "
+        "onnx_optax/transforms.py"
+      )
+      assert obj.__name__ in onnx_optax.__all__
+
+
 def test_no_import_circle():
   """Imports run one way (registry and checks -> engine -> rules -> interfaces -> conformance)."""
   graph = {module: _imports(module, path) for module, path in MODULES.items()}
@@ -172,7 +210,7 @@ def _suite_configurations(rule: registry.Rule) -> list[dict]:
 def test_a_name_is_registered_once():
   with pytest.raises(ValueError, match="registered already"):
     registry.register(RULES[0])
-  with pytest.raises(KeyError, match="registered: momentum"):
+  with pytest.raises(KeyError, match=r"registered: (\w+, )*momentum, "):
     registry.get("no_such_rule")
 
 

@@ -2,15 +2,17 @@
 
 Each module holds one rule (or one family): its formula, its state, its Optax
 transform and its :class:`~onnx_optax.registry.Rule`, registered when the module
-is imported. The modules, in registration order:
+is imported. This package imports every module it holds (a new rule is its module and nothing
+here), in the order of their names; :func:`onnx_optax.registry.rules` lists the spec rules, then
+the framework twins. The modules:
 
 * :mod:`~onnx_optax.rules.onnx_momentum`, :mod:`~onnx_optax.rules.onnx_adagrad`,
   :mod:`~onnx_optax.rules.onnx_adam`: ONNX's training operators;
 * :mod:`~onnx_optax.rules.directml`: DirectML's Adam;
 * :mod:`~onnx_optax.rules.ort`: ONNX Runtime's ``AdamWOptimizer`` and ``SGDOptimizerV2``;
-* :mod:`~onnx_optax.rules.torch_sgd`, :mod:`~onnx_optax.rules.torch_adagrad`,
-  :mod:`~onnx_optax.rules.torch_adam`, :mod:`~onnx_optax.rules.keras`: the framework twins,
-  the same rules in PyTorch's and Keras's order.
+* ``torch_<class>`` (one per ``torch.optim`` class, :mod:`~onnx_optax.rules.torch_adam` for
+  Adam and AdamW) and :mod:`~onnx_optax.rules.keras`: the framework twins, the rules of
+  PyTorch and Keras 3 in their operation order.
 
 This is the only place in the package where the arithmetic of the rules is
 written; the shared pieces (:mod:`onnx_optax._numerics`, :mod:`onnx_optax._pytorch`)
@@ -67,23 +69,17 @@ Conventions shared by every rule:
   control flow on traced values.
 """
 
+# ruff: noqa: E402  (the modules register in the order of their names, before the re-exports import any)
 from __future__ import annotations
 
+from onnx_optax._discover import import_submodules
+
+# Every module of this package holds one rule (or family) and registers it when imported: they
+# are found here, not listed, so a new rule is its module and nothing in this file.
+import_submodules(__name__, __path__)
+
 from onnx_optax._numerics import like
-
-# isort: off
-# In the registry's order: the spec rules, then their twins.
-from onnx_optax.rules import onnx_momentum, onnx_adagrad, onnx_adam, directml, ort
-from onnx_optax.rules import torch_sgd, torch_adagrad, torch_adam, keras  # noqa: F401 (they register)
-from onnx_optax.rules import torch_rmsprop  # noqa: F401
-from onnx_optax.rules import torch_adamax, torch_adadelta, torch_rprop  # noqa: F401
-from onnx_optax.rules import torch_radam  # noqa: F401
-from onnx_optax.rules import torch_nadam  # noqa: F401
-from onnx_optax.rules import torch_asgd  # noqa: F401
-from onnx_optax.rules import torch_adafactor  # noqa: F401
-from onnx_optax.rules import torch_muon  # noqa: F401
-
-# isort: on
+from onnx_optax.rules import directml, onnx_adagrad, onnx_adam, onnx_momentum, ort
 from onnx_optax.rules.directml import DirectMLAdamScalars, directml_adam_elementwise, directml_adam_scalars
 from onnx_optax.rules.keras import KerasAdamScalars, keras_adam_elementwise, keras_adam_scalars
 from onnx_optax.rules.onnx_adagrad import AdagradScalars, adagrad_elementwise, adagrad_scalars

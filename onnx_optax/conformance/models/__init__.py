@@ -12,16 +12,7 @@ A rule registered from outside the package registers its own model with
 :func:`onnx_optax.conformance.tolerance.register_model`; nothing here needs to change.
 """
 
-# isort: off
-# In the registry's order: the spec rules, then their twins (they register when imported).
-from onnx_optax.conformance.models import onnx_momentum, onnx_adagrad, onnx_adam, directml, ort  # noqa: F401
-from onnx_optax.conformance.models import torch_sgd, torch_adagrad, torch_adam, keras  # noqa: F401
-from onnx_optax.conformance.models import torch_rmsprop  # noqa: F401
-from onnx_optax.conformance.models import torch_adamax, torch_adadelta, torch_rprop  # noqa: F401
-from onnx_optax.conformance.models import torch_radam  # noqa: F401
-from onnx_optax.conformance.models import torch_nadam  # noqa: F401
-from onnx_optax.conformance.models import torch_asgd  # noqa: F401
-from onnx_optax.conformance.models import torch_adafactor  # noqa: F401
-from onnx_optax.conformance.models import torch_muon  # noqa: F401
+from onnx_optax._discover import import_submodules
 
-# isort: on
+# Every module here holds one rule's model and registers it when imported: found, not listed.
+import_submodules(__name__, __path__)
