@@ -138,10 +138,12 @@ def pytorch_radam_elementwise(
   corrected = _pytorch.stored(_pytorch.divide_by_scalar(m, s.bias_correction1), exp_avg.dtype)
   scaled = _pytorch.stored(corrected * s.lr, exp_avg.dtype, nz)
   root = _pytorch.stored(_numerics.sqrt(v), exp_avg_sq.dtype)
-  root = _pytorch.stored(root + s.eps, exp_avg_sq.dtype, nz)
-  reciprocal = _pytorch.stored(1 / root, exp_avg_sq.dtype, nz)
-  adaptive = _pytorch.stored(reciprocal * s.bias_correction2_sqrt, exp_avg_sq.dtype, nz)
-  rectified = _pytorch.stored(scaled * adaptive, exp_avg.dtype, nz)
+  # Only the products that reach an addition get the -0.0 guard (``_pytorch.stored``): the
+  # others feed a product, which no fused multiply-add takes in.
+  root = _pytorch.stored(root + s.eps, exp_avg_sq.dtype)
+  reciprocal = _pytorch.stored(1 / root, exp_avg_sq.dtype)
+  adaptive = _pytorch.stored(reciprocal * s.bias_correction2_sqrt, exp_avg_sq.dtype)
+  rectified = _pytorch.stored(scaled * adaptive, exp_avg.dtype)
   rectified = _pytorch.stored(rectified * s.rect, exp_avg.dtype, nz)
   step = jnp.where(s.rectify, rectified, scaled)
   m_new, v_new = m.astype(exp_avg.dtype), v.astype(exp_avg_sq.dtype)
