@@ -26,7 +26,7 @@ from onnx_optax import _checks, registry
 
 
 def rule_states() -> tuple[type, ...]:
-  """The state NamedTuples of the registered rules that keep state tensors, in registration order.
+  """The state NamedTuples of the registered rules that keep state tensors, in the registry's order.
 
   What the bridges look for inside a state (alone, in an ``optax.chain`` or
   under ``optax.multi_transform``). Read from the registry at each call, so

@@ -61,7 +61,7 @@ def twins() -> dict[str, registry.Rule]:
   """Per ``torch.optim`` class the bridges carry, by name: the twin the registry binds to it.
 
   Read from the registry at each call (the rules declaring ``Binding("torch", "SGD", torch=...)``
-  ...), in registration order.
+  ...), in the order of :func:`onnx_optax.registry.rules`.
   """
   return {b.name: rule for rule in registry.rules() if (b := rule.binding("torch")) is not None}
 
