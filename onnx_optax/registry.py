@@ -346,7 +346,9 @@ class Edge(NamedTuple):
   """A case of the conformance grid that one rule adds: a hyperparameter at an edge of its range.
 
   ``changes`` are the case's fields that differ from the grid's default case (``T``, ``R``,
-  ``state``, ``hyper``: the hyperparameters that differ from :attr:`Conformance.hyper`).
+  ``state``, ``hyper``: the hyperparameters that differ from :attr:`Conformance.hyper`;
+  ``x_scale``: the parameters' magnitude, 1 in the default case; below the step's, ``X + U``
+  keeps the update's last bits).
   """
 
   name: str
@@ -694,7 +696,7 @@ def get(name: str) -> Rule:
   try:
     return _RULES[name]
   except KeyError:
-    raise KeyError(f"no rule named {name!r}; registered: {', '.join(_RULES)}") from None
+    raise KeyError(f"no rule named {name!r}; registered: {', '.join(r.name for r in rules())}") from None
 
 
 def rules() -> Iterator[Rule]:

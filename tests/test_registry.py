@@ -108,10 +108,9 @@ def _imports(module: str, path: pathlib.Path) -> set[str]:
   return found
 
 
-def test_every_module_of_the_rules_and_models_packages_is_imported_in_the_order_of_names(
-  tmp_path, monkeypatch
-):
-  """A new rule is its module: the packages find their modules (private ones left alone)."""
+def test_a_package_of_self_registering_modules_imports_them_all_in_the_order_of_names(tmp_path, monkeypatch):
+  """A new rule is its module: ``onnx_optax.rules`` and ``onnx_optax.conformance.models`` import
+  every module they hold (``_discover.import_submodules``), private ones left alone."""
   from onnx_optax._discover import import_submodules
 
   package = tmp_path / "found_here"
@@ -120,22 +119,27 @@ def test_every_module_of_the_rules_and_models_packages_is_imported_in_the_order_
   for name in ("b_rule", "a_rule", "_private"):
     (package / f"{name}.py").write_text(f"import found_here\nfound_here.ORDER.append({name!r})\n")
   monkeypatch.syspath_prepend(str(tmp_path))
-  import found_here
+  try:
+    import found_here
 
-  assert import_submodules("found_here", found_here.__path__) == ["found_here.a_rule", "found_here.b_rule"]
-  assert found_here.ORDER == ["a_rule", "b_rule"]
-  for package_name in ("onnx_optax.rules", "onnx_optax.conformance.models"):
-    path = PACKAGE.joinpath(*package_name.split(".")[1:])
-    expected = sorted(f"{package_name}.{p.stem}" for p in path.glob("[!_]*.py"))
-    assert [m for m in expected if m not in sys.modules] == []
+    assert import_submodules("found_here", found_here.__path__) == ["found_here.a_rule", "found_here.b_rule"]
+    assert found_here.ORDER == ["a_rule", "b_rule"]
+  finally:
+    for name in [m for m in sys.modules if m.split(".")[0] == "found_here"]:
+      del sys.modules[name]
+
+
+def test_rules_lists_the_spec_rules_then_the_twins():
+  spec = [rule.policy.name == "spec" for rule in RULES]
+  assert spec == sorted(spec, reverse=True) and spec[0] and not spec[-1]
 
 
 @pytest.mark.parametrize(
   "rule", [r for r in RULES if r.transform.__module__.startswith("onnx_optax.rules.")], ids=lambda r: r.name
 )
 def test_a_rule_of_the_package_is_exported_by_its_name(rule):
-  """``onnx_optax.<rule>`` and its state class are the public names (typed, listed in
-  :mod:`onnx_optax.transforms`: the one line a new rule adds outside its own module)."""
+  """``onnx_optax.<rule>`` and its state class are public names (written out in
+  :mod:`onnx_optax.transforms`, so that type checkers see them); the message names the line to add."""
   for family_member in rule.family():
     for obj in (family_member.transform, family_member.state):
       assert getattr(onnx_optax, obj.__name__, None) is obj, (
@@ -271,6 +275,8 @@ def test_edges_are_what_their_names_say(rule):
         assert edge.changes["state"] == ("zero" if value == "0" else value) != "random", where
       elif key in ("T", "R"):
         assert value is not None and edge.changes[key] == float(value), where
+      elif key == "|X|":  # |X|=0.001: the parameters' magnitude
+        assert value is not None and edge.changes["x_scale"] == float(value), where
       elif key == "gradient":  # gradient=near_singular: a named drawing of the grid (cases.py)
         assert edge.changes["gradient"] == value, where
       elif key == "shape":  # shape=9x3: the case's one leaf (a rule of matrices, Rule.ranks)

@@ -138,9 +138,11 @@ def pytorch_radam_elementwise(
   corrected = _pytorch.stored(_pytorch.divide_by_scalar(m, s.bias_correction1), exp_avg.dtype)
   scaled = _pytorch.stored(corrected * s.lr, exp_avg.dtype, nz)
   root = _pytorch.stored(_numerics.sqrt(v), exp_avg_sq.dtype)
-  # Only the products that reach an addition get the -0.0 guard (``_pytorch.stored``): the
-  # others feed a product, which no fused multiply-add takes in.
-  root = _pytorch.stored(root + s.eps, exp_avg_sq.dtype)
+  # The -0.0 guard (``_pytorch.stored``) where XLA could otherwise change a rounding: on the
+  # products that reach an addition (LLVM would contract them), and on ``root + eps`` (with
+  # ``eps=0`` folded, XLA rewrites ``1 / sqrt(v)`` as ``rsqrt(v)``, not correctly rounded).
+  # The reciprocal and the products that feed a product need none.
+  root = _pytorch.stored(root + s.eps, exp_avg_sq.dtype, nz)
   reciprocal = _pytorch.stored(1 / root, exp_avg_sq.dtype)
   adaptive = _pytorch.stored(reciprocal * s.bias_correction2_sqrt, exp_avg_sq.dtype)
   rectified = _pytorch.stored(scaled * adaptive, exp_avg.dtype)
@@ -340,6 +342,9 @@ RULE = registry.register(
         registry.Edge("weight_decay=0", {"hyper": {"weight_decay": 0.0}}),
         registry.Edge("betas[0]=0.3", {"hyper": {"betas": (0.3, 0.999)}}),  # the lerp's other branch
         registry.Edge("eps=0", {"hyper": {"eps": 0.0}}),
+        # The rectified step at eps=0 (folded: XLA's rsqrt rewrite, were sqrt(v) + eps not
+        # guarded) on parameters smaller than the step: U's last bits reach X + U.
+        registry.Edge("eps=0,T=7,R=1,|X|=0.001", {"T": 7, "R": 1.0, "hyper": {"eps": 0.0}, "x_scale": 0.001}),
       ),
     ),
   )

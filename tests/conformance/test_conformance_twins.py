@@ -81,6 +81,7 @@ def test_twins_have_their_own_grid():
 
 _sgd, _adagrad = registry.get("pytorch_sgd"), registry.get("pytorch_adagrad")
 _adam, _keras = registry.get("pytorch_adam"), registry.get("keras_adam")
+_radam = registry.get("pytorch_radam")
 _sgd_scalars, _adagrad_scalars = _sgd.scalars, _adagrad.scalars
 _adam_scalars, _keras_elementwise = _adam.scalars, _keras.elementwise
 
@@ -192,6 +193,9 @@ _DIVIDE = (
   "    _pytorch.stored(_pytorch.divide_by_scalar(root, s.bias_correction2_sqrt), exp_avg_sq.dtype) + s.eps,"
 )
 
+_RADAM_SCALED = "  scaled = _pytorch.stored(corrected * s.lr, exp_avg.dtype, nz)"
+_RADAM_ROOT = "  root = _pytorch.stored(root + s.eps, exp_avg_sq.dtype, nz)"
+
 #: (name, the twins it breaks, {part: a line, or "divide_by_scalar": the shared helper of _pytorch}).
 ORDER_MUTANTS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
   (
@@ -230,6 +234,16 @@ ORDER_MUTANTS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
   ),
   # a * (1 / b): one rounding more than PyTorch's a / b
   ("adam_reciprocal_division", ("pytorch_adam",), {"divide_by_scalar": lambda a, b: a * (1 / b)}),
+  (
+    "radam_step_product_contracted",  # exp_avg / bc1 * lr fused into the parameter's subtraction
+    ("pytorch_radam",),
+    {"elementwise": (_radam.elementwise, _RADAM_SCALED, _RADAM_SCALED.replace(", nz)", ")"))},
+  ),
+  (
+    "radam_rsqrt_at_eps_0",  # sqrt(v) + 0 folded: XLA's rsqrt(v) for 1 / sqrt(v)
+    ("pytorch_radam",),
+    {"elementwise": (_radam.elementwise, _RADAM_ROOT, _RADAM_ROOT.replace(", nz)", ")"))},
+  ),
 ]
 
 
