@@ -344,7 +344,9 @@ RULE = registry.register(
         registry.Edge("eps=0", {"hyper": {"eps": 0.0}}),
         # The rectified step at eps=0 (folded: XLA's rsqrt rewrite, were sqrt(v) + eps not
         # guarded) on parameters smaller than the step: U's last bits reach X + U.
-        registry.Edge("eps=0,T=7,R=1,|X|=0.001", {"T": 7, "R": 1.0, "hyper": {"eps": 0.0}, "x_scale": 0.001}),
+        registry.Edge(
+          "eps=0,T=1000,R=1,|X|=0.001", {"T": 1000, "R": 1.0, "hyper": {"eps": 0.0}, "x_scale": 0.001}
+        ),
       ),
     ),
   )
